@@ -1,0 +1,37 @@
+"""tftpu: TensorFlow/Keras graph optimizer and model compiler for NPU-style accelerators.
+
+The public API is imported lazily, so `import tftpu` stays fast and TensorFlow is only loaded
+by the parts that need it.
+
+>>> import tftpu
+>>> tftpu.__version__
+'0.1.0'
+"""
+
+from __future__ import annotations
+
+import importlib
+
+__version__ = "0.1.0"
+
+from tftpu import errors  # noqa: E402  (light, no TensorFlow)
+
+# public name -> "module:attribute" (attribute empty for a submodule)
+_LAZY = {
+    "compat": "tftpu.compat:",
+}
+
+
+def __getattr__(name: str):
+    target = _LAZY.get(name)
+    if target is None:
+        raise AttributeError(f"module 'tftpu' has no attribute {name!r}")
+    module_name, _, attr = target.partition(":")
+    module = importlib.import_module(module_name)
+    value = getattr(module, attr) if attr else module
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(list(globals()) + list(_LAZY))

@@ -1,0 +1,77 @@
+"""Shared plumbing of the command-line tools in tools/.
+
+`run(main, doc)` parses absl flags and runs `main`, turning every failure a user can cause into
+one line on stderr and the documented exit status: 0 success, 1 a check failed, 2 bad input
+or usage (an unknown or malformed flag included). `--help` prints the tool's flags and exits 0.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Callable, Sequence
+
+from absl import flags, logging
+
+from tftpu import errors
+
+FLAGS = flags.FLAGS
+_HELP = ("-h", "--help", "-help", "--helpshort", "--helpfull", "-?")
+
+
+def _prog(argv: Sequence[str]) -> str:
+    return os.path.basename(argv[0]) if argv else "tftpu"
+
+
+def fail(prog: str, message: str, code: int) -> int:
+    """Print `prog: error: message` as one line on stderr and return `code`."""
+    line = " ".join(str(message).split())
+    print(f"{prog}: error: {line}", file=sys.stderr)
+    return code
+
+
+def _usage(prog: str, doc: str) -> str:
+    modules = [m for m in FLAGS.flags_by_module_dict() if not m.startswith("absl")]
+    flag_help = "\n".join(FLAGS.module_help(m).strip().split("\n", 1)[-1] for m in modules)
+    return f"{doc.strip()}\n\nusage: {prog} [flags]\n\nflags:\n{flag_help}\n"
+
+
+def parse(argv: Sequence[str], doc: str, positional: bool = False) -> list[str]:
+    """Parse flags; raise UsageError on a bad flag; print help and exit 0 on --help."""
+    prog = _prog(argv)
+    if any(a in _HELP or a.split("=")[0] in _HELP for a in argv[1:]):
+        sys.stdout.write(_usage(prog, doc))
+        sys.exit(0)
+    try:
+        rest = FLAGS(list(argv))
+    except flags.Error as e:
+        raise errors.UsageError(str(e)) from None
+    if len(rest) > 1 and not positional:
+        raise errors.UsageError(f"unexpected argument(s): {' '.join(rest[1:])}")
+    return rest
+
+
+def run(main: Callable[[list[str]], int | None], doc: str,
+        argv: Sequence[str] | None = None, positional: bool = False) -> None:
+    """Run a tool's `main(args)` and exit with its status."""
+    argv = list(sys.argv if argv is None else argv)
+    prog = _prog(argv)
+    try:
+        args = parse(argv, doc, positional)
+        logging.use_absl_handler()
+        logging.set_verbosity(logging.INFO if os.environ.get("TFTPU_VERBOSE") else logging.WARNING)
+        code = main(args)
+    except errors.TftpuError as e:
+        code = fail(prog, e, e.exit_code)
+    except KeyboardInterrupt:
+        code = fail(prog, "interrupted", 130)
+    sys.exit(code or 0)
+
+
+def not_yet_available(name: str, issue: str) -> Callable[[list[str]], int]:
+    """A `main` for a tool whose capability has not landed: one line, exit status 2."""
+
+    def main(args: list[str]) -> int:
+        raise errors.UsageError(f"{name} is not yet available in this version of tftpu ({issue})")
+
+    return main

@@ -1,0 +1,68 @@
+"""Typed exceptions of tftpu.
+
+Every error a user can cause is a `TftpuError`: tools print its message as one line and exit
+with its `exit_code` (2 for bad input or usage, 1 for a check that ran and failed).
+
+Example:
+
+>>> from tftpu.errors import ModelFileError
+>>> raise ModelFileError("model.onnx", "truncated protobuf")
+Traceback (most recent call last):
+...
+tftpu.errors.ModelFileError: model.onnx: truncated protobuf
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+
+class TftpuError(Exception):
+    """Base of every error tftpu raises on purpose."""
+
+    exit_code = 2
+
+
+class InputError(TftpuError):
+    """The user gave something tftpu cannot use (a file, a flag, an argument)."""
+
+
+class UsageError(InputError):
+    """A flag or argument is missing, malformed or contradicts another."""
+
+
+class ModelFileError(InputError):
+    """A model or data file is missing, truncated, corrupt or of the wrong kind."""
+
+    def __init__(self, path, reason: str):
+        self.path = str(path)
+        self.reason = reason
+        super().__init__(f"{self.path}: {reason}")
+
+
+class UnsupportedOpError(InputError):
+    """The model holds ops this part of tftpu cannot handle; all of them are listed at once."""
+
+    def __init__(self, ops: Iterable[tuple[str, str]], where: str = ""):
+        self.ops = sorted(set(ops))
+        listed = ", ".join(f"{op_type} ({name})" for op_type, name in self.ops)
+        prefix = f"{where}: " if where else ""
+        super().__init__(f"{prefix}unsupported op{'s' if len(self.ops) != 1 else ''}: {listed}")
+
+
+class ShapeError(InputError):
+    """Shapes that do not fit: a wrong input shape, or an op whose operands disagree."""
+
+
+class ConfigError(InputError):
+    """A chip, target or hardware configuration file is missing or malformed."""
+
+
+class CheckFailed(TftpuError):
+    """A check ran and its result fell short (e.g. similarity under tolerance)."""
+
+    exit_code = 1
+
+
+class ToleranceError(CheckFailed):
+    """Two results are less similar than the tolerance asks."""

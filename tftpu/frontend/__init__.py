@@ -1,0 +1,1 @@
+"""tftpu.frontend"""

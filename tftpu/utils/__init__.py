@@ -1,0 +1,1 @@
+"""Small helpers shared across tftpu: progress display, atomic file writes."""

@@ -1,0 +1,1 @@
+"""Command-line programs of tftpu, installed as the `tftpu_tools` package (see setup.py)."""
