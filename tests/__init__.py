@@ -1,0 +1,1 @@
+"""tftpu tests; tests/material.py fetches the real test material."""
