@@ -1,1 +1,26 @@
-"""tftpu.ir"""
+"""tftpu.ir: the TOP dialect (xDSL), its text form and its weight files.
+
+>>> from tftpu import ir
+>>> model = ir.load("resnet.top.mlir")  # doctest: +SKIP
+"""
+
+from tftpu.ir.module import (
+    TopBuilder,
+    TopModel,
+    context,
+    default_weight_file,
+    load,
+    make_op,
+    parse_module,
+    print_module,
+    register_dialect,
+    value_name,
+)
+from tftpu.ir.top import OPS_BY_NAME, TOP_OPS, Top, TopOp, loc_name, loc_names, set_loc
+from tftpu.ir.weights import load_npz, npz_bytes, save_npz
+
+__all__ = [
+    "TopBuilder", "TopModel", "context", "default_weight_file", "load", "make_op", "parse_module",
+    "print_module", "register_dialect", "value_name", "OPS_BY_NAME", "TOP_OPS", "Top", "TopOp",
+    "loc_name", "loc_names", "set_loc", "load_npz", "npz_bytes", "save_npz",
+]

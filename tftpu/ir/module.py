@@ -1,0 +1,286 @@
+"""TOP modules: build, print, parse, verify, save and load (`.top.mlir` text + weights `.npz`).
+
+A `TopModel` pairs an xDSL `builtin.module` holding one `func.func @main` with the dict of
+weight arrays its `top.Weight` ops name. The text is MLIR generic syntax with locations;
+print -> parse -> print is byte-identical.
+
+>>> b = TopBuilder("tiny")
+>>> x = b.input("x", (1, 4))
+>>> y = b.op("Relu", [x], {}, "y")
+>>> model = b.finish([y])
+>>> print(model.text().splitlines()[3].strip())
+%1 = "top.Relu"(%0) : (tensor<1x4xf32>) -> tensor<1x4xf32> loc("y")
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from xdsl.context import Context
+from xdsl.dialects import builtin, func
+from xdsl.dialects.builtin import ModuleOp, NoneType, StringAttr
+from xdsl.ir import Block, Region, SSAValue
+from xdsl.parser import Parser
+from xdsl.printer import Printer
+from xdsl.utils.exceptions import ParseError, VerifyException
+
+from tftpu.errors import ModelFileError, ShapeError
+from tftpu.ir import attrs as A
+from tftpu.ir import top
+from tftpu.ir.weights import load_npz, save_npz
+from tftpu.utils.files import write_text
+
+_EXTRA_DIALECTS: list = []
+
+
+def register_dialect(dialect) -> None:
+    """Let `parse_module` read another dialect too (e.g. the TPU dialect)."""
+    if dialect not in _EXTRA_DIALECTS:
+        _EXTRA_DIALECTS.append(dialect)
+
+
+def context() -> Context:
+    """An xDSL context with builtin, func and top (and registered dialects) loaded."""
+    ctx = Context()
+    for d in (builtin.Builtin, func.Func, top.Top, *_EXTRA_DIALECTS):
+        ctx.load_dialect(d)
+    return ctx
+
+
+def print_module(module: ModuleOp) -> str:
+    """MLIR generic text of `module`, with locations."""
+    out = io.StringIO()
+    Printer(stream=out, print_generic_format=True, print_debuginfo=True).print_op(module)
+    out.write("\n")
+    return out.getvalue()
+
+
+def parse_module(text: str, source: str = "<string>") -> ModuleOp:
+    """Parse MLIR text into a module; ModelFileError (naming `source`) if it is malformed."""
+    try:
+        module = Parser(context(), text, name=source).parse_module()
+    except ParseError as e:
+        first = str(e).strip().splitlines()
+        raise ModelFileError(source, f"not valid MLIR: {' '.join(first[:3])}") from None
+    return module
+
+
+def main_func(module: ModuleOp) -> func.FuncOp:
+    """The `func.func` of a TOP module (the first one)."""
+    for op in module.body.block.ops:
+        if isinstance(op, func.FuncOp):
+            return op
+    raise ShapeError("module has no func.func")
+
+
+@dataclass
+class TopModel:
+    """A TOP module and the weight arrays of its `top.Weight` ops (keyed by location)."""
+
+    module: ModuleOp
+    weights: dict[str, np.ndarray] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.module.attributes["module.name"].data
+
+    @property
+    def weight_file(self) -> str:
+        return self.module.attributes["module.weight_file"].data
+
+    @weight_file.setter
+    def weight_file(self, value: str) -> None:
+        self.module.attributes["module.weight_file"] = StringAttr(value)
+
+    @property
+    def func(self) -> func.FuncOp:
+        return main_func(self.module)
+
+    @property
+    def ops(self) -> list:
+        """Ops of the main function, in order, the return excluded."""
+        return [op for op in self.func.body.block.ops if not isinstance(op, func.ReturnOp)]
+
+    @property
+    def return_op(self) -> func.ReturnOp:
+        return self.func.body.block.last_op
+
+    @property
+    def input_names(self) -> list[str]:
+        return [op.loc for op in self.ops if isinstance(op, top.Input)]
+
+    @property
+    def output_names(self) -> list[str]:
+        return [value_name(v) for v in self.return_op.operands]
+
+    def text(self) -> str:
+        """The `.mlir` text."""
+        return print_module(self.module)
+
+    def verify(self) -> None:
+        """Run every op's verifier and check weights against their `top.Weight` types."""
+        try:
+            self.module.verify()
+        except VerifyException as e:
+            raise ShapeError(f"{self.name}: {' '.join(str(e).split())[:500]}") from None
+        for op in self.ops:
+            if isinstance(op, top.Weight):
+                arr = self.weights.get(op.loc)
+                if arr is None:
+                    raise ShapeError(f"{self.name}: weight {op.loc!r} is missing from the weight file")
+                t = op.output.type
+                if tuple(arr.shape) != A.shape_of(t) or A.dtype_of_numpy(arr.dtype) != A.dtype_name(t.element_type):
+                    raise ShapeError(f"{self.name}: weight {op.loc!r} is {arr.dtype}{list(arr.shape)}, "
+                                     f"the op says {t}")
+
+    def used_weights(self) -> dict[str, np.ndarray]:
+        """Only the weights some `top.Weight` op still names, in sorted key order."""
+        names = sorted({op.loc for op in self.ops if isinstance(op, top.Weight)})
+        return {n: self.weights[n] for n in names}
+
+    def save(self, mlir_path, weight_path=None) -> tuple[Path, Path]:
+        """Write the `.mlir` and its weights `.npz` (beside it unless `weight_path`), atomically."""
+        mlir_path = Path(mlir_path)
+        if weight_path is None:
+            weight_path = mlir_path.parent / default_weight_file(self.name)
+        weight_path = Path(weight_path)
+        self.weight_file = weight_path.name if weight_path.parent == mlir_path.parent else str(weight_path)
+        save_npz(weight_path, self.used_weights())
+        write_text(mlir_path, self.text())
+        return mlir_path, weight_path
+
+    def flops(self) -> int:
+        """Total FLOPs of the module."""
+        return sum(op.flops() for op in self.ops if not isinstance(op, (top.Weight, top.NoneOp, top.Input)))
+
+
+def default_weight_file(name: str) -> str:
+    """Weight file name for a model name, as TPU-MLIR: `NAME_top_f32_weights.npz`."""
+    return f"{name}_top_f32_weights.npz"
+
+
+def value_name(v: SSAValue) -> str:
+    """Location name of the tensor `v` (the i-th name of its op's location for result i)."""
+    names = top.loc_names(v.owner) if hasattr(v.owner, "location") else []
+    idx = v.index if hasattr(v, "index") else 0
+    if idx < len(names):
+        return names[idx]
+    base = names[0] if names else "?"
+    return f"{base}_{idx}" if idx else base
+
+
+def load(mlir_path, weights: dict | None = None) -> TopModel:
+    """Read a `.top.mlir` and its weight file (`module.weight_file`, relative to the .mlir)."""
+    mlir_path = Path(mlir_path)
+    if not mlir_path.is_file():
+        raise ModelFileError(mlir_path, "no such file")
+    try:
+        text = mlir_path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ModelFileError(mlir_path, "not a text .mlir file") from None
+    module = parse_module(text, str(mlir_path))
+    for key in ("module.name", "module.weight_file"):
+        if not isinstance(module.attributes.get(key), StringAttr):
+            raise ModelFileError(mlir_path, f"module has no {key} attribute")
+    model = TopModel(module)
+    if weights is None:
+        wf = Path(model.weight_file)
+        wf = wf if wf.is_absolute() else mlir_path.parent / wf
+        has_weights = any(isinstance(op, top.Weight) for op in model.ops)
+        weights = load_npz(wf) if has_weights or wf.exists() else {}
+    model.weights = dict(weights)
+    model.verify()
+    return model
+
+
+class TopBuilder:
+    """Builds a TOP module op by op: inputs, weights, ops, then `finish(outputs)`."""
+
+    def __init__(self, name: str, weight_file: str | None = None):
+        self.name = name
+        self.weight_file = weight_file or default_weight_file(name)
+        self.block = Block()
+        self.weights: dict[str, np.ndarray] = {}
+        self._weight_values: dict[str, SSAValue] = {}
+        self._none: SSAValue | None = None
+        self._input_types: list = []
+
+    def input(self, name: str, shape, dtype: str = "f32") -> SSAValue:
+        """A model input named `name`."""
+        t = A.tensor_type(shape, dtype)
+        arg = self.block.insert_arg(t, len(self.block.args))
+        self._input_types.append(t)
+        op = top.Input.create(operands=[arg], result_types=[t])
+        top.set_loc(op, name)
+        self.block.add_op(op)
+        return op.results[0]
+
+    def weight(self, name: str, array: np.ndarray) -> SSAValue:
+        """A `top.Weight` for `array` named `name` (reused when the same name comes again)."""
+        if name in self._weight_values:
+            return self._weight_values[name]
+        array = np.asarray(array)
+        if array.dtype == np.float64:
+            array = array.astype(np.float32)
+        name = self.unique_weight_name(name)
+        self.weights[name] = array
+        op = top.Weight.create(result_types=[A.tensor_type(array.shape, A.dtype_of_numpy(array.dtype))])
+        top.set_loc(op, name)
+        self.block.add_op(op)
+        self._weight_values[name] = op.results[0]
+        return op.results[0]
+
+    def unique_weight_name(self, name: str) -> str:
+        base, i = name, 1
+        while name in self.weights:
+            name = f"{base}_{i}"
+            i += 1
+        return name
+
+    def none(self) -> SSAValue:
+        """The shared `top.None` value."""
+        if self._none is None:
+            op = top.NoneOp.create(result_types=[NoneType()])
+            self.block.add_op(op)
+            self._none = op.results[0]
+        return self._none
+
+    def op(self, op_name: str, operands: list, attrs: dict, loc, result_types=None):
+        """Append `top.<op_name>`; result types are inferred unless given. Returns the result(s)."""
+        op = make_op(op_name, operands, attrs, loc, result_types)
+        self.block.add_op(op)
+        return op.results[0] if len(op.results) == 1 else list(op.results)
+
+    def finish(self, outputs: list[SSAValue]) -> TopModel:
+        """Close the function with `return outputs` and wrap it in a module."""
+        self.block.add_op(func.ReturnOp(*outputs))
+        fn = func.FuncOp("main", (self._input_types, [o.type for o in outputs]), Region(self.block))
+        module = ModuleOp([fn], attributes={"module.name": StringAttr(self.name),
+                                            "module.weight_file": StringAttr(self.weight_file),
+                                            "module.state": StringAttr("TOP_F32")})
+        return TopModel(module, self.weights)
+
+
+def make_op(op_name: str, operands: list, attrs: dict, loc, result_types=None):
+    """Create (not insert) `top.<op_name>` with plain-Python `attrs` in declaration order."""
+    cls = top.OPS_BY_NAME[op_name]
+    attributes = {}
+    for key, (kind, _default) in cls.ATTRS.items():
+        if key in attrs and attrs[key] is not None:
+            attributes[key] = A.to_attr(kind, attrs[key])
+    unknown = set(attrs) - set(cls.ATTRS)
+    if unknown:
+        raise ValueError(f"top.{op_name}: unknown attribute(s) {sorted(unknown)}")
+    if result_types is None:
+        probe = cls.create(operands=list(operands), attributes=attributes)
+        full = probe.attrs()
+        shapes = probe.operand_shapes()
+        dtypes = [None if s is None else A.dtype_name(v.type.element_type) for v, s in zip(operands, shapes)]
+        result_types = [A.tensor_type(s, d) for s, d in zip(cls.infer(shapes, full), cls.infer_dtypes(dtypes, full))]
+        probe.drop_all_references()
+    op = cls.create(operands=list(operands), result_types=list(result_types), attributes=attributes)
+    top.set_loc(op, loc)
+    return op

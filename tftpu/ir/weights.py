@@ -1,0 +1,52 @@
+"""Weight files: `.npz` archives written deterministically (sorted keys, fixed zip timestamps).
+
+`save_npz` gives byte-identical files for the same arrays, unlike `np.savez`, whose zip entries
+carry the current time. `load_npz` never unpickles.
+"""
+
+from __future__ import annotations
+
+import io
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+from tftpu.errors import ModelFileError
+from tftpu.utils.files import atomic_write
+
+_EPOCH = (1980, 1, 1, 0, 0, 0)
+
+
+def npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
+    """The `.npz` archive of `arrays` (keys sorted, timestamps fixed, stored uncompressed)."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as zf:
+        for key in sorted(arrays):
+            info = zipfile.ZipInfo(f"{key}.npy", date_time=_EPOCH)
+            info.external_attr = 0o644 << 16
+            one = io.BytesIO()
+            np.lib.format.write_array(one, np.ascontiguousarray(arrays[key]), allow_pickle=False)
+            zf.writestr(info, one.getvalue())
+    return buf.getvalue()
+
+
+def save_npz(path, arrays: dict[str, np.ndarray]) -> None:
+    """Write `arrays` to `path` atomically and deterministically."""
+    data = npz_bytes(arrays)
+    with atomic_write(path, "wb") as f:
+        f.write(data)
+
+
+def load_npz(path) -> dict[str, np.ndarray]:
+    """Read every array of an `.npz` (or a single `.npy`); ModelFileError if it is not one."""
+    path = Path(path)
+    if not path.is_file():
+        raise ModelFileError(path, "no such file")
+    try:
+        if path.suffix == ".npy":
+            return {path.stem: np.load(path, allow_pickle=False)}
+        with np.load(path, allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
+    except (ValueError, OSError, zipfile.BadZipFile, EOFError) as e:
+        raise ModelFileError(path, f"not a readable .npz/.npy file ({e})") from None
