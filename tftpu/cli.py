@@ -56,6 +56,7 @@ def run(main: Callable[[list[str]], int | None], doc: str,
     """Run a tool's `main(args)` and exit with its status."""
     argv = list(sys.argv if argv is None else argv)
     prog = _prog(argv)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ start-up chatter
     try:
         args = parse(argv, doc, positional)
         logging.use_absl_handler()

@@ -1,0 +1,1 @@
+"""Keras definitions of real models used as test material."""

@@ -1,0 +1,136 @@
+"""The kernel and FLOPs registries of the TOP ops, and helpers the kernel modules share.
+
+A kernel maps `(operands, attrs) -> results` (numpy arrays, `None` for a `top.None` operand);
+a FLOPs function maps `(operand shapes, result shapes, attrs) -> int`.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from typing import Callable, Sequence
+
+import numpy as np
+
+Kernel = Callable[[list, dict], list]
+FlopsFn = Callable[[list, list, dict], int]
+
+KERNELS: dict[str, Kernel] = {}
+FLOPS: dict[str, FlopsFn] = {}
+
+
+def register(*names: str, flops: FlopsFn):
+    """Register the decorated kernel (and its FLOPs function) under each op name."""
+
+    def wrap(fn: Kernel) -> Kernel:
+        for name in names:
+            KERNELS[name] = fn
+            FLOPS[name] = flops
+        return fn
+
+    return wrap
+
+
+def tf():
+    """TensorFlow, imported on first use so that importing the kernels stays fast."""
+    import tensorflow
+
+    return tensorflow
+
+
+def numel(shape: Sequence[int]) -> int:
+    """Number of elements of a shape."""
+    return int(math.prod(shape))
+
+
+def as_f32(x: np.ndarray) -> np.ndarray:
+    """`x` as float32 (no copy when it already is)."""
+    return x if x.dtype == np.float32 else x.astype(np.float32)
+
+
+def is_float(x: np.ndarray) -> bool:
+    """Whether `x` holds floating-point values (float16/bfloat16 included)."""
+    return x.dtype.kind == "f" or x.dtype.name == "bfloat16"
+
+
+def relu_limit(attrs: dict) -> float:
+    """The `relu_limit` attr as a float (negative means no upper limit)."""
+    v = attrs.get("relu_limit", -1.0)
+    return -1.0 if v is None else float(v)
+
+
+def post_relu(y: np.ndarray, attrs: dict) -> np.ndarray:
+    """Apply the fused `do_relu` / `relu_limit` of an op to its result."""
+    if not attrs.get("do_relu", False):
+        return y
+    return relu(y, relu_limit(attrs))
+
+
+def relu(y: np.ndarray, limit: float = -1.0) -> np.ndarray:
+    """max(y, 0), and min(.., limit) when limit >= 0."""
+    if limit >= 0:
+        return np.clip(y, 0, limit).astype(y.dtype, copy=False)
+    return np.maximum(y, 0).astype(y.dtype, copy=False)
+
+
+def channels_last(attrs: dict) -> bool:
+    """Whether a layout-sensitive op runs on NHWC (channels-last) data."""
+    layout = attrs.get("layout", "NCHW") or "NCHW"
+    if layout not in ("NCHW", "NHWC"):
+        raise ValueError(f"layout must be NCHW or NHWC, not {layout!r}")
+    return layout == "NHWC"
+
+
+def channel_axis(ndim: int, attrs: dict) -> int:
+    """The channel axis of an `ndim`-rank tensor under the op's layout."""
+    return ndim - 1 if channels_last(attrs) else 1
+
+
+def spatial_axes(ndim: int, attrs: dict) -> list[int]:
+    """The spatial axes of an `ndim`-rank tensor under the op's layout."""
+    return list(range(1, ndim - 1)) if channels_last(attrs) else list(range(2, ndim))
+
+
+def per_channel(v: np.ndarray, ndim: int, axis: int) -> np.ndarray:
+    """Reshape a per-channel vector (any shape of C elements) to broadcast on `axis`."""
+    shape = [1] * ndim
+    shape[axis] = -1
+    return np.reshape(v, shape)
+
+
+def ints(attrs: dict, name: str, n: int, default: int) -> list[int]:
+    """An int-list attr of length `n`, defaulting to `[default] * n` when absent or empty."""
+    v = attrs.get(name)
+    if v is None or len(v) == 0:
+        return [default] * n
+    v = [int(i) for i in v]
+    if len(v) != n:
+        raise ValueError(f"{name} has {len(v)} values, expected {n}")
+    return v
+
+
+class IdentityCache:
+    """Memo of a derived value per source array, keyed by identity (weights are constant).
+
+    Weight arrays are re-laid-out once per array object, not once per call; an entry dies with
+    its array. A weight must not be modified in place once a kernel has seen it.
+    """
+
+    def __init__(self):
+        self._store: dict[tuple, tuple] = {}
+
+    def get(self, arr: np.ndarray, key: tuple, make: Callable[[], object]):
+        k = (id(arr), arr.shape, arr.dtype.str, key)
+        hit = self._store.get(k)
+        if hit is not None and hit[0]() is arr:
+            return hit[1]
+        value = make()
+        try:
+            ref = weakref.ref(arr, lambda _r, k=k: self._store.pop(k, None))
+        except TypeError:
+            return value
+        self._store[k] = (ref, value)
+        return value
+
+    def clear(self):
+        self._store.clear()

@@ -1,0 +1,223 @@
+"""top.Conv and top.Deconv (ONNX Conv / ConvTranspose semantics), 1-D/2-D/3-D.
+
+Float kernels run TensorFlow's optimized convolutions (oneDNN on CPU) on NCHW or NHWC data as
+given, with weights re-laid-out once per weight array; a numpy path covers what TF lacks.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tftpu.interp.kernels._registry import (
+    IdentityCache, as_f32, channels_last, ints, numel, per_channel, post_relu, register, tf)
+
+_WEIGHTS = IdentityCache()
+
+
+def _geometry(x, w_spatial, attrs):
+    nsp = x.ndim - 2
+    k = ints(attrs, "kernel_shape", nsp, 0)
+    if not any(k):
+        k = list(w_spatial)
+    return (nsp, k, ints(attrs, "strides", nsp, 1), ints(attrs, "pads", 2 * nsp, 0),
+            ints(attrs, "dilations", nsp, 1), int(attrs.get("group", 1) or 1))
+
+
+def _weight_oik(w, attrs):
+    """The conv weight as [O, I/g, *k] whatever its `kernel_layout`."""
+    kl = attrs.get("kernel_layout") or "OIHW"
+    if kl in ("HWIO", "DHWIO", "WIO"):
+        return _WEIGHTS.get(w, ("oik",), lambda: np.ascontiguousarray(
+            as_f32(w).transpose([w.ndim - 1, w.ndim - 2] + list(range(w.ndim - 2)))))
+    if kl not in ("OIHW", "OIDHW", "OIW"):
+        raise ValueError(f"kernel_layout must be OIHW or HWIO, not {kl!r}")
+    return as_f32(w)
+
+
+def _out_size(size, k, s, pb, pe, d):
+    return (size + pb + pe - (d * (k - 1) + 1)) // s + 1
+
+
+# ----------------------------------------------------------------------------- Conv
+
+def _conv_numpy(x, w, strides, pads, dil, group):
+    """Reference N-D grouped conv, NC* layout, weight [O, I/g, *k]: one einsum per tap."""
+    nsp = x.ndim - 2
+    k = w.shape[2:]
+    xp = np.pad(x, [(0, 0), (0, 0)] + [(pads[i], pads[i + nsp]) for i in range(nsp)])
+    out = [_out_size(x.shape[2 + i], k[i], strides[i], pads[i], pads[i + nsp], dil[i])
+           for i in range(nsp)]
+    n, c = x.shape[:2]
+    o = w.shape[0]
+    cg, og = c // group, o // group
+    y = np.zeros((n, group, og, *out), np.float32)
+    for off in np.ndindex(*k):
+        sl = tuple(slice(off[i] * dil[i], off[i] * dil[i] + strides[i] * (out[i] - 1) + 1,
+                         strides[i]) for i in range(nsp))
+        patch = xp[(slice(None), slice(None)) + sl].reshape(n, group, cg, *out)
+        wk = w[(slice(None), slice(None)) + off].reshape(group, og, cg)
+        y += np.einsum("ngc...,goc->ngo...", patch, wk, optimize=True)
+    return y.reshape(n, o, *out)
+
+
+def _conv_tf_2d(x, w, strides, pads, dil, group, nhwc):
+    """2-D conv through tf.nn.conv2d / depthwise_conv2d on the data's own layout."""
+    t = tf()
+    c = x.shape[3 if nhwc else 1]
+    o = w.shape[0]
+    kh, kw = w.shape[2:]
+    fmt = "NHWC" if nhwc else "NCHW"
+    sp = [[pads[0], pads[2]], [pads[1], pads[3]]]
+    padding = [[0, 0]] + sp + [[0, 0]] if nhwc else [[0, 0], [0, 0]] + sp
+    st = [1, strides[0], strides[1], 1] if nhwc else [1, 1, strides[0], strides[1]]
+    depthwise = group == c and group > 1 and o % c == 0 and w.shape[1] == 1
+    if depthwise and (strides == [1, 1] or dil == [1, 1]):
+        m = o // c
+        f = _WEIGHTS.get(w, ("dw",), lambda: t.constant(
+            w.reshape(c, m, kh, kw).transpose(2, 3, 0, 1)))
+        y = t.nn.depthwise_conv2d(x, f, st, padding, data_format=fmt, dilations=dil)
+    else:
+        f = _WEIGHTS.get(w, ("hwio",), lambda: t.constant(w.transpose(2, 3, 1, 0)))
+        y = t.nn.conv2d(x, f, st, padding, data_format=fmt,
+                        dilations=[1, dil[0], dil[1], 1] if nhwc else [1, 1, dil[0], dil[1]])
+    return y.numpy()
+
+
+def _conv_tf_3d(x, w, strides, pads, dil, nhwc):
+    t = tf()
+    if not nhwc:
+        x = x.transpose(0, 2, 3, 4, 1)
+    f = _WEIGHTS.get(w, ("dhwio",), lambda: t.constant(w.transpose(2, 3, 4, 1, 0)))
+    xp = np.pad(x, [(0, 0)] + [(pads[i], pads[i + 3]) for i in range(3)] + [(0, 0)])
+    y = t.nn.conv3d(xp, f, [1, *strides, 1], "VALID", dilations=[1, *dil, 1]).numpy()
+    return y if nhwc else y.transpose(0, 4, 1, 2, 3)
+
+
+def conv_forward(x, w, strides, pads, dil, group, nhwc):
+    """Conv without bias: x in NC* (or N*C when nhwc), w as [O, I/g, *k]."""
+    nsp = x.ndim - 2
+    if nsp == 1:
+        x2 = x[:, None] if nhwc else x[:, :, None]
+        y = conv_forward(x2, w[:, :, None], [1, strides[0]], [0, pads[0], 0, pads[1]],
+                         [1, dil[0]], group, nhwc)
+        return y[:, 0] if nhwc else y[:, :, 0]
+    if nsp == 2:
+        return _conv_tf_2d(x, w, strides, pads, dil, group, nhwc)
+    if nsp == 3 and group == 1:
+        return _conv_tf_3d(x, w, strides, pads, dil, nhwc)
+    if nhwc:
+        x = np.moveaxis(x, -1, 1)
+    y = _conv_numpy(x, w, strides, pads, dil, group)
+    return np.moveaxis(y, 1, -1) if nhwc else y
+
+
+def _conv_flops(ins, outs, attrs):
+    w = ins[1]
+    kl = attrs.get("kernel_layout") or "OIHW"
+    taps = numel(w[:-2]) * w[-2] if kl.endswith("IO") else numel(w[1:])
+    n = numel(outs[0])
+    has_bias = len(ins) > 2 and ins[2] is not None
+    return n * (2 * taps + (1 if has_bias else 0) + (1 if attrs.get("do_relu") else 0))
+
+
+@register("Conv", flops=_conv_flops)
+def conv(operands, attrs):
+    """top.Conv: ONNX Conv (+ bias, + fused relu) on NCHW or NHWC data."""
+    x, w = as_f32(operands[0]), _weight_oik(operands[1], attrs)
+    b = operands[2] if len(operands) > 2 else None
+    nhwc = channels_last(attrs)
+    _, _, strides, pads, dil, group = _geometry(x, w.shape[2:], attrs)
+    y = conv_forward(x, w, strides, pads, dil, group, nhwc)
+    if b is not None:
+        y = y + per_channel(as_f32(b), y.ndim, y.ndim - 1 if nhwc else 1)
+    return [post_relu(y, attrs)]
+
+
+# ----------------------------------------------------------------------------- Deconv
+
+def _deconv_numpy(x, w, strides, dil, group):
+    """Full (unpadded) N-D transposed conv, NC* layout, weight [I, O/g, *k]: scatter per tap."""
+    nsp = x.ndim - 2
+    k = w.shape[2:]
+    n, c = x.shape[:2]
+    og = w.shape[1]
+    cg = c // group
+    ins = x.shape[2:]
+    full = [(ins[i] - 1) * strides[i] + dil[i] * (k[i] - 1) + 1 for i in range(nsp)]
+    y = np.zeros((n, group, og, *full), np.float32)
+    xg = x.reshape(n, group, cg, *ins)
+    wg = w.reshape(group, cg, og, *k)
+    for off in np.ndindex(*k):
+        sl = tuple(slice(off[i] * dil[i], off[i] * dil[i] + strides[i] * (ins[i] - 1) + 1,
+                         strides[i]) for i in range(nsp))
+        wk = wg[(slice(None), slice(None), slice(None)) + off]
+        y[(slice(None), slice(None), slice(None)) + sl] += np.einsum(
+            "ngc...,gco->ngo...", xg, wk, optimize=True)
+    return y.reshape(n, group * og, *full)
+
+
+def _dilate_kernel(w, dil):
+    """Insert zeros between kernel taps: a dilated kernel as a plain one."""
+    if all(d == 1 for d in dil):
+        return w
+    k = w.shape[2:]
+    dk = [d * (kk - 1) + 1 for d, kk in zip(dil, k)]
+    out = np.zeros(w.shape[:2] + tuple(dk), w.dtype)
+    out[(slice(None), slice(None)) + tuple(slice(None, None, d) for d in dil)] = w
+    return out
+
+
+def _deconv_tf_2d(x, w, strides, dil):
+    """Full transposed 2-D conv, group 1, NCHW in and out, through tf.nn.conv2d_transpose."""
+    t = tf()
+    f = _WEIGHTS.get(w, ("deconv", tuple(dil)), lambda: t.constant(
+        _dilate_kernel(w, dil).transpose(2, 3, 1, 0)))
+    kh, kw = int(f.shape[0]), int(f.shape[1])
+    n, _, h, wd = x.shape
+    o = w.shape[1]
+    shape = [n, o, (h - 1) * strides[0] + kh, (wd - 1) * strides[1] + kw]
+    return t.nn.conv2d_transpose(x, f, shape, [1, 1, *strides], "VALID",
+                                 data_format="NCHW").numpy()
+
+
+def deconv_forward(x, w, strides, pads, dil, group, output_padding):
+    """ConvTranspose without bias, NC* layout, weight [I, O/g, *k]."""
+    nsp = x.ndim - 2
+    if nsp == 2 and group == 1:
+        full = _deconv_tf_2d(x, w, strides, dil)
+    elif nsp == 1 and group == 1:
+        full = _deconv_tf_2d(x[:, :, None], w[:, :, None], [1, strides[0]], [1, dil[0]])[:, :, 0]
+    else:
+        full = _deconv_numpy(x, w, strides, dil, group)
+    extra = [(0, 0), (0, 0)] + [(0, max(0, output_padding[i] - pads[nsp + i]))
+                                for i in range(nsp)]
+    if any(e[1] for e in extra):
+        full = np.pad(full, extra)
+    sl = tuple(slice(pads[i], full.shape[2 + i] - max(0, pads[nsp + i] - output_padding[i]))
+               for i in range(nsp))
+    return full[(slice(None), slice(None)) + sl]
+
+
+def _deconv_flops(ins, outs, attrs):
+    w = ins[1]
+    has_bias = len(ins) > 2 and ins[2] is not None
+    n_out = numel(outs[0])
+    return (numel(ins[0]) * 2 * numel(w[1:]) + (n_out if has_bias else 0)
+            + (n_out if attrs.get("do_relu") else 0))
+
+
+@register("Deconv", flops=_deconv_flops)
+def deconv(operands, attrs):
+    """top.Deconv: ONNX ConvTranspose (+ bias, + fused relu); output_padding at the end."""
+    x, w = as_f32(operands[0]), as_f32(operands[1])
+    b = operands[2] if len(operands) > 2 else None
+    nhwc = channels_last(attrs)
+    if nhwc:
+        x = np.moveaxis(x, -1, 1)
+    nsp, _, strides, pads, dil, group = _geometry(x, w.shape[2:], attrs)
+    y = deconv_forward(x, w, strides, pads, dil, group, ints(attrs, "output_padding", nsp, 0))
+    if b is not None:
+        y = y + per_channel(as_f32(b), y.ndim, 1)
+    if nhwc:
+        y = np.moveaxis(y, 1, -1)
+    return [post_relu(y, attrs)]

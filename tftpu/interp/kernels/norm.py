@@ -1,0 +1,52 @@
+"""Normalisation TOP ops: BatchNorm (inference form), Scale (per-channel affine), Softmax."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tftpu.interp.kernels._registry import (
+    as_f32, channel_axis, numel, per_channel, post_relu, register)
+
+
+def _n_flops(mult, fused_relu=False):
+    def flops(ins, outs, attrs):
+        n = numel(outs[0])
+        return n * mult + (n if fused_relu and attrs.get("do_relu") else 0)
+    return flops
+
+
+@register("BatchNorm", flops=_n_flops(2))
+def batch_norm(operands, attrs):
+    """top.BatchNorm: (x - mean) / sqrt(var + eps) * scale + bias on the channel axis."""
+    x, mean, var, scale, bias = (as_f32(o) for o in operands[:5])
+    ax = channel_axis(x.ndim, attrs) if x.ndim > 1 else 0
+    eps = np.float32(attrs.get("epsilon", 1e-5))
+    inv = scale / np.sqrt(var + eps)
+    y = (x - per_channel(mean, x.ndim, ax)) * per_channel(inv, x.ndim, ax) \
+        + per_channel(bias, x.ndim, ax)
+    return [y.astype(np.float32, copy=False)]
+
+
+@register("Scale", flops=_n_flops(2, fused_relu=True))
+def scale(operands, attrs):
+    """top.Scale: x * scale + bias per channel (the folded form of BatchNorm) + fused relu."""
+    x, s = as_f32(operands[0]), as_f32(operands[1])
+    b = operands[2] if len(operands) > 2 else None
+    ax = channel_axis(x.ndim, attrs) if x.ndim > 1 else 0
+    y = x * per_channel(s, x.ndim, ax)
+    if b is not None:
+        y = y + per_channel(as_f32(b), x.ndim, ax)
+    return [post_relu(y.astype(np.float32, copy=False), attrs)]
+
+
+@register("Softmax", flops=_n_flops(5))
+def softmax(operands, attrs):
+    """top.Softmax: softmax (or log-softmax when `log`) along `axis` (ONNX opset >= 13)."""
+    x = as_f32(operands[0])
+    axis = int(attrs.get("axis", -1))
+    z = x - np.max(x, axis=axis, keepdims=True)
+    e = np.exp(z)
+    s = np.sum(e, axis=axis, keepdims=True)
+    if attrs.get("log", False):
+        return [(z - np.log(s)).astype(np.float32, copy=False)]
+    return [(e / s).astype(np.float32, copy=False)]
