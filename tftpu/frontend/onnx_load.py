@@ -1,0 +1,198 @@
+"""Read an ONNX model and make it static: fixed input shapes, shape inference, folded constants.
+
+`prepare(model, input_shapes)` returns a `Prepared` graph view: every tensor's static shape and
+dtype, the constant arrays (initializers, Constant nodes and every node whose inputs are all
+constant, shape sub-graphs included), and the nodes left to import.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from tftpu.errors import ModelFileError, ShapeError, UsageError
+
+_NO_FOLD = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
+            "Bernoulli"}
+_MAX_PASSES = 4
+
+
+def read_model(model):
+    """An `onnx.ModelProto` from a path, bytes or ModelProto; ModelFileError if it is not ONNX."""
+    import onnx
+    from google.protobuf.message import DecodeError
+
+    if isinstance(model, onnx.ModelProto):
+        return model
+    if isinstance(model, (bytes, bytearray)):
+        data, where = bytes(model), "<bytes>"
+    else:
+        path = Path(model)
+        if not path.is_file():
+            raise ModelFileError(path, "no such file")
+        data, where = path.read_bytes(), str(path)
+    try:
+        proto = onnx.ModelProto.FromString(data)
+    except (DecodeError, RuntimeError, ValueError) as e:
+        raise ModelFileError(where, f"not an ONNX model (truncated or corrupt protobuf: {e})") from None
+    if not proto.graph.node and not proto.graph.output:
+        raise ModelFileError(where, "not an ONNX model (empty graph)")
+    return proto
+
+
+def parse_shapes(text: str | None) -> list[list[int]] | None:
+    """`[[1,3,224,224],[1,10]]` (or one `[1,3,224,224]`) -> list of shapes; UsageError if malformed."""
+    if text is None or text == "":
+        return None
+    import json
+    try:
+        val = json.loads(text)
+    except json.JSONDecodeError:
+        raise UsageError(f"--input_shapes: cannot read {text!r}; expected e.g. [[1,3,224,224]]") from None
+    if isinstance(val, list) and all(isinstance(d, int) for d in val):
+        val = [val]
+    if not isinstance(val, list) or not all(isinstance(s, list) and all(isinstance(d, int) and d > 0 for d in s)
+                                            for s in val):
+        raise UsageError(f"--input_shapes: {text!r} must be a list of shapes of positive ints")
+    return val
+
+
+@dataclass
+class Prepared:
+    """A static view of an ONNX graph, ready to import."""
+
+    model: object
+    opset: int
+    inputs: list[str]
+    outputs: list[str]
+    shapes: dict[str, tuple] = field(default_factory=dict)
+    dtypes: dict[str, np.dtype] = field(default_factory=dict)
+    consts: dict[str, np.ndarray] = field(default_factory=dict)
+    nodes: list = field(default_factory=list)
+
+
+def _dims(type_proto) -> tuple | None:
+    t = type_proto.tensor_type
+    if not t.HasField("shape"):
+        return None
+    dims = []
+    for d in t.shape.dim:
+        if not d.HasField("dim_value") or d.dim_value < 0:
+            return None
+        dims.append(int(d.dim_value))
+    return tuple(dims)
+
+
+def _fix_inputs(model, input_shapes) -> list[str]:
+    init = {i.name for i in model.graph.initializer}
+    inputs = [i for i in model.graph.input if i.name not in init]
+    if input_shapes is not None and len(input_shapes) != len(inputs):
+        raise ShapeError(f"--input_shapes gives {len(input_shapes)} shape(s), the model has "
+                         f"{len(inputs)} input(s): {[i.name for i in inputs]}")
+    for k, inp in enumerate(inputs):
+        dims = inp.type.tensor_type.shape.dim
+        if input_shapes is not None:
+            want = input_shapes[k]
+            if len(dims) and len(want) != len(dims):
+                raise ShapeError(f"input {inp.name!r} has rank {len(dims)}, --input_shapes gives {want}")
+            for j, d in enumerate(dims):
+                if d.HasField("dim_value") and d.dim_value > 0 and d.dim_value != want[j]:
+                    raise ShapeError(f"input {inp.name!r} has fixed dim {j} = {d.dim_value}, "
+                                     f"--input_shapes gives {want}")
+            del inp.type.tensor_type.shape.dim[:]
+            for v in want:
+                inp.type.tensor_type.shape.dim.add().dim_value = v
+        else:
+            for d in dims:
+                if not d.HasField("dim_value") or d.dim_value <= 0:
+                    d.Clear()
+                    d.dim_value = 1
+    return [i.name for i in inputs]
+
+
+def _infer(model):
+    import onnx
+    try:
+        return onnx.shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
+    except Exception as e:  # onnx raises its own InferenceError / RuntimeError variants
+        raise ShapeError(f"ONNX shape inference failed: {' '.join(str(e).split())[:300]}") from None
+
+
+def _evaluate(node, opset_imports, inputs: list):
+    from onnx.reference import ReferenceEvaluator
+    ev = ReferenceEvaluator(node, opsets=opset_imports)
+    feeds = {name: arr for name, arr in zip(node.input, inputs) if name}
+    return ev.run(None, feeds)
+
+
+def prepare(model, input_shapes=None) -> Prepared:
+    """Fix input shapes (batch 1 for dynamic dims), infer shapes and fold every constant sub-graph."""
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.ModelProto.FromString(read_model(model).SerializeToString())
+    opsets = {o.domain or "": o.version for o in model.opset_import}
+    opset = opsets.get("", opsets.get("ai.onnx", 13))
+    inputs = _fix_inputs(model, input_shapes)
+    outputs = [o.name for o in model.graph.output]
+    consts = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    for _ in range(_MAX_PASSES):
+        model = _infer(model)
+        shapes, dtypes = {}, {}
+        for vi in [*model.graph.input, *model.graph.value_info, *model.graph.output]:
+            s = _dims(vi.type)
+            if s is not None:
+                shapes[vi.name] = s
+            et = vi.type.tensor_type.elem_type
+            if et:
+                dtypes[vi.name] = onnx.helper.tensor_dtype_to_np_dtype(et)
+        folded, kept = False, []
+        for node in model.graph.node:
+            value = _fold(node, consts, shapes, opsets)
+            if value is None:
+                kept.append(node)
+                continue
+            for name, arr in zip(node.output, value):
+                if name:
+                    consts[name] = np.asarray(arr)
+            folded = True
+        if not folded:
+            break
+        del model.graph.node[:]
+        model.graph.node.extend(kept)
+        used = {i for n in kept for i in n.input} | set(outputs)
+        del model.graph.initializer[:]
+        model.graph.initializer.extend(numpy_helper.from_array(consts[k], k) for k in sorted(consts) if k in used)
+        consts = {k: v for k, v in consts.items() if k in used}
+    for name, arr in consts.items():
+        shapes[name] = tuple(arr.shape)
+        dtypes[name] = arr.dtype
+    return Prepared(model, opset, inputs, outputs, shapes, dtypes, consts, list(model.graph.node))
+
+
+def _fold(node, consts, shapes, opsets):
+    """The folded outputs of `node`, or None when it depends on a runtime value."""
+    if node.domain not in ("", "ai.onnx") or node.op_type in _NO_FOLD:
+        return None
+    if node.op_type == "Constant":
+        return _evaluate(node, opsets, [])
+    if node.op_type in ("Shape", "Size") and node.input[0] not in consts:
+        s = shapes.get(node.input[0])
+        if s is None:
+            return None
+        if node.op_type == "Size":
+            return [np.array(int(np.prod(s)), np.int64)]
+        arr = np.array(s, np.int64)
+        start = end = None
+        for a in node.attribute:
+            if a.name == "start":
+                start = a.i
+            if a.name == "end":
+                end = a.i
+        return [arr[start:end]]
+    ins = [i for i in node.input if i]
+    if not ins or any(i not in consts for i in ins):
+        return None
+    return _evaluate(node, opsets, [consts[i] if i else None for i in node.input])

@@ -1,0 +1,578 @@
+"""ONNX -> TOP: one converter per ONNX op type, on a static, constant-folded graph.
+
+Each TOP op is named (by location) after its ONNX node's first output tensor, so TOP tensors
+can be compared with onnxruntime's by name. Every unsupported op is collected and reported at
+once as an `UnsupportedOpError` (op type and node name).
+
+>>> model = onnx_to_top("resnet.onnx", input_shapes=[[1, 3, 224, 224]])  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from tftpu.errors import ShapeError, UnsupportedOpError
+from tftpu.frontend.onnx_load import Prepared, prepare
+from tftpu.ir import attrs as A
+from tftpu.ir.module import TopBuilder, TopModel
+
+F32_MAX = float(np.finfo(np.float32).max)
+
+
+class Unsupported(Exception):
+    """Raised by a converter for a case it cannot express (collected, reported at the end)."""
+
+
+CONVERTERS: dict[str, Callable] = {}
+
+
+def converter(*op_types: str):
+    def wrap(fn):
+        for t in op_types:
+            CONVERTERS[t] = fn
+        return fn
+    return wrap
+
+
+def _onnx_dtype(np_dtype) -> str:
+    try:
+        return A.dtype_of_numpy(np_dtype)
+    except ShapeError:
+        raise Unsupported(f"dtype {np.dtype(np_dtype)}") from None
+
+
+class Importer:
+    """Walks a prepared ONNX graph and emits TOP ops through a `TopBuilder`."""
+
+    def __init__(self, prep: Prepared, name: str):
+        self.p = prep
+        self.b = TopBuilder(name)
+        self.values: dict[str, object] = {}
+        self.failed: set[str] = set()
+
+    # ------------------------------------------------------------ helpers for converters
+    def shape(self, name: str) -> tuple:
+        s = self.p.shapes.get(name)
+        if s is None:
+            raise Unsupported(f"tensor {name!r} has no static shape")
+        return s
+
+    def const(self, name: str):
+        """The constant array of an input, or None when it is a runtime value or absent."""
+        if not name:
+            return None
+        return self.p.consts.get(name)
+
+    def need_const(self, name: str, what: str) -> np.ndarray:
+        v = self.const(name)
+        if v is None:
+            raise Unsupported(f"{what} must be a constant")
+        return v
+
+    def value(self, name: str):
+        """SSA value of an ONNX tensor (constants become `top.Weight` named by the tensor)."""
+        if not name:
+            return self.b.none()
+        if name in self.values:
+            return self.values[name]
+        if name in self.p.consts:
+            arr = self.p.consts[name]
+            if arr.dtype == np.float64:
+                arr = arr.astype(np.float32)
+            _onnx_dtype(arr.dtype)
+            v = self.b.weight(name, arr)
+            self.values[name] = v
+            return v
+        raise KeyError(name)
+
+    def weight(self, name: str, arr: np.ndarray):
+        return self.b.weight(name, np.ascontiguousarray(arr))
+
+    def emit(self, node, op_name: str, operands: list, attrs: dict, out: int = 0, loc=None):
+        """Append a TOP op for `node` and bind its result to the node's output `out`."""
+        loc = loc if loc is not None else node.output[out]
+        res = self.b.op(op_name, operands, attrs, loc)
+        results = res if isinstance(res, list) else [res]
+        names = [loc] if isinstance(loc, str) else list(loc)
+        for n, r in zip(names, results):
+            want = self.p.shapes.get(n)
+            got = A.shape_of(r.type)
+            if want is not None and tuple(want) != got:
+                raise ShapeError(f"node {node.name or node.output[0]!r} ({node.op_type}): TOP infers "
+                                 f"{list(got)} for {n!r}, ONNX says {list(want)}")
+            self.values[n] = r
+        return res
+
+    def alias(self, node, value) -> None:
+        self.values[node.output[0]] = value
+
+    # ------------------------------------------------------------ driver
+    def run(self) -> TopModel:
+        for name in self.p.inputs:
+            s = self.p.shapes.get(name)
+            if s is None:
+                raise ShapeError(f"input {name!r} has no static shape; pass --input_shapes")
+            self.values[name] = self.b.input(name, s, _onnx_dtype(self.p.dtypes.get(name, np.float32)))
+        bad = []
+        for node in self.p.nodes:
+            ident = node.name or node.output[0]
+            fn = CONVERTERS.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+            if fn is None:
+                bad.append((f"{node.domain + '.' if node.domain else ''}{node.op_type}", ident))
+                self.failed.update(node.output)
+                continue
+            if any(i in self.failed for i in node.input):
+                self.failed.update(node.output)
+                continue
+            try:
+                fn(self, node, _attrs(node))
+            except Unsupported as e:
+                bad.append((node.op_type, f"{ident}: {e}"))
+                self.failed.update(node.output)
+        if bad:
+            raise UnsupportedOpError(bad)
+        outs = []
+        for name in self.p.outputs:
+            v = self.value(name)
+            owner = v.owner
+            if hasattr(owner, "location") and len(getattr(owner, "results", [])) == 1 \
+                    and owner.name not in ("top.Input", "top.Weight") and owner.loc != name:
+                from tftpu.ir.top import set_loc
+                set_loc(owner, name)
+            outs.append(v)
+        model = self.b.finish(outs)
+        return model
+
+
+def _attrs(node) -> dict:
+    from onnx import helper
+    out = {}
+    for a in node.attribute:
+        v = helper.get_attribute_value(a)
+        if isinstance(v, bytes):
+            v = v.decode()
+        elif isinstance(v, list):
+            v = [x.decode() if isinstance(x, bytes) else x for x in v]
+        out[a.name] = v
+    return out
+
+
+def onnx_to_top(model, name: str | None = None, input_shapes=None) -> TopModel:
+    """Import an ONNX model (path, bytes or ModelProto) into a verified TOP model."""
+    prep = prepare(model, input_shapes)
+    if name is None:
+        name = Path(model).stem if isinstance(model, (str, Path)) else (prep.model.graph.name or "model")
+    top_model = Importer(prep, name).run()
+    top_model.verify()
+    return top_model
+
+
+# ================================================================ converters
+
+def _same_pads(in_sp, k, s, d, mode: str) -> list[int]:
+    begins, ends = [], []
+    for i, size in enumerate(in_sp):
+        out = -(-size // s[i])
+        total = max((out - 1) * s[i] + (k[i] - 1) * d[i] + 1 - size, 0)
+        small = total // 2
+        if mode == "SAME_LOWER":
+            begins.append(total - small)
+            ends.append(small)
+        else:
+            begins.append(small)
+            ends.append(total - small)
+    return begins + ends
+
+
+def _window(imp: Importer, node, a: dict, k: list[int]) -> dict:
+    n = len(k)
+    strides = list(a.get("strides", [1] * n))
+    dil = list(a.get("dilations", [1] * n))
+    auto = a.get("auto_pad", "NOTSET")
+    if auto in ("SAME_UPPER", "SAME_LOWER"):
+        pads = _same_pads(imp.shape(node.input[0])[2:], k, strides, dil, auto)
+    elif auto == "VALID":
+        pads = [0] * (2 * n)
+    else:
+        pads = list(a.get("pads", [0] * (2 * n)))
+    return {"kernel_shape": list(k), "strides": strides, "pads": pads, "dilations": dil}
+
+
+@converter("Conv")
+def _conv(imp, node, a):
+    w = imp.shape(node.input[1])
+    k = list(a.get("kernel_shape", w[2:]))
+    attrs = _window(imp, node, a, k)
+    attrs.update(group=a.get("group", 1), do_relu=False, relu_limit=-1.0)
+    bias = node.input[2] if len(node.input) > 2 else ""
+    imp.emit(node, "Conv", [imp.value(node.input[0]), imp.value(node.input[1]), imp.value(bias)], attrs)
+
+
+@converter("ConvTranspose")
+def _deconv(imp, node, a):
+    x, w = imp.shape(node.input[0]), imp.shape(node.input[1])
+    n = len(x) - 2
+    k = list(a.get("kernel_shape", w[2:]))
+    s = list(a.get("strides", [1] * n))
+    d = list(a.get("dilations", [1] * n))
+    op = list(a.get("output_padding", [0] * n))
+    auto = a.get("auto_pad", "NOTSET")
+    if "output_shape" in a or auto in ("SAME_UPPER", "SAME_LOWER"):
+        out = list(a["output_shape"])[-n:] if "output_shape" in a else [x[2 + i] * s[i] for i in range(n)]
+        total = [s[i] * (x[2 + i] - 1) + op[i] + (k[i] - 1) * d[i] + 1 - out[i] for i in range(n)]
+        if auto == "SAME_LOWER":
+            pads = [t - t // 2 for t in total] + [t // 2 for t in total]
+        else:
+            pads = [t // 2 for t in total] + [t - t // 2 for t in total]
+        if any(p < 0 for p in pads):
+            raise Unsupported(f"output_shape {out} needs negative pads")
+    elif auto == "VALID":
+        pads = [0] * (2 * n)
+    else:
+        pads = list(a.get("pads", [0] * (2 * n)))
+    attrs = {"kernel_shape": k, "strides": s, "pads": pads, "dilations": d, "group": a.get("group", 1),
+             "output_padding": op, "do_relu": False, "relu_limit": -1.0}
+    bias = node.input[2] if len(node.input) > 2 else ""
+    imp.emit(node, "Deconv", [imp.value(node.input[0]), imp.value(node.input[1]), imp.value(bias)], attrs)
+
+
+@converter("Gemm")
+def _gemm(imp, node, a):
+    alpha, beta = a.get("alpha", 1.0), a.get("beta", 1.0)
+    trans_a, trans_b = a.get("transA", 0), a.get("transB", 0)
+    x = imp.value(node.input[0])
+    if trans_a:
+        x = imp.b.op("Permute", [x], {"order": [1, 0]}, f"{node.output[0]}_transA")
+    bconst = imp.const(node.input[1])
+    if bconst is not None:
+        b = imp.value(node.input[1]) if alpha == 1.0 else \
+            imp.weight(f"{node.input[1]}_alpha", (bconst * np.float32(alpha)).astype(np.float32))
+    elif alpha == 1.0:
+        b = imp.value(node.input[1])
+    else:
+        raise Unsupported("alpha != 1 with a non-constant B")
+    n_out = imp.shape(node.output[0])[-1]
+    bias = imp.b.none()
+    c_name = node.input[2] if len(node.input) > 2 else ""
+    add_c = None
+    if c_name and beta != 0.0:
+        c = imp.const(c_name)
+        if c is not None:
+            c = (c.astype(np.float32) * np.float32(beta)).astype(np.float32)
+            if c.size == n_out and c.ndim <= 2:
+                c = c.reshape(n_out)
+            bias = imp.weight(c_name if beta == 1.0 else f"{c_name}_beta", c)
+        elif beta == 1.0:
+            add_c = imp.value(c_name)
+        else:
+            raise Unsupported("beta != 1 with a non-constant C")
+    if add_c is None:
+        imp.emit(node, "MatMul", [x, b, bias], {"right_transpose": bool(trans_b), "do_relu": False,
+                                                "relu_limit": -1.0})
+    else:
+        mm = imp.b.op("MatMul", [x, b, bias], {"right_transpose": bool(trans_b)}, f"{node.output[0]}_matmul")
+        imp.emit(node, "Add", [mm, add_c], {})
+
+
+@converter("MatMul")
+def _matmul(imp, node, a):
+    sa, sb = imp.shape(node.input[0]), imp.shape(node.input[1])
+    if len(sa) < 2 or len(sb) < 2:
+        raise Unsupported("1-D matmul operands")
+    imp.emit(node, "MatMul", [imp.value(node.input[0]), imp.value(node.input[1]), imp.b.none()],
+             {"right_transpose": False, "do_relu": False, "relu_limit": -1.0})
+
+
+_BINARY = {"Add": "Add", "Sub": "Sub", "Mul": "Mul", "Div": "Div", "Max": "Max", "Min": "Min", "Sum": "Add"}
+
+
+@converter(*_BINARY)
+def _binary(imp, node, a):
+    ins = [i for i in node.input]
+    if len(ins) == 1:
+        imp.alias(node, imp.value(ins[0]))
+        return
+    if len(ins) != 2:
+        raise Unsupported(f"{len(ins)} operands")
+    if imp.p.dtypes.get(node.output[0], np.float32) != np.float32:
+        raise Unsupported("non-float32 arithmetic")
+    imp.emit(node, _BINARY[node.op_type], [imp.value(ins[0]), imp.value(ins[1])], {})
+
+
+@converter("Pow")
+def _pow(imp, node, a):
+    e = imp.need_const(node.input[1], "exponent")
+    if e.size != 1:
+        raise Unsupported("non-scalar exponent")
+    e = float(e.reshape(()))
+    x = imp.value(node.input[0])
+    if e == 1.0:
+        imp.alias(node, x)
+    elif e == 2.0:
+        imp.emit(node, "Mul", [x, x], {})
+    elif e == 0.5:
+        imp.emit(node, "Sqrt", [x], {})
+    else:
+        raise Unsupported(f"exponent {e}")
+
+
+@converter("Reciprocal")
+def _reciprocal(imp, node, a):
+    one = imp.weight(f"{node.output[0]}_one", np.array(1.0, np.float32))
+    imp.emit(node, "Div", [one, imp.value(node.input[0])], {})
+
+
+_UNARY = {"Relu": "Relu", "Sigmoid": "Sigmoid", "Tanh": "Tanh", "Exp": "Exp", "Log": "Log",
+          "Sqrt": "Sqrt", "Erf": "Erf", "Abs": "Abs", "Neg": "Neg", "HardSwish": "HardSwish"}
+
+
+@converter(*_UNARY)
+def _unary(imp, node, a):
+    imp.emit(node, _UNARY[node.op_type], [imp.value(node.input[0])], {})
+
+
+@converter("Identity", "Dropout")
+def _identity(imp, node, a):
+    if len(node.output) > 1 and node.output[1]:
+        raise Unsupported("Dropout mask output")
+    imp.alias(node, imp.value(node.input[0]))
+
+
+@converter("LeakyRelu")
+def _leaky(imp, node, a):
+    imp.emit(node, "LeakyRelu", [imp.value(node.input[0])], {"alpha": a.get("alpha", 0.01)})
+
+
+@converter("HardSigmoid")
+def _hsig(imp, node, a):
+    imp.emit(node, "HardSigmoid", [imp.value(node.input[0])],
+             {"alpha": a.get("alpha", 0.2), "beta": a.get("beta", 0.5)})
+
+
+@converter("Gelu")
+def _gelu(imp, node, a):
+    imp.emit(node, "GELU", [imp.value(node.input[0])], {"approximate": a.get("approximate", "none")})
+
+
+@converter("PRelu")
+def _prelu(imp, node, a):
+    imp.emit(node, "PRelu", [imp.value(node.input[0]), imp.value(node.input[1])], {})
+
+
+@converter("Clip")
+def _clip(imp, node, a):
+    lo, hi = a.get("min", -F32_MAX), a.get("max", F32_MAX)
+    if len(node.input) > 1 and node.input[1]:
+        lo = float(imp.need_const(node.input[1], "min").reshape(()))
+    if len(node.input) > 2 and node.input[2]:
+        hi = float(imp.need_const(node.input[2], "max").reshape(()))
+    imp.emit(node, "Clip", [imp.value(node.input[0])], {"min": max(lo, -F32_MAX), "max": min(hi, F32_MAX)})
+
+
+@converter("Softmax", "LogSoftmax")
+def _softmax(imp, node, a):
+    rank = len(imp.shape(node.input[0]))
+    axis = a.get("axis", -1 if imp.p.opset >= 13 else 1) % rank
+    if imp.p.opset < 13 and axis != rank - 1:
+        raise Unsupported("opset < 13 softmax over several axes")
+    imp.emit(node, "Softmax", [imp.value(node.input[0])], {"axis": axis, "log": node.op_type == "LogSoftmax"})
+
+
+@converter("MaxPool", "AveragePool")
+def _pool(imp, node, a):
+    if len(node.output) > 1 and node.output[1]:
+        raise Unsupported("MaxPool indices output")
+    k = list(a["kernel_shape"])
+    w = _window(imp, node, a, k)
+    if any(d != 1 for d in w.pop("dilations")):
+        raise Unsupported("dilated pooling")
+    w.update(ceil_mode=bool(a.get("ceil_mode", 0)), count_include_pad=bool(a.get("count_include_pad", 0)),
+             do_relu=False, relu_limit=-1.0)
+    imp.emit(node, "MaxPool" if node.op_type == "MaxPool" else "AvgPool", [imp.value(node.input[0])], w)
+
+
+@converter("GlobalAveragePool", "GlobalMaxPool")
+def _gpool(imp, node, a):
+    op = "GlobalAvgPool" if node.op_type == "GlobalAveragePool" else "GlobalMaxPool"
+    imp.emit(node, op, [imp.value(node.input[0])], {"keepdims": True})
+
+
+@converter("BatchNormalization")
+def _bn(imp, node, a):
+    if a.get("training_mode", 0) or any(o for o in node.output[1:]):
+        raise Unsupported("training-mode BatchNormalization")
+    x, scale, bias, mean, var = node.input[:5]
+    imp.emit(node, "BatchNorm", [imp.value(x), imp.value(mean), imp.value(var), imp.value(scale),
+                                 imp.value(bias)], {"epsilon": a.get("epsilon", 1e-5)})
+
+
+@converter("Concat")
+def _concat(imp, node, a):
+    rank = len(imp.shape(node.output[0]))
+    imp.emit(node, "Concat", [imp.value(i) for i in node.input if i],
+             {"axis": a["axis"] % rank, "do_relu": False})
+
+
+@converter("Reshape", "Flatten")
+def _reshape(imp, node, a):
+    imp.emit(node, "Reshape", [imp.value(node.input[0])], {"shape": list(imp.shape(node.output[0]))})
+
+
+@converter("Transpose")
+def _transpose(imp, node, a):
+    rank = len(imp.shape(node.input[0]))
+    imp.emit(node, "Permute", [imp.value(node.input[0])], {"order": list(a.get("perm", range(rank)[::-1]))})
+
+
+@converter("Pad")
+def _pad(imp, node, a):
+    rank = len(imp.shape(node.input[0]))
+    if imp.p.opset < 11:
+        pads, val = list(a["pads"]), a.get("value", 0.0)
+    else:
+        pads = [int(v) for v in imp.need_const(node.input[1], "pads")]
+        cv = imp.const(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+        val = float(cv.reshape(())) if cv is not None else 0.0
+        if len(node.input) > 2 and node.input[2] and cv is None:
+            raise Unsupported("constant_value must be a constant")
+        if len(node.input) > 3 and node.input[3]:
+            axes = [int(v) % rank for v in imp.need_const(node.input[3], "axes")]
+            full = [0] * (2 * rank)
+            for j, ax in enumerate(axes):
+                full[ax], full[ax + rank] = pads[j], pads[j + len(axes)]
+            pads = full
+    mode = a.get("mode", "constant")
+    if mode not in ("constant", "reflect", "edge"):
+        raise Unsupported(f"pad mode {mode}")
+    if any(p < 0 for p in pads):
+        raise Unsupported("negative pads")
+    imp.emit(node, "Pad", [imp.value(node.input[0])], {"paddings": pads, "mode": mode, "val": val})
+
+
+@converter("Slice")
+def _slice(imp, node, a):
+    rank = len(imp.shape(node.input[0]))
+    if imp.p.opset < 10:
+        starts, ends = list(a["starts"]), list(a["ends"])
+        axes = list(a.get("axes", range(len(starts))))
+        steps = [1] * len(starts)
+    else:
+        starts = [int(v) for v in imp.need_const(node.input[1], "starts")]
+        ends = [int(v) for v in imp.need_const(node.input[2], "ends")]
+        axes = [int(v) for v in imp.need_const(node.input[3], "axes")] if len(node.input) > 3 and node.input[3] \
+            else list(range(len(starts)))
+        steps = [int(v) for v in imp.need_const(node.input[4], "steps")] if len(node.input) > 4 and node.input[4] \
+            else [1] * len(starts)
+    big = 2 ** 62
+    clamp = [max(min(v, big), -big) for v in starts], [max(min(v, big), -big) for v in ends]
+    imp.emit(node, "Slice", [imp.value(node.input[0])],
+             {"starts": clamp[0], "ends": clamp[1], "steps": steps, "axes": [x % rank for x in axes]})
+
+
+@converter("Split")
+def _split(imp, node, a):
+    x = imp.shape(node.input[0])
+    axis = a.get("axis", 0) % len(x)
+    if len(node.input) > 1 and node.input[1]:
+        sizes = [int(v) for v in imp.need_const(node.input[1], "split")]
+    elif "split" in a:
+        sizes = list(a["split"])
+    else:
+        n = len(node.output)
+        step = -(-x[axis] // n)
+        sizes = [min(step, x[axis] - i * step) for i in range(n)]
+    names = list(node.output)
+    if any(not n for n in names):
+        raise Unsupported("unnamed Split output")
+    imp.emit(node, "Split", [imp.value(node.input[0])], {"axis": axis, "split_size": sizes}, loc=names)
+
+
+def _axes(imp, node, a) -> list[int] | None:
+    if len(node.input) > 1 and node.input[1]:
+        return [int(v) for v in imp.need_const(node.input[1], "axes")]
+    return list(a["axes"]) if "axes" in a else None
+
+
+@converter("Squeeze")
+def _squeeze(imp, node, a):
+    x = imp.shape(node.input[0])
+    axes = _axes(imp, node, a)
+    if axes is None:
+        axes = [i for i, d in enumerate(x) if d == 1]
+    imp.emit(node, "Squeeze", [imp.value(node.input[0])], {"axes": sorted(v % len(x) for v in axes)})
+
+
+@converter("Unsqueeze")
+def _unsqueeze(imp, node, a):
+    rank = len(imp.shape(node.output[0]))
+    axes = _axes(imp, node, a)
+    imp.emit(node, "Unsqueeze", [imp.value(node.input[0])], {"axes": sorted(v % rank for v in axes)})
+
+
+@converter("Resize", "Upsample")
+def _resize(imp, node, a):
+    x, y = imp.shape(node.input[0]), imp.shape(node.output[0])
+    if len(x) < 3 or x[:2] != y[:2]:
+        raise Unsupported("resize of the batch or channel axis")
+    mode = a.get("mode", "nearest")
+    if mode not in ("nearest", "linear", "bilinear"):
+        raise Unsupported(f"mode {mode}")
+    if a.get("antialias", 0):
+        raise Unsupported("antialias")
+    if node.op_type == "Upsample":
+        coord, nearest = "asymmetric", "floor"
+    else:
+        coord = a.get("coordinate_transformation_mode", "half_pixel")
+        nearest = a.get("nearest_mode", "round_prefer_floor")
+    if coord not in ("half_pixel", "align_corners", "asymmetric", "pytorch_half_pixel", "tf_half_pixel_for_nn"):
+        raise Unsupported(f"coordinate_transformation_mode {coord}")
+    imp.emit(node, "Resize", [imp.value(node.input[0])],
+             {"mode": "linear" if mode != "nearest" else "nearest", "coord_mode": coord,
+              "nearest_mode": nearest, "target_shape": list(y[2:])})
+
+
+@converter("ReduceMean", "ReduceMax", "ReduceMin", "ReduceSum")
+def _reduce(imp, node, a):
+    rank = len(imp.shape(node.input[0]))
+    axes = _axes(imp, node, a)
+    if not axes:
+        if a.get("noop_with_empty_axes", 0):
+            imp.alias(node, imp.value(node.input[0]))
+            return
+        axes = list(range(rank))
+    imp.emit(node, node.op_type, [imp.value(node.input[0])],
+             {"axes": sorted(v % rank for v in axes), "keepdims": bool(a.get("keepdims", 1))})
+
+
+@converter("SpaceToDepth", "DepthToSpace")
+def _s2d(imp, node, a):
+    mode = a.get("mode", "DCR")
+    imp.emit(node, node.op_type, [imp.value(node.input[0])], {"block_size": a["blocksize"], "mode": mode})
+
+
+_CAST = {1: "f32", 10: "f16", 16: "bf16", 3: "i8", 2: "u8", 6: "i32", 7: "i64"}
+
+
+@converter("Cast")
+def _cast(imp, node, a):
+    to = _CAST.get(a["to"])
+    if to is None:
+        raise Unsupported(f"cast to ONNX type {a['to']}")
+    imp.emit(node, "Cast", [imp.value(node.input[0])], {"to": to})
+
+
+@converter("Gather")
+def _gather(imp, node, a):
+    rank = len(imp.shape(node.input[0]))
+    idx = imp.const(node.input[1])
+    if idx is not None:
+        idx_v = imp.weight(node.input[1], idx.astype(np.int64))
+    else:
+        idx_v = imp.value(node.input[1])
+    imp.emit(node, "Gather", [imp.value(node.input[0]), idx_v], {"axis": a.get("axis", 0) % rank})
+
+
+SUPPORTED = sorted(CONVERTERS)

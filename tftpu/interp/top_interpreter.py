@@ -1,0 +1,118 @@
+"""Reference inference of a TOP module: walk its ops in order and call the numpy kernels.
+
+The walk is compiled once into a flat plan (kernel, operand slots, attrs), intermediates are
+freed after their last use, and `dump_all=True` keeps every tensor keyed by location name.
+
+>>> outputs = run(model, {"input": x})  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from xdsl.dialects.builtin import NoneType
+
+from tftpu.errors import ShapeError, TftpuError
+from tftpu.ir import attrs as A
+from tftpu.ir import top
+from tftpu.ir.module import TopModel, value_name
+
+
+class KernelError(TftpuError):
+    """A kernel failed on an op (names the op and its location)."""
+
+    exit_code = 1
+
+
+class TopInterpreter:
+    """A compiled plan for running one TOP model many times."""
+
+    def __init__(self, model: TopModel):
+        from tftpu.interp.kernels import KERNELS
+
+        self.model = model
+        slot: dict = {}
+        self.inputs: list[tuple[str, int, tuple, np.dtype]] = []
+        self.consts: dict[int, np.ndarray] = {}
+        self.names: dict[int, str] = {}
+        self.steps: list = []
+        missing = []
+        for op in model.ops:
+            if isinstance(op, top.NoneOp):
+                continue
+            outs = []
+            for r in op.results:
+                slot[r] = len(slot)
+                outs.append(slot[r])
+                self.names[slot[r]] = value_name(r)
+            if isinstance(op, top.Input):
+                t = op.output.type
+                self.inputs.append((op.loc, outs[0], A.shape_of(t), A.numpy_dtype(A.dtype_name(t.element_type))))
+            elif isinstance(op, top.Weight):
+                arr = model.weights.get(op.loc)
+                if arr is None:
+                    raise ShapeError(f"{model.name}: weight {op.loc!r} is missing")
+                self.consts[outs[0]] = arr
+            else:
+                kernel = KERNELS.get(op.op_name)
+                if kernel is None:
+                    missing.append(op.op_name)
+                ins = [None if isinstance(v.type, NoneType) else slot[v]
+                       for v in op.operands]
+                self.steps.append((kernel, ins, outs, op.attrs(), op.name, op.loc))
+        if missing:
+            from tftpu.errors import UnsupportedOpError
+            raise UnsupportedOpError([(m, "no inference kernel") for m in sorted(set(missing))], model.name)
+        self.outputs = [(value_name(v), slot[v]) for v in model.return_op.operands]
+        keep = {s for _, s in self.outputs} | set(self.consts)
+        last: dict[int, int] = {}
+        for i, (_, ins, _, _, _, _) in enumerate(self.steps):
+            for s in ins:
+                if s is not None:
+                    last[s] = i
+        self.free_after = [[s for s, i in last.items() if i == k and s not in keep] for k in range(len(self.steps))]
+
+    def _bind(self, inputs: dict) -> dict[int, np.ndarray]:
+        names = [n for n, _, _, _ in self.inputs]
+        if set(names) <= set(inputs):
+            arrays = [inputs[n] for n in names]
+        elif len(inputs) == len(names):
+            arrays = list(inputs.values())
+        else:
+            raise ShapeError(f"inputs {sorted(inputs)} do not match the model's inputs {names}")
+        env = {}
+        for (name, s, shape, dtype), arr in zip(self.inputs, arrays):
+            arr = np.asarray(arr)
+            if tuple(arr.shape) != shape:
+                raise ShapeError(f"input {name!r} has shape {list(arr.shape)}, the model wants {list(shape)}")
+            env[s] = arr.astype(dtype, copy=False)
+        return env
+
+    def run(self, inputs: dict, dump_all: bool = False) -> dict[str, np.ndarray]:
+        """Outputs by name (every tensor by location name when `dump_all`)."""
+        env = dict(self.consts)
+        env.update(self._bind(inputs))
+        dump = {}
+        if dump_all:
+            for name, s, _, _ in self.inputs:
+                dump[name] = env[s]
+        for k, (kernel, ins, outs, attrs, op_name, loc) in enumerate(self.steps):
+            try:
+                results = kernel([None if s is None else env[s] for s in ins], attrs)
+            except TftpuError:
+                raise
+            except Exception as e:
+                raise KernelError(f"{op_name} at {loc!r}: kernel failed: {type(e).__name__}: {e}") from e
+            for s, r in zip(outs, results):
+                env[s] = r
+                if dump_all:
+                    dump[self.names[s]] = r
+            for s in self.free_after[k]:
+                del env[s]
+        if dump_all:
+            return dump
+        return {name: env[s] for name, s in self.outputs}
+
+
+def run(model: TopModel, inputs: dict, dump_all: bool = False) -> dict[str, np.ndarray]:
+    """Run `model` on `inputs` (name -> array, or in input order when names differ)."""
+    return TopInterpreter(model).run(inputs, dump_all)
