@@ -1,0 +1,58 @@
+"""`tftpu.optimize`: run tftpu's graph passes over a tf.function and call the result like it.
+
+>>> step = tftpu.optimize(train_step, iterator, target="tpu")    # doctest: +SKIP
+>>> loss = step(iterator)          # trains the original variables
+>>> print(step.report)             # each pass's decisions, with the numbers behind them
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from tftpu.graph.capture import Captured, capture
+from tftpu.graph.pass_manager import GraphContext, PassManager, Report
+from tftpu.graph.reimport import pack_outputs, reimport
+from tftpu.graph.surgery import GraphEditor
+
+
+def default_passes(pass_options: dict | None = None) -> list:
+    """The passes `optimize` runs, in order."""
+    from tftpu.passes.space_to_depth import SpaceToDepthPass
+
+    opts = dict(pass_options or {})
+    return [SpaceToDepthPass(**opts.get("space_to_depth", {}))]
+
+
+class OptimizedFunction:
+    """The rewritten function: called like the original, bound to the same variables."""
+
+    def __init__(self, captured: Captured, graph_def, report: Report):
+        self.captured = captured
+        self.graph_def = graph_def
+        self.report = report
+        self.concrete_function = reimport(graph_def, captured)
+
+    def __call__(self, *args, **kwargs):
+        flat = self.captured.flat_args(args, kwargs)
+        outs = self.concrete_function(*flat)
+        return pack_outputs(self.captured, outs)
+
+    def __repr__(self):
+        return f"<OptimizedFunction {self.captured.concrete.name}: {len(self.graph_def.node)} nodes>"
+
+
+def optimize(fn, *args, target="tpu", disable: Sequence[str] = (), pass_options: dict | None = None,
+             **kwargs) -> OptimizedFunction:
+    """Capture `fn` (tf.function called with `args`/`kwargs`, or a ConcreteFunction), run the
+    passes for `target` (a name in configs/targets or a yaml path) except those in `disable`,
+    and return the re-imported function with `.report` and `.graph_def`.
+
+    `pass_options` maps a pass name to its options, e.g. `{"space_to_depth": {"block_size": 4}}`.
+    """
+    from tftpu.passes.cost import Target
+
+    cap = capture(fn, *args, **kwargs)
+    editor = GraphEditor(cap.graph_def)
+    ctx = GraphContext(editor, list(cap.arg_names), Target.load(target))
+    report = PassManager(default_passes(pass_options), disable).run(ctx)
+    return OptimizedFunction(cap, editor.graph_def, report)

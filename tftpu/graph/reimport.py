@@ -1,0 +1,52 @@
+"""Re-import an edited GraphDef as a callable bound to the original variables and iterators.
+
+The graph is imported with `tf.graph_util.import_graph_def` inside `tf.compat.v1.wrap_function`;
+each placeholder that stood for a captured resource is mapped to `graph.capture(original)`, so
+calling the result reads and updates the very same `tf.Variable`s and advances the same iterators.
+"""
+
+from __future__ import annotations
+
+from tftpu.errors import ShapeError
+from tftpu.graph.capture import Captured
+
+_SCOPE = "tftpu"
+
+
+def reimport(graph_def, cap: Captured):
+    """A ConcreteFunction over the flat arguments of `cap` that runs `graph_def`."""
+    import tensorflow as tf
+
+    n_out = len(cap.output_names)
+
+    def body(*flat_args):
+        graph = tf.compat.v1.get_default_graph()
+        input_map = dict(zip(cap.arg_names, flat_args))
+        for name, outside in zip(cap.capture_names, cap.captures):
+            input_map[name] = graph.capture(outside)
+        try:
+            elems = tf.graph_util.import_graph_def(
+                graph_def, input_map=input_map,
+                return_elements=cap.output_names + cap.control_output_names, name=_SCOPE)
+        except ValueError as e:
+            raise ShapeError(f"rewritten graph does not import: {e}".splitlines()[0]) from None
+        outs, ops = elems[:n_out], elems[n_out:]
+        if not ops:
+            return list(outs)
+        with tf.control_dependencies(ops):
+            if not outs:
+                return [tf.constant(0)]
+            return [tf.identity(t) for t in outs]
+
+    return tf.compat.v1.wrap_function(body, signature=list(cap.arg_specs))
+
+
+def pack_outputs(cap: Captured, flat):
+    """Put the flat tensors a re-imported function returns back into `fn`'s output structure."""
+    import tensorflow as tf
+
+    leaves = tf.nest.flatten(cap.output_structure, expand_composites=True)
+    it = iter(flat)
+    graph = cap.concrete.graph
+    new = [next(it) if isinstance(v, tf.Tensor) and v.graph is graph else v for v in leaves]
+    return tf.nest.pack_sequence_as(cap.output_structure, new, expand_composites=True)

@@ -1,0 +1,128 @@
+"""Per-target cost model that decides whether space-to-depth pays (configs/targets/*.yaml).
+
+A convolution costs max(compute, memory) on the device; compute counts the multiply-adds the
+matrix unit actually issues, with the contraction padded to `matrix_rows` (per kernel tap on a
+TPU-like unit, over the whole im2col row on a CPU) and output channels padded to `matrix_cols`.
+S2D adds the host transform, of which `host_overlap` is hidden behind the device.
+
+>>> t = Target.load("tpu")                                   # doctest: +SKIP
+>>> t.s2d_estimate(stem_geometry)["speedup"] > 1             # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from pathlib import Path
+from typing import Sequence
+
+from tftpu.errors import ConfigError
+
+TARGET_DIR = Path(__file__).resolve().parents[2] / "configs" / "targets"
+_FIELDS = {"name": str, "description": str, "contraction": str, "matrix_rows": int,
+           "matrix_cols": int, "peak_flops": float, "memory_bandwidth": float,
+           "dtype_bytes": int, "host_bandwidth": float, "host_overlap": float,
+           "min_speedup": float}
+
+
+@dataclasses.dataclass(frozen=True)
+class ConvGeometry:
+    """Shapes of one convolution: batch, spatial sizes, kernel, channels."""
+
+    batch: int
+    in_spatial: Sequence[int]
+    out_spatial: Sequence[int]
+    kernel: Sequence[int]
+    in_channels: int
+    out_channels: int
+    host_dtype_bytes: int = 4     # bytes per element of the image on the host
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """A target's matrix unit, memory and host, as read from its yaml file."""
+
+    name: str
+    contraction: str
+    matrix_rows: int
+    matrix_cols: int
+    peak_flops: float
+    memory_bandwidth: float
+    dtype_bytes: int
+    host_bandwidth: float
+    host_overlap: float
+    min_speedup: float
+    description: str = ""
+
+    @classmethod
+    def load(cls, name_or_path: str | os.PathLike) -> "Target":
+        """Load `configs/targets/NAME.yaml`, or a yaml file at a path."""
+        import yaml
+
+        if isinstance(name_or_path, Target):
+            return name_or_path
+        text = str(name_or_path)
+        path = Path(text)
+        if not (text.endswith((".yaml", ".yml")) or os.sep in text):
+            path = TARGET_DIR / f"{text}.yaml"
+        if not path.is_file():
+            known = sorted(p.stem for p in TARGET_DIR.glob("*.yaml"))
+            raise ConfigError(f"{path}: no such target file (known targets: {', '.join(known)})")
+        try:
+            data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{path}: not valid YAML: {str(e).splitlines()[0]}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: expected a mapping of target fields")
+        missing = sorted(set(_FIELDS) - {"description"} - set(data))
+        unknown = sorted(set(data) - set(_FIELDS))
+        if missing or unknown:
+            raise ConfigError(f"{path}: missing fields {missing}, unknown fields {unknown}")
+        try:
+            values = {k: _FIELDS[k](v) for k, v in data.items()}
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"{path}: bad field value: {e}") from None
+        if values["contraction"] not in ("per_tap", "im2col"):
+            raise ConfigError(f"{path}: contraction must be per_tap or im2col, got {values['contraction']!r}")
+        for k in ("matrix_rows", "matrix_cols", "peak_flops", "memory_bandwidth", "dtype_bytes", "host_bandwidth"):
+            if values[k] <= 0:
+                raise ConfigError(f"{path}: {k} must be positive")
+        if not 0 <= values["host_overlap"] <= 1:
+            raise ConfigError(f"{path}: host_overlap must lie in [0, 1]")
+        return cls(**values)
+
+    def conv_seconds(self, g: ConvGeometry) -> dict:
+        """Estimated device time of a convolution, with its parts."""
+        taps = math.prod(g.kernel)
+        pixels = g.batch * math.prod(g.out_spatial)
+        cols = _ceil_to(g.out_channels, self.matrix_cols)
+        if self.contraction == "per_tap":
+            macs = pixels * taps * _ceil_to(g.in_channels, self.matrix_rows) * cols
+        else:
+            macs = pixels * _ceil_to(taps * g.in_channels, self.matrix_rows) * cols
+        useful = pixels * taps * g.in_channels * g.out_channels
+        elems = (g.batch * math.prod(g.in_spatial) * g.in_channels + pixels * g.out_channels
+                 + taps * g.in_channels * g.out_channels)
+        compute = 2.0 * macs / self.peak_flops
+        memory = elems * self.dtype_bytes / self.memory_bandwidth
+        return {"seconds": max(compute, memory), "compute_s": compute, "memory_s": memory,
+                "utilization": useful / macs}
+
+    def s2d_estimate(self, original: ConvGeometry, rewritten: ConvGeometry) -> dict:
+        """Costs of the original conv and of its S2D form (host transform included)."""
+        a = self.conv_seconds(original)
+        b = self.conv_seconds(rewritten)
+        image_bytes = original.batch * math.prod(original.in_spatial) * original.in_channels * original.host_dtype_bytes
+        host = 2.0 * image_bytes / self.host_bandwidth * (1.0 - self.host_overlap)
+        total = b["seconds"] + host
+        speedup = a["seconds"] / total if total > 0 else float("inf")
+        return {
+            "original_us": a["seconds"] * 1e6, "s2d_us": b["seconds"] * 1e6, "host_us": host * 1e6,
+            "speedup": speedup, "util_original": a["utilization"], "util_s2d": b["utilization"],
+            "min_speedup": self.min_speedup,
+        }
+
+
+def _ceil_to(x: int, m: int) -> int:
+    return -(-x // m) * m
