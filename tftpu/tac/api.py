@@ -1,0 +1,231 @@
+"""`tftpu.tac.run`: the whole target-aware conversion of a TFLite model.
+
+annotate -> raise subgraphs -> alternative views (lowerings) -> costs -> exact pick -> write.
+
+>>> result = run("model.tflite", device_specs=("GPU", "CPU"))   # doctest: +SKIP
+>>> result.save("model_tac.tflite"); print(result.table())      # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Sequence
+
+from tftpu import errors
+from tftpu.tac import export, tflite_io
+from tftpu.tac.graph import Annotation, Graph
+from tftpu.tac.hardware import registry
+from tftpu.tac.hardware.base import TargetHardware
+from tftpu.tac.passes.annotate import annotate
+from tftpu.tac.passes.pick import Pick, Problem, pick_exact, pick_greedy, uniform_plan
+from tftpu.tac.passes.raise_subgraphs import Subgraph, raise_subgraphs
+from tftpu.tac.passes.views import Dropped, View, alternative_views, boundaries
+from tftpu.utils import files
+
+
+@dataclasses.dataclass
+class Partition:
+    """TAC's work on one TFLite subgraph: annotation, raised functions, views and the pick."""
+
+    graph: Graph
+    annotation: list[Annotation]
+    subgraphs: list[Subgraph]
+    views: list[list[View]]
+    dropped: list[list[Dropped]]
+    problem: Problem
+    picked: Pick
+    greedy: Pick
+
+    def chosen(self) -> list[View]:
+        return [self.views[s][b] for s, b in enumerate(self.picked.plan)]
+
+    def plan_cost(self, device: str) -> float | None:
+        plan = uniform_plan(self.problem, device)
+        return None if plan is None else self.problem.cost(plan)
+
+    @property
+    def annotated_cost(self) -> float:
+        return self.problem.cost([0] * len(self.subgraphs))
+
+
+class TacResult:
+    """What `run` returns: the converted model, the decisions, and the numbers behind them."""
+
+    def __init__(self, model, source: str, devices: list[TargetHardware], partitions: dict[int, Partition],
+                 timings: dict[str, float]):
+        self.model = model
+        self.source = source
+        self.devices = devices
+        self.device_specs = [hw.name for hw in devices]
+        self.partitions = partitions
+        self.timings = timings
+        self._bytes = None
+
+    @property
+    def cost(self) -> float:
+        """Estimated cost of the picked plan, µs (all partitioned subgraphs)."""
+        return sum(p.picked.cost for p in self.partitions.values())
+
+    @property
+    def greedy_cost(self) -> float:
+        return sum(p.greedy.cost for p in self.partitions.values())
+
+    @property
+    def cpu_cost(self) -> float:
+        return sum(p.plan_cost("CPU") for p in self.partitions.values())
+
+    def tflite(self) -> bytes:
+        """The converted model as `.tflite` bytes."""
+        if self._bytes is None:
+            self._bytes = tflite_io.write(self.model)
+        return self._bytes
+
+    def save(self, path) -> None:
+        """Write the converted `.tflite` atomically."""
+        files.write_bytes(path, self.tflite())
+
+    def op_devices(self, subgraph: int = 0) -> list[dict]:
+        """Per op of the converted subgraph: type, device, inference type, function (from the metadata)."""
+        meta = export.get_metadata(self.model) or {}
+        for sg in meta.get("subgraphs", []):
+            if sg["index"] == subgraph:
+                return [dict(zip(("type", "device", "inference_type", "function"), op)) for op in sg["ops"]]
+        return []
+
+    @property
+    def report(self) -> dict:
+        from tftpu.tac import report
+
+        return report.build(self)
+
+    def table(self) -> str:
+        from tftpu.tac import report
+
+        return report.table(self.report, self.timings)
+
+    def mlir(self, inline_subgraphs: bool = True) -> str:
+        """MLIR text of the annotated main subgraph (`tac.device`, `tac.inference_type`); with
+        `inline_subgraphs=False` the raised functions, all alternative views, and the calls."""
+        from tftpu.tac import mlir
+
+        return mlir.render(self, inline_subgraphs)
+
+
+def resolve_devices(device_specs) -> list[TargetHardware]:
+    """Hardware instances for `device_specs` (names, `module:Class` plug-ins, classes or
+    instances; a comma-separated string works too), duplicates removed, CPU last."""
+    if isinstance(device_specs, str):
+        device_specs = [s for s in device_specs.split(",")]
+    out: list[TargetHardware] = []
+    for spec in device_specs:
+        if isinstance(spec, TargetHardware):
+            hw = spec
+        elif isinstance(spec, type) and issubclass(spec, TargetHardware):
+            hw = registry.get(registry.load_plugin(f"{spec.__module__}:{spec.__qualname__}")) \
+                if not spec.name else _registered(spec)
+        else:
+            spec = str(spec).strip()
+            if not spec:
+                continue
+            name = registry.load_plugin(spec) if ":" in spec else spec
+            hw = registry.get(name)
+        if hw.name.upper() == "CPU" or any(h.name == hw.name for h in out):
+            continue
+        out.append(hw)
+    out.append(registry.get("CPU"))
+    return out
+
+
+def _registered(cls) -> TargetHardware:
+    try:
+        return registry.get(cls.name)
+    except errors.UsageError:
+        registry.register(cls.name, cls, replace=True)
+        return registry.get(cls.name)
+
+
+def _control_flow_subgraphs(model) -> set[int]:
+    refs = set()
+    for g in model.subgraphs:
+        for op in g.operators or []:
+            o = op.builtinOptions
+            if o is None:
+                continue
+            for k, v in vars(o).items():
+                if "ubgraph" in k and isinstance(v, int):
+                    refs.add(v)
+    return refs
+
+
+def partition(graph: Graph, devices: list[TargetHardware], max_states: int = 200_000,
+              timings: dict | None = None) -> Partition:
+    """Run annotate, raise, views, costs and pick on one subgraph."""
+    timings = timings if timings is not None else {}
+    by_name = {hw.name: hw for hw in devices}
+
+    def hardware(name):
+        return by_name[name] if name in by_name else registry.get(name)
+
+    t = time.perf_counter()
+    ann = annotate(graph, devices)
+    t1 = time.perf_counter()
+    subs = raise_subgraphs(graph, ann)
+    t2 = time.perf_counter()
+    views, dropped = alternative_views(graph, subs, devices)
+    t3 = time.perf_counter()
+    edges, host_in, host_out = boundaries(graph, subs)
+    problem = Problem([[v.key for v in vs] for vs in views], [[v.cost for v in vs] for vs in views],
+                      edges, host_in, host_out, hardware, host=devices[-1].name)
+    t4 = time.perf_counter()
+    picked = pick_exact(problem, max_states=max_states)
+    greedy = pick_greedy(problem)
+    t5 = time.perf_counter()
+    for key, dt in (("annotate", t1 - t), ("raise_subgraphs", t2 - t1), ("alternative_views", t3 - t2),
+                    ("compute_costs", t4 - t3), ("pick_subgraphs", t5 - t4)):
+        timings[key] = timings.get(key, 0.0) + dt
+    return Partition(graph, ann, subs, views, dropped, problem, picked, greedy)
+
+
+def run(tflite_path_or_bytes, device_specs: Sequence = ("GPU", "CPU"), *, max_states: int = 200_000) -> TacResult:
+    """Target-aware conversion of a `.tflite` (path or bytes) for `device_specs` (preference order)."""
+    from tftpu import __version__
+
+    t0 = time.perf_counter()
+    timings: dict[str, float] = {}
+    devices = resolve_devices(device_specs)
+    model = tflite_io.read(tflite_path_or_bytes)
+    _, label = (None, "<tflite bytes>") if isinstance(tflite_path_or_bytes, (bytes, bytearray, memoryview)) \
+        else (None, str(tflite_path_or_bytes))
+    timings["read"] = time.perf_counter() - t0
+    control = _control_flow_subgraphs(model)
+    partitions: dict[int, Partition] = {}
+    meta_subgraphs = []
+    graphs = [Graph(model, i) for i in range(len(model.subgraphs))]
+    for i, graph in enumerate(graphs):
+        if i in control:
+            cpu = devices[-1].name
+            meta_subgraphs.append({"index": i, "functions": [],
+                                   "ops": [[n.op_type, cpu, n.inference_type, None] for n in graph.nodes]})
+            continue
+        part = partition(graph, devices, max_states=max_states, timings=timings)
+        partitions[i] = part
+    t = time.perf_counter()
+    for i, part in partitions.items():
+        ordered, ops, funcs = [], [], []
+        for sub, view in zip(part.subgraphs, part.chosen()):
+            start = len(ordered)
+            ordered.extend(view.nodes)
+            name = f"{sub.interface_name}_{view.device}_{view.inference_type}"
+            funcs.append({"name": name, "device": view.device, "inference_type": view.inference_type,
+                          "ops": [start, len(ordered)]})
+            ops.extend([n.op_type, view.device, view.inference_type, name] for n in view.nodes)
+        export.apply_plan(model, part.graph, ordered)
+        meta_subgraphs.append({"index": i, "functions": funcs, "ops": ops})
+    meta_subgraphs.sort(key=lambda m: m["index"])
+    export.set_metadata(model, export.METADATA_NAME, {
+        "producer": f"tftpu-tac {__version__}", "device_specs": [hw.name for hw in devices],
+        "subgraphs": meta_subgraphs})
+    timings["write_plan"] = time.perf_counter() - t
+    timings["total"] = time.perf_counter() - t0
+    return TacResult(model, label, devices, partitions, timings)
