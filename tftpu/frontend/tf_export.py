@@ -1,0 +1,193 @@
+"""TensorFlow -> ONNX through tf2onnx: Keras models, SavedModels, tf.functions and .tflite files.
+
+Everything keeps TF's own layout (NHWC inputs); the TOP importer sees the transposes tf2onnx
+inserts and canonicalization merges them. TensorFlow is imported lazily.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+from pathlib import Path
+
+from tftpu.errors import ModelFileError, UnsupportedOpError, UsageError
+
+DEFAULT_OPSET = 17
+_OPSETS = range(13, 18)
+
+
+def _tf2onnx():
+    from tftpu import compat
+    compat.install()
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import tf2onnx
+    logging.getLogger("tf2onnx").setLevel(logging.CRITICAL)
+    return tf2onnx
+
+
+def _check_opset(opset: int) -> int:
+    if opset not in _OPSETS:
+        raise UsageError(f"opset {opset} is not supported; use {_OPSETS.start}..{_OPSETS.stop - 1}")
+    return opset
+
+
+@contextlib.contextmanager
+def _quiet():
+    """tf2onnx prints progress on stdout/stderr; keep tools' output clean."""
+    with contextlib.redirect_stdout(io.StringIO()):
+        yield
+
+
+def _check_unconverted(proto, where: str):
+    """tf2onnx leaves TF ops it cannot convert in the graph (continue_on_error); report them all."""
+    bad = [(n.op_type, n.name) for n in proto.graph.node if n.domain not in ("", "ai.onnx")]
+    if bad:
+        raise UnsupportedOpError(bad, where)
+    return proto
+
+
+def _signature(specs, input_shapes):
+    import tensorflow as tf
+    sig = []
+    for i, spec in enumerate(specs):
+        shape = list(spec.shape)
+        if input_shapes is not None:
+            if i >= len(input_shapes) or len(input_shapes[i]) != len(shape):
+                raise UsageError(f"--input_shapes {input_shapes} does not fit input {i} of shape {shape}")
+            shape = list(input_shapes[i])
+        else:
+            shape = [1 if d is None else d for d in shape]
+        name = (spec.name or f"input_{i}").split(":")[0]
+        sig.append(tf.TensorSpec(shape, spec.dtype, name=name))
+    return sig
+
+
+def keras_to_onnx(model, input_shapes=None, opset: int = DEFAULT_OPSET):
+    """ONNX ModelProto of a Keras model (static shapes: batch 1 unless `input_shapes`)."""
+    import tensorflow as tf
+    tf2onnx = _tf2onnx()
+    specs = [tf.TensorSpec(t.shape, t.dtype, name=getattr(t, "name", None) or f"input_{i}")
+             for i, t in enumerate(model.inputs)]
+    sig = _signature(specs, input_shapes)
+
+    @tf.function(input_signature=sig)
+    def forward(*args):
+        out = model(list(args) if len(args) > 1 else args[0], training=False)
+        return out
+
+    with _quiet():
+        proto, _ = tf2onnx.convert.from_function(forward, input_signature=sig, opset=_check_opset(opset))
+    return _check_unconverted(proto, getattr(model, "name", "keras model"))
+
+
+def function_to_onnx(fn, input_signature, opset: int = DEFAULT_OPSET):
+    """ONNX ModelProto of a `tf.function` traced with `input_signature` (a list of TensorSpec)."""
+    tf2onnx = _tf2onnx()
+    with _quiet():
+        proto, _ = tf2onnx.convert.from_function(fn, input_signature=list(input_signature),
+                                                 opset=_check_opset(opset))
+    return _check_unconverted(proto, getattr(fn, "__name__", "tf.function"))
+
+
+def saved_model_to_onnx(path, input_shapes=None, opset: int = DEFAULT_OPSET, signature: str = "serving_default"):
+    """ONNX ModelProto of a SavedModel's serving signature."""
+    import tensorflow as tf
+    path = Path(path)
+    if not (path / "saved_model.pb").is_file():
+        raise ModelFileError(path, "not a SavedModel directory (no saved_model.pb)")
+    try:
+        loaded = tf.saved_model.load(str(path))
+    except Exception as e:  # TF raises many error types for a corrupt SavedModel
+        raise ModelFileError(path, f"cannot load SavedModel: {' '.join(str(e).split())[:200]}") from None
+    if signature not in loaded.signatures:
+        raise ModelFileError(path, f"no signature {signature!r} (has {sorted(loaded.signatures)})")
+    concrete = loaded.signatures[signature]
+    _, kw_specs = concrete.structured_input_signature
+    names = sorted(kw_specs)
+    sig = _signature([tf.TensorSpec(kw_specs[n].shape, kw_specs[n].dtype, name=n) for n in names], input_shapes)
+
+    @tf.function(input_signature=sig)
+    def forward(*args):
+        out = concrete(**dict(zip(names, args)))
+        return [out[k] for k in sorted(out)] if isinstance(out, dict) else out
+
+    proto = function_to_onnx(forward, sig, opset)
+    return proto
+
+
+def tflite_to_onnx(path, opset: int = DEFAULT_OPSET):
+    """ONNX ModelProto of a `.tflite` flatbuffer (tf2onnx's TFLite path)."""
+    tf2onnx = _tf2onnx()
+    path = Path(path)
+    if not path.is_file():
+        raise ModelFileError(path, "no such file")
+    data = path.read_bytes()
+    if len(data) < 8 or data[4:8] != b"TFL3":
+        raise ModelFileError(path, "not a TFLite flatbuffer (no TFL3 identifier)")
+    try:
+        with _quiet():
+            proto, _ = tf2onnx.convert.from_tflite(str(path), opset=_check_opset(opset))
+    except Exception as e:  # tf2onnx raises bare exceptions on malformed flatbuffers
+        raise ModelFileError(path, f"tf2onnx cannot read it: {' '.join(str(e).split())[:200]}") from None
+    _lower_transpose_conv_bias(proto, data)
+    return _check_unconverted(proto, str(path))
+
+
+def _custom_ops(data: bytes) -> dict[str, tuple[str, bytes]]:
+    """TFLite custom ops of the main subgraph: output tensor name -> (custom code, options)."""
+    from tf2onnx.tflite.Model import Model
+    model = Model.GetRootAsModel(data, 0)
+    codes = [model.OperatorCodes(i).CustomCode() for i in range(model.OperatorCodesLength())]
+    g = model.Subgraphs(0)
+    out = {}
+    for j in range(g.OperatorsLength()):
+        op = g.Operators(j)
+        code = codes[op.OpcodeIndex()]
+        if code:
+            name = g.Tensors(op.Outputs(0)).Name().decode()
+            opts = b"" if op.CustomOptionsIsNone() else op.CustomOptionsAsNumpy().tobytes()
+            out[name] = (code.decode(), opts)
+    return out
+
+
+def _lower_transpose_conv_bias(proto, data: bytes) -> None:
+    """mediapipe's `Convolution2DTransposeBias` (NHWC, OHWI filter, raw TfLiteTransposeConvParams
+    options {padding, stride_w, stride_h}) -> Transpose + ConvTranspose + Transpose."""
+    import struct
+
+    import numpy as np
+    from onnx import helper, numpy_helper
+
+    nodes = [n for n in proto.graph.node if n.op_type == "TFL_Convolution2DTransposeBias"]
+    if not nodes:
+        return
+    customs = _custom_ops(data)
+    inits = {i.name: i for i in proto.graph.initializer}
+    for node in nodes:
+        code, opts = customs.get(node.output[0], ("", b""))
+        if len(opts) < 12:
+            continue  # left for _check_unconverted to report
+        padding, sw, sh = struct.unpack("<iii", opts[:12])
+        x, w, b = node.input[:3]
+        if w not in inits:
+            continue
+        wt = numpy_helper.to_array(inits[w])            # [O, kh, kw, I]
+        o, kh, kw, _ = wt.shape
+        pads = [0, 0, 0, 0]
+        if padding == 1:  # SAME: total = max(k - s, 0), the odd one at the end
+            th, tw = max(kh - sh, 0), max(kw - sw, 0)
+            pads = [th // 2, tw // 2, th - th // 2, tw - tw // 2]
+        base = node.output[0]
+        new_w = f"{w}_iohw"
+        proto.graph.initializer.append(numpy_helper.from_array(
+            np.ascontiguousarray(wt.transpose(3, 0, 1, 2)), new_w))
+        new = [helper.make_node("Transpose", [x], [f"{base}_nchw_in"], perm=[0, 3, 1, 2], name=f"{base}_nchw_in"),
+               helper.make_node("ConvTranspose", [f"{base}_nchw_in", new_w, b], [f"{base}_nchw"],
+                                kernel_shape=[kh, kw], strides=[sh, sw], pads=pads, name=f"{base}_deconv"),
+               helper.make_node("Transpose", [f"{base}_nchw"], [base], perm=[0, 2, 3, 1], name=base)]
+        idx = list(proto.graph.node).index(node)
+        proto.graph.node.remove(node)
+        for k, n in enumerate(new):
+            proto.graph.node.insert(idx + k, n)

@@ -1,0 +1,385 @@
+"""Canonicalization of TOP modules: xDSL rewrite patterns run to a fixed point.
+
+Folds BatchNorm into the preceding Conv/Deconv (else into Scale) and Scale into Conv, turns
+Clip(0, m) into Relu, fuses Relu into its producer (`do_relu`, `relu_limit`), fuses
+x * sigmoid(x) into SiLU, folds ops on constants, drops no-op Reshape/Permute/Cast/...,
+merges consecutive Permutes and Reshapes, and removes dead code. A fused op takes the
+location of the op it absorbs (the tensor it now computes), as TPU-MLIR does.
+
+>>> report = canonicalize(model)  # doctest: +SKIP
+>>> report.counts                  # doctest: +SKIP
+{'fold-batchnorm-into-conv': 53, 'fuse-relu': 49, ...}
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+from xdsl.dialects import func
+from xdsl.dialects.builtin import NoneType
+from xdsl.pattern_rewriter import (
+    GreedyRewritePatternApplier,
+    PatternRewriter,
+    PatternRewriteWalker,
+    RewritePattern,
+)
+from xdsl.rewriter import InsertPoint
+
+from tftpu.ir import attrs as A
+from tftpu.ir import top
+from tftpu.ir.module import TopModel, make_op
+
+F32_MAX = float(np.finfo(np.float32).max)
+
+
+@dataclass
+class Report:
+    """How many times each pattern fired."""
+
+    counts: Counter = field(default_factory=Counter)
+
+    def __str__(self) -> str:
+        return ", ".join(f"{k}: {v}" for k, v in sorted(self.counts.items())) or "no rewrites"
+
+
+class Weights:
+    """Access to the module's weight arrays from inside patterns."""
+
+    def __init__(self, model: TopModel):
+        self.model = model
+
+    def get(self, value):
+        """The constant array behind `value`, or None if it is not a `top.Weight`."""
+        owner = value.owner
+        if isinstance(owner, top.Weight):
+            return self.model.weights[owner.loc]
+        return None
+
+    def add(self, rewriter: PatternRewriter, before, name: str, array: np.ndarray):
+        """Insert a new `top.Weight` (unique name derived from `name`) before `before`."""
+        base, i = name, 1
+        while name in self.model.weights:
+            name = f"{base}_{i}"
+            i += 1
+        array = np.ascontiguousarray(array)
+        self.model.weights[name] = array
+        op = top.Weight.create(result_types=[A.tensor_type(array.shape, A.dtype_of_numpy(array.dtype))])
+        top.set_loc(op, name)
+        rewriter.insert(op, InsertPoint.before(before))
+        return op.results[0]
+
+
+class TopPattern(RewritePattern):
+    """A named TOP rewrite with access to weights and a shared report."""
+
+    NAME = ""
+
+    def __init__(self, weights: Weights, report: Report):
+        self.w = weights
+        self.report = report
+
+    def fired(self) -> None:
+        self.report.counts[self.NAME] += 1
+
+
+def _single_use(value) -> bool:
+    return len(list(value.uses)) == 1
+
+
+def _used_by_return(value) -> bool:
+    return any(isinstance(u.operation, func.ReturnOp) for u in value.uses)
+
+
+def _replace(rewriter: PatternRewriter, old_op, new_op, loc: str | None = None) -> None:
+    top.set_loc(new_op, loc if loc is not None else old_op.loc)
+    rewriter.replace(old_op, new_op)
+
+
+def _bypass(rewriter: PatternRewriter, op, value) -> bool:
+    """Replace `op`'s single result by `value`; keep output names by renaming the producer."""
+    result = op.results[0]
+    if _used_by_return(result):
+        owner = value.owner
+        if not isinstance(owner, top.TopOp) or isinstance(owner, (top.Input, top.Weight)) \
+                or len(owner.results) != 1 or not _single_use(value):
+            return False
+        top.set_loc(owner, op.loc)
+    rewriter.replace(op, [], [value])
+    return True
+
+
+def _bn_params(w: Weights, op):
+    mean, var, scale, bias = (w.get(v) for v in op.operands[1:])
+    if any(a is None for a in (mean, var, scale, bias)):
+        return None
+    eps = op.attrs()["epsilon"]
+    s = scale.astype(np.float64).ravel() / np.sqrt(var.astype(np.float64).ravel() + eps)
+    b = bias.astype(np.float64).ravel() - mean.astype(np.float64).ravel() * s
+    return s, b
+
+
+def _fold_affine_into_conv(pattern: TopPattern, rewriter, op, s, b) -> bool:
+    """Fold y = conv(x) * s + b (per output channel) into the conv's filter and bias."""
+    conv = op.operands[0].owner
+    if not isinstance(conv, (top.Conv, top.Deconv)) or not _single_use(conv.output):
+        return False
+    attrs = conv.attrs()
+    if attrs["do_relu"] or attrs.get("kernel_layout", "OIHW") != "OIHW" or \
+            attrs["layout"] != op.attrs().get("layout", "NCHW"):
+        return False
+    wt = pattern.w.get(conv.filter)
+    has_bias = not isinstance(conv.bias.type, NoneType)
+    cb = pattern.w.get(conv.bias) if has_bias else np.zeros(len(s), np.float32)
+    if wt is None or cb is None:
+        return False
+    w64 = wt.astype(np.float64)
+    if isinstance(conv, top.Conv):
+        w64 = w64 * s.reshape((-1,) + (1,) * (wt.ndim - 1))
+    else:
+        g = attrs["group"]
+        i_total, o_per = wt.shape[0], wt.shape[1]
+        group_of_i = np.arange(i_total) // (i_total // g)
+        idx = group_of_i[:, None] * o_per + np.arange(o_per)[None, :]
+        w64 = w64 * s[idx].reshape(i_total, o_per, *([1] * (wt.ndim - 2)))
+    new_b = cb.astype(np.float64).ravel() * s + b
+    loc = op.loc
+    nw = pattern.w.add(rewriter, conv, f"{loc}_filter", w64.astype(np.float32))
+    nb = pattern.w.add(rewriter, conv, f"{loc}_bias", new_b.astype(np.float32))
+    new = make_op(conv.op_name, [conv.input, nw, nb], attrs, loc)
+    rewriter.insert(new, InsertPoint.before(conv))
+    rewriter.replace(op, [], [new.output])
+    rewriter.erase(conv)
+    return True
+
+
+class FoldBatchNorm(TopPattern):
+    """BatchNorm after a single-use Conv/Deconv -> new filter and bias; otherwise -> Scale."""
+
+    NAME = "fold-batchnorm"
+
+    def match_and_rewrite(self, op, rewriter: PatternRewriter) -> None:
+        if not isinstance(op, top.BatchNorm):
+            return
+        params = _bn_params(self.w, op)
+        if params is None:
+            return
+        s, b = params
+        if _fold_affine_into_conv(self, rewriter, op, s, b):
+            self.report.counts["fold-batchnorm-into-conv"] += 1
+            return
+        shape = A.shape_of(op.operands[1].type)
+        ns = self.w.add(rewriter, op, f"{op.loc}_scale", s.astype(np.float32).reshape(shape))
+        nb = self.w.add(rewriter, op, f"{op.loc}_bias", b.astype(np.float32).reshape(shape))
+        _replace(rewriter, op, make_op("Scale", [op.input, ns, nb], {"layout": op.attrs()["layout"]}, op.loc))
+        self.report.counts["batchnorm-to-scale"] += 1
+
+
+class FoldScaleIntoConv(TopPattern):
+    """Scale (no ReLU) after a single-use Conv/Deconv -> new filter and bias."""
+
+    NAME = "fold-scale-into-conv"
+
+    def match_and_rewrite(self, op, rewriter: PatternRewriter) -> None:
+        if not isinstance(op, top.Scale) or op.attrs()["do_relu"]:
+            return
+        s, b = self.w.get(op.scale), self.w.get(op.bias)
+        if s is None or b is None:
+            return
+        if _fold_affine_into_conv(self, rewriter, op, s.astype(np.float64).ravel(), b.astype(np.float64).ravel()):
+            self.fired()
+
+
+class ClipToRelu(TopPattern):
+    """Clip(0, m) -> Relu(relu_limit=m) (Relu6 included), so it can fuse."""
+
+    NAME = "clip-to-relu"
+
+    def match_and_rewrite(self, op, rewriter: PatternRewriter) -> None:
+        if not isinstance(op, top.Clip):
+            return
+        a = op.attrs()
+        if a["min"] != 0.0 or a["max"] <= 0.0:
+            return
+        limit = -1.0 if a["max"] >= F32_MAX else a["max"]
+        _replace(rewriter, op, make_op("Relu", [op.input], {"relu_limit": limit}, op.loc))
+        self.fired()
+
+
+_RELU_HOSTS = (top.Conv, top.Deconv, top.MatMul, top.Add, top.Sub, top.Mul, top.Scale, top.MaxPool,
+               top.AvgPool)
+
+
+class FuseRelu(TopPattern):
+    """Relu after a single-use Conv/Deconv/MatMul/Add/Sub/Mul/Scale/pool -> its do_relu."""
+
+    NAME = "fuse-relu"
+
+    def match_and_rewrite(self, op, rewriter: PatternRewriter) -> None:
+        if not isinstance(op, top.Relu):
+            return
+        prod = op.input.owner
+        limit = op.attrs()["relu_limit"]
+        if isinstance(prod, top.Concat):
+            if limit >= 0:
+                return
+        elif not isinstance(prod, _RELU_HOSTS):
+            return
+        if not _single_use(prod.results[0]) or prod.attrs()["do_relu"]:
+            return
+        attrs = dict(prod.attrs())
+        attrs["do_relu"] = True
+        if "relu_limit" in attrs:
+            attrs["relu_limit"] = limit
+        new = make_op(prod.op_name, list(prod.operands), attrs, op.loc)
+        rewriter.insert(new, InsertPoint.before(prod))
+        rewriter.replace(op, [], [new.results[0]])
+        rewriter.erase(prod)
+        self.fired()
+
+
+class FuseSiLU(TopPattern):
+    """x * sigmoid(x) (either operand order) -> SiLU(x)."""
+
+    NAME = "fuse-silu"
+
+    def match_and_rewrite(self, op, rewriter: PatternRewriter) -> None:
+        if not isinstance(op, top.Mul) or op.attrs()["do_relu"]:
+            return
+        for a, b in ((op.input, op.other), (op.other, op.input)):
+            sig = b.owner
+            if isinstance(sig, top.Sigmoid) and sig.input is a and A.shape_of(a.type) == A.shape_of(op.output.type):
+                _replace(rewriter, op, make_op("SiLU", [a], {}, op.loc))
+                self.fired()
+                return
+
+
+class FoldConstants(TopPattern):
+    """An op whose operands are all constants -> `top.Weight`(s) holding its result."""
+
+    NAME = "fold-constants"
+
+    def match_and_rewrite(self, op, rewriter: PatternRewriter) -> None:
+        if not isinstance(op, top.TopOp) or isinstance(op, (top.Weight, top.Input, top.NoneOp)):
+            return
+        arrays = []
+        for v in op.operands:
+            if isinstance(v.type, NoneType):
+                arrays.append(None)
+                continue
+            arr = self.w.get(v)
+            if arr is None:
+                return
+            arrays.append(arr)
+        from tftpu.interp.kernels import KERNELS
+        kernel = KERNELS.get(op.op_name)
+        if kernel is None:
+            return
+        results = kernel(arrays, op.attrs())
+        names = top.loc_names(op)
+        new = []
+        for i, (r, res) in enumerate(zip(op.results, results)):
+            dt = A.numpy_dtype(A.dtype_name(r.type.element_type))
+            name = names[i] if i < len(names) else f"{op.loc}_{i}"
+            new.append(self.w.add(rewriter, op, name, np.asarray(res).astype(dt, copy=False)))
+        rewriter.replace(op, [], new)
+        self.fired()
+
+
+def _is_noop(op) -> bool:
+    shapes = op.operand_shapes()
+    out = A.shape_of(op.results[0].type) if len(op.results) == 1 else None
+    same = out is not None and shapes and shapes[0] == out
+    if isinstance(op, (top.Reshape, top.Flatten)):
+        return bool(same)
+    if isinstance(op, (top.Squeeze, top.Unsqueeze)):
+        return not op.attrs()["axes"]
+    if isinstance(op, top.Permute):
+        order = op.attrs()["order"]
+        return order == sorted(order)
+    if isinstance(op, top.Cast):
+        return A.dtype_name(op.operands[0].type.element_type) == op.attrs()["to"]
+    if isinstance(op, top.Slice):
+        return bool(same) and all(s == 1 for s in op.attrs()["steps"])
+    if isinstance(op, top.Pad):
+        return not any(op.attrs()["paddings"])
+    if isinstance(op, top.Concat):
+        return len(op.operands) == 1 and not op.attrs()["do_relu"]
+    if isinstance(op, top.Split):
+        return len(op.results) == 1
+    return False
+
+
+class DropNoOps(TopPattern):
+    """Reshape/Flatten to the same shape, identity Permute, same-type Cast, full Slice, zero Pad, ... -> gone."""
+
+    NAME = "drop-noop"
+
+    def match_and_rewrite(self, op, rewriter: PatternRewriter) -> None:
+        if not isinstance(op, top.TopOp) or isinstance(op, (top.Weight, top.Input, top.NoneOp)):
+            return
+        if _is_noop(op) and _bypass(rewriter, op, op.operands[0]):
+            self.fired()
+
+
+class MergePermutes(TopPattern):
+    """Permute(Permute(x, a), b) -> Permute(x, a[b])."""
+
+    NAME = "merge-permutes"
+
+    def match_and_rewrite(self, op, rewriter: PatternRewriter) -> None:
+        if not isinstance(op, top.Permute) or not isinstance(op.input.owner, top.Permute):
+            return
+        inner = op.input.owner
+        a, b = inner.attrs()["order"], op.attrs()["order"]
+        _replace(rewriter, op, make_op("Permute", [inner.input], {"order": [a[i] for i in b]}, op.loc))
+        self.fired()
+
+
+class MergeReshapes(TopPattern):
+    """Reshape/Flatten/Squeeze/Unsqueeze of a Reshape -> one Reshape."""
+
+    NAME = "merge-reshapes"
+
+    def match_and_rewrite(self, op, rewriter: PatternRewriter) -> None:
+        kinds = (top.Reshape, top.Flatten, top.Squeeze, top.Unsqueeze)
+        if not isinstance(op, kinds) or not isinstance(op.operands[0].owner, kinds):
+            return
+        inner = op.operands[0].owner
+        shape = list(A.shape_of(op.results[0].type))
+        _replace(rewriter, op, make_op("Reshape", [inner.operands[0]], {"shape": shape}, op.loc))
+        self.fired()
+
+
+class DeadCode(TopPattern):
+    """Ops none of whose results is used -> erased."""
+
+    NAME = "dead-code"
+
+    def match_and_rewrite(self, op, rewriter: PatternRewriter) -> None:
+        if not isinstance(op, top.TopOp) or isinstance(op, top.Input):
+            return
+        if all(not list(r.uses) for r in op.results):
+            rewriter.erase(op)
+            if not isinstance(op, (top.Weight, top.NoneOp)):
+                self.fired()
+
+
+PATTERNS = [DeadCode, FoldConstants, ClipToRelu, FoldBatchNorm, FoldScaleIntoConv, FuseRelu, FuseSiLU,
+            DropNoOps, MergePermutes, MergeReshapes]
+
+
+def canonicalize(model: TopModel, patterns=None, verify: bool = True) -> Report:
+    """Rewrite `model` in place to a fixed point; drop unused weights; return what fired."""
+    report = Report()
+    w = Weights(model)
+    pats = [cls(w, report) for cls in (patterns or PATTERNS)]
+    walker = PatternRewriteWalker(GreedyRewritePatternApplier(pats), apply_recursively=True)
+    walker.rewrite_module(model.module)
+    # a reverse sweep removes chains of dead ops in one go
+    PatternRewriteWalker(DeadCode(w, report), apply_recursively=True, walk_reverse=True).rewrite_module(model.module)
+    model.weights = model.used_weights()
+    if verify:
+        model.verify()
+    return report
