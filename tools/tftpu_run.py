@@ -12,7 +12,37 @@ flags.DEFINE_string("input", None, ".npz of inputs")
 flags.DEFINE_string("output", None, ".npz to write outputs to")
 flags.DEFINE_bool("dump_all_tensors", False, "write every intermediate tensor, keyed by location")
 
-main = cli.not_yet_available("tftpu-run", "TOP dialect issue")
+FLAGS = flags.FLAGS
+
+
+def main(args):
+    from pathlib import Path
+
+    from tftpu import errors
+    from tftpu.ir.weights import load_npz, save_npz
+
+    for flag in ("model", "input", "output"):
+        if not getattr(FLAGS, flag):
+            raise errors.UsageError(f"--{flag} is required")
+    model_path = Path(FLAGS.model)
+    if not model_path.is_file():
+        raise errors.ModelFileError(model_path, "no such file")
+    inputs = load_npz(FLAGS.input)
+    suffix = model_path.suffix.lower()
+    if suffix == ".onnx":
+        from tftpu.frontend.check import onnx_tensors
+        from tftpu.frontend.onnx_load import read_model
+        outputs = onnx_tensors(read_model(model_path), inputs, all_tensors=FLAGS.dump_all_tensors)
+    elif suffix == ".mlir":
+        from tftpu.interp.top_interpreter import run as run_top
+        from tftpu.ir.module import load
+        outputs = run_top(load(model_path), inputs, dump_all=FLAGS.dump_all_tensors)
+    else:
+        raise errors.ModelFileError(model_path, f"cannot run a {suffix or 'suffix-less'} file; "
+                                                "expected .onnx or .mlir")
+    save_npz(FLAGS.output, outputs)
+    print(f"{FLAGS.output}: {len(outputs)} tensor(s)")
+    return 0
 
 
 def run():

@@ -20,7 +20,67 @@ flags.DEFINE_string("tolerance", "0.99,0.99", "minimum cosine,euclidean similari
 flags.DEFINE_string("layout", None, "convert data layout: NCHW or NHWC")
 flags.DEFINE_string("mlir", None, "output .top.mlir path")
 
-main = cli.not_yet_available("tftpu-transform", "TOP dialect issue")
+FLAGS = flags.FLAGS
+
+
+def main(args):
+    import time
+    from pathlib import Path
+
+    from tftpu import errors
+    from tftpu.frontend import source_kind, to_onnx
+    from tftpu.frontend.check import compare, onnx_tensors, parse_tolerance, table, tf_outputs
+    from tftpu.frontend.onnx_load import parse_shapes
+    from tftpu.frontend.onnx_to_top import onnx_to_top
+    from tftpu.ir.weights import load_npz, save_npz
+    from tftpu.transforms.canonicalize import canonicalize
+
+    if not FLAGS.model_def:
+        raise errors.UsageError("--model_def is required")
+    if FLAGS.layout:
+        raise errors.UsageError("--layout is not available in this version of tftpu (convert-layout issue)")
+    tolerance = parse_tolerance(FLAGS.tolerance)
+    shapes = parse_shapes(FLAGS.input_shapes)
+    kind = source_kind(FLAGS.model_def)
+    if kind == "mlir":
+        raise errors.UsageError("--model_def is already a TOP .mlir; use tftpu-run to run it")
+    name = FLAGS.model_name or Path(FLAGS.model_def).stem
+    mlir = Path(FLAGS.mlir or f"{name}.top.mlir")
+    inputs = load_npz(FLAGS.test_input) if FLAGS.test_input else None
+
+    t0 = time.perf_counter()
+    proto = to_onnx(FLAGS.model_def, shapes)
+    model = onnx_to_top(proto, name, shapes if kind == "onnx" else None)
+    n_before = len(model.ops)
+    report = canonicalize(model)
+    _, weight_path = model.save(mlir)
+    print(f"{mlir}: {len(model.ops)} ops ({n_before} before canonicalize: {report}); "
+          f"weights {weight_path}; {time.perf_counter() - t0:.2f} s")
+    if inputs is None:
+        return 0
+
+    from tftpu.interp.top_interpreter import run
+    got = run(model, inputs, dump_all=True)
+    if FLAGS.test_result:
+        save_npz(FLAGS.test_result, got)
+    ref = onnx_tensors(proto, inputs)
+    rows = compare(ref, got, tolerance)
+    print(table(rows, f"TOP vs onnxruntime ({len(rows)} shared tensors)"))
+    if kind != "onnx":
+        src = tf_outputs(FLAGS.model_def, kind, inputs, [o.name for o in proto.graph.output])
+        out_rows = compare(src, {k: got[k] for k in model.output_names if k in got}, tolerance)
+        print(table(out_rows, f"TOP vs {kind} outputs"))
+        rows += out_rows
+    bad = [r for r in rows if not r.ok]
+    if not rows:
+        raise errors.CheckFailed("no tensor is shared between TOP and the reference; nothing was checked")
+    if bad:
+        worst = min(bad, key=lambda r: r.cosine)
+        raise errors.ToleranceError(f"{len(bad)} of {len(rows)} tensors below tolerance {tolerance}; "
+                                    f"worst {worst.name!r}: cosine {worst.cosine:.6f}, euclidean {worst.euclidean:.6f}")
+    worst = min(rows, key=lambda r: r.cosine)
+    print(f"all {len(rows)} tensors within tolerance; min cosine {worst.cosine:.9f} ({worst.name})")
+    return 0
 
 
 def run():

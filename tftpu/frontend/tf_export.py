@@ -67,7 +67,6 @@ def _signature(specs, input_shapes):
 def keras_to_onnx(model, input_shapes=None, opset: int = DEFAULT_OPSET):
     """ONNX ModelProto of a Keras model (static shapes: batch 1 unless `input_shapes`)."""
     import tensorflow as tf
-    tf2onnx = _tf2onnx()
     specs = [tf.TensorSpec(t.shape, t.dtype, name=getattr(t, "name", None) or f"input_{i}")
              for i, t in enumerate(model.inputs)]
     sig = _signature(specs, input_shapes)
@@ -77,9 +76,7 @@ def keras_to_onnx(model, input_shapes=None, opset: int = DEFAULT_OPSET):
         out = model(list(args) if len(args) > 1 else args[0], training=False)
         return out
 
-    with _quiet():
-        proto, _ = tf2onnx.convert.from_function(forward, input_signature=sig, opset=_check_opset(opset))
-    return _check_unconverted(proto, getattr(model, "name", "keras model"))
+    return function_to_onnx(forward, sig, opset)
 
 
 def function_to_onnx(fn, input_signature, opset: int = DEFAULT_OPSET):
@@ -88,7 +85,26 @@ def function_to_onnx(fn, input_signature, opset: int = DEFAULT_OPSET):
     with _quiet():
         proto, _ = tf2onnx.convert.from_function(fn, input_signature=list(input_signature),
                                                  opset=_check_opset(opset))
+    _freeze_captures(proto, fn.get_concrete_function(*input_signature))
     return _check_unconverted(proto, getattr(fn, "__name__", "tf.function"))
+
+
+def _freeze_captures(proto, concrete) -> None:
+    """tf2onnx turns constants a function captures (e.g. Keras Normalization's mean) into graph
+    inputs; make them initializers so the model's inputs are only the real ones."""
+    from onnx import numpy_helper
+    n_args = len(concrete.inputs) - len(concrete.captured_inputs)
+    values = {}
+    for ph, cap in zip(concrete.inputs[n_args:], concrete.captured_inputs):
+        if cap.dtype.name != "resource":
+            values[ph.name] = cap.numpy()
+    keep = [i for i in proto.graph.input if i.name not in values]
+    moved = [i.name for i in proto.graph.input if i.name in values]
+    if not moved:
+        return
+    del proto.graph.input[:]
+    proto.graph.input.extend(keep)
+    proto.graph.initializer.extend(numpy_helper.from_array(values[n], n) for n in moved)
 
 
 def saved_model_to_onnx(path, input_shapes=None, opset: int = DEFAULT_OPSET, signature: str = "serving_default"):

@@ -1,0 +1,148 @@
+"""Check an imported TOP model against its source: every shared tensor, by name.
+
+The source side is onnxruntime on the ONNX model with every node output exposed (and, for a
+TF/TFLite source, TF itself for the model outputs); the TOP side is the TOP interpreter.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from tftpu.errors import ShapeError
+
+
+def onnx_tensors(proto, inputs: dict, all_tensors: bool = True) -> dict[str, np.ndarray]:
+    """onnxruntime results by tensor name: graph outputs, plus every node output if `all_tensors`."""
+    import onnx
+    import onnxruntime as ort
+
+    proto = onnx.ModelProto.FromString(proto.SerializeToString())
+    if all_tensors:
+        try:
+            inferred = onnx.shape_inference.infer_shapes(proto)
+        except Exception:  # shape inference is only used to type the extra outputs
+            inferred = proto
+        have = {o.name for o in proto.graph.output}
+        types = {v.name: v for v in inferred.graph.value_info}
+        for node in proto.graph.node:
+            for o in node.output:
+                if o and o not in have and o in types and types[o].type.tensor_type.elem_type:
+                    proto.graph.output.append(types[o])
+                    have.add(o)
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so.log_severity_level = 3
+    sess = ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    consts = {i.name for i in proto.graph.initializer}
+    feeds = bind_inputs([(i.name, tuple(i.shape), i.type) for i in sess.get_inputs() if i.name not in consts],
+                        inputs)
+    names = [o.name for o in sess.get_outputs()]
+    return dict(zip(names, sess.run(names, feeds)))
+
+
+_ORT_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int64)": np.int64,
+              "tensor(int32)": np.int32, "tensor(uint8)": np.uint8, "tensor(int8)": np.int8,
+              "tensor(double)": np.float64, "tensor(bool)": np.bool_}
+
+
+def bind_inputs(specs, inputs: dict) -> dict[str, np.ndarray]:
+    """Match `inputs` to (name, shape, type) specs by name, else by order; cast to the input type."""
+    names = [s[0] for s in specs]
+    if set(names) <= set(inputs):
+        arrays = [inputs[n] for n in names]
+    elif len(inputs) == len(names):
+        arrays = list(inputs.values())
+    else:
+        raise ShapeError(f"input file has {sorted(inputs)}, the model wants {names}")
+    out = {}
+    for (name, shape, typ), arr in zip(specs, arrays):
+        arr = np.asarray(arr)
+        if tuple(arr.shape) != tuple(shape):
+            raise ShapeError(f"input {name!r} has shape {list(arr.shape)}, the model wants {list(shape)}")
+        out[name] = arr.astype(_ORT_TYPES.get(typ, arr.dtype), copy=False)
+    return out
+
+
+def tf_outputs(model_def, kind: str, inputs: dict, onnx_outputs: list[str]) -> dict[str, np.ndarray]:
+    """The source framework's own outputs (TFLite interpreter, Keras, SavedModel), keyed by ONNX output name."""
+    arrays = list(inputs.values())
+    if kind == "tflite":
+        import tensorflow as tf
+        interp = tf.lite.Interpreter(model_path=str(model_def))
+        interp.allocate_tensors()
+        for det, arr in zip(interp.get_input_details(), arrays):
+            interp.set_tensor(det["index"], np.asarray(arr).astype(det["dtype"]))
+        interp.invoke()
+        outs = {d["name"]: interp.get_tensor(d["index"]) for d in interp.get_output_details()}
+        return {n: outs[n] for n in onnx_outputs if n in outs}
+    if kind == "keras":
+        import keras
+        model = model_def if not isinstance(model_def, (str, Path)) else \
+            keras.models.load_model(str(model_def), compile=False, safe_mode=True)
+        res = model(arrays if len(arrays) > 1 else arrays[0], training=False)
+    elif kind == "saved_model":
+        import tensorflow as tf
+        fn = tf.saved_model.load(str(model_def)).signatures["serving_default"]
+        _, kw = fn.structured_input_signature
+        res = fn(**{n: tf.constant(a) for n, a in zip(sorted(kw), arrays)})
+        res = [res[k] for k in sorted(res)]
+    else:
+        return {}
+    res = res if isinstance(res, (list, tuple)) else [res]
+    return {n: np.asarray(r) for n, r in zip(onnx_outputs, res)}
+
+
+@dataclass
+class Row:
+    """Similarity of one tensor."""
+
+    name: str
+    cosine: float
+    euclidean: float
+    sqnr: float
+    ok: bool
+
+
+def compare(ref: dict, got: dict, tolerance=(0.99, 0.99), names=None) -> list[Row]:
+    """Similarity rows for every tensor in both `ref` and `got` (in `got`'s order)."""
+    from tftpu.interp import similarity as S
+    rows = []
+    for name in names or [n for n in got if n in ref]:
+        a = np.asarray(got[name], np.float64).ravel()
+        b = np.asarray(ref[name], np.float64).ravel()
+        if a.shape != b.shape:
+            rows.append(Row(name, float("nan"), float("nan"), float("nan"), False))
+            continue
+        cos, euc, sq = float(S.cosine(a, b)), float(S.euclidean(a, b)), float(S.sqnr(b, a))
+        rows.append(Row(name, cos, euc, sq, cos >= tolerance[0] and euc >= tolerance[1]))
+    return rows
+
+
+def table(rows: list[Row], title: str = "") -> str:
+    """A fixed-width text table of rows."""
+    width = max([len(r.name) for r in rows] + [6])
+    width = min(width, 60)
+    lines = [title] if title else []
+    lines.append(f"{'tensor':<{width}}  {'cosine':>10}  {'euclidean':>10}  {'sqnr(dB)':>9}  ok")
+    for r in rows:
+        name = r.name if len(r.name) <= width else "..." + r.name[-(width - 3):]
+        lines.append(f"{name:<{width}}  {r.cosine:>10.6f}  {r.euclidean:>10.6f}  {r.sqnr:>9.2f}  "
+                     f"{'yes' if r.ok else 'NO'}")
+    return "\n".join(lines)
+
+
+def parse_tolerance(text: str) -> tuple[float, float]:
+    """"0.99,0.99" -> (0.99, 0.99)."""
+    from tftpu.errors import UsageError
+    try:
+        parts = [float(v) for v in str(text).split(",")]
+    except ValueError:
+        raise UsageError(f"--tolerance {text!r}: expected two numbers, e.g. 0.99,0.99") from None
+    if len(parts) == 1:
+        parts = parts * 2
+    if len(parts) != 2:
+        raise UsageError(f"--tolerance {text!r}: expected cosine,euclidean")
+    return parts[0], parts[1]
