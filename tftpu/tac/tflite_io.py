@@ -53,6 +53,7 @@ def read(src):
         raise errors.ModelFileError(label, f"corrupt or truncated TFLite flatbuffer ({type(e).__name__}: {e})") from None
     _resolve_offsets(model, data, label)
     validate(model, label)
+    model.tftpu_trailing = _trailing_zip(data)
     return model
 
 
@@ -62,7 +63,7 @@ def write(model) -> bytes:
 
     builder = flatbuffers.Builder(1 << 16)
     builder.Finish(model.Pack(builder), file_identifier=FILE_IDENTIFIER)
-    return bytes(builder.Output())
+    return bytes(builder.Output()) + getattr(model, "tftpu_trailing", b"")
 
 
 def save(model, path) -> None:
@@ -81,6 +82,22 @@ def _check_header(data: bytes, label: str) -> None:
     if root + 4 > len(data):
         raise errors.ModelFileError(label, f"truncated TFLite flatbuffer (root table at {root}, "
                                            f"file has {len(data)} bytes)")
+
+
+def _trailing_zip(data: bytes) -> bytes:
+    """The zip of associated files (labels...) that TFLite metadata appends after the flatbuffer."""
+    import io
+    import zipfile
+
+    if b"PK\x05\x06" not in data[-(1 << 16) - 22:]:
+        return b""
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as z:
+            start = min([i.header_offset for i in z.infolist()] + [z.start_dir])
+    except (zipfile.BadZipFile, ValueError, OSError):
+        return b""
+    (root,) = struct.unpack_from("<I", data, 0)
+    return data[start:] if root < start < len(data) else b""
 
 
 def _resolve_offsets(model, data: bytes, label: str) -> None:
