@@ -1,0 +1,183 @@
+"""Host-side space-to-depth (S2D) of images in a tf.data pipeline.
+
+`space_to_depth(dataset, block_size=2)` appends one parallel `map` that turns the images of each
+element (`[N, H, W, C]` batches or `[H, W, C]` images; alone, first in a tuple, or under a dict key)
+into `[N, ceil(H/b), ceil(W/b), C*b*b]`: zero-padded at the end of H and W to a multiple of b,
+then blocked with the channel order of `tf.nn.space_to_depth`. The input convention of
+`tftpu.keras.space_to_depth` models.
+
+Why it is fast: a plain S2D is a 6-D transpose whose inner dimension is 3 values, which costs a
+cheap pipeline 50-70% of its throughput. Here the optional float conversion (`dtype`, per-channel
+`scale` and `offset`), the zero padding, the S2D permutation and the device's input layout
+(`layout="NCHW"`, or `"HWCN"`: the TPU "double transpose" layout, batch last) are one reshape
+and one transpose in one XLA-compiled function, so they run as a single pass over the batch
+that reads uint8 and writes the blocked float tensor.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+
+from tftpu.errors import ShapeError, UsageError
+
+__all__ = ["space_to_depth", "transform", "LAYOUTS"]
+
+# Output layout -> where the blocked channel axis goes, for batched images.
+LAYOUTS = ("NHWC", "NCHW", "HWCN")
+
+
+def _tf():
+    import tensorflow as tf
+
+    return tf
+
+
+def _blocks(block_size) -> tuple[int, ...]:
+    if isinstance(block_size, (int, np.integer)):
+        blocks = (int(block_size),) * 2
+    else:
+        blocks = tuple(int(b) for b in block_size)
+    if len(blocks) not in (2, 3) or any(b < 1 for b in blocks) or max(blocks) < 2:
+        raise UsageError(f"block_size {block_size!r}: give an int >= 2, or one positive int per "
+                         f"spatial axis (2 for images, 3 for videos) with one >= 2")
+    return blocks
+
+
+def _channel_constant(value, channels: int, name: str):
+    """A scalar, or one value per channel (applied before blocking, so never tiled)."""
+    arr = np.asarray(value, np.float64)
+    if arr.size == 1:
+        return arr.reshape(())
+    if arr.ndim != 1 or arr.size != channels:
+        raise ShapeError(f"{name} of shape {arr.shape}: expected a scalar or {channels} per-channel values")
+    return arr
+
+
+def transform(images, block_size=2, *, layout: str = "NHWC", dtype=None, scale=None, offset=None,
+              batched: bool | None = None):
+    """S2D of an image tensor, with the optional float conversion and output layout, in TF ops.
+
+    `images`: `[N, *spatial, C]` (batched) or `[*spatial, C]`; spatial is (H, W), or (D, H, W)
+    with a 3-tuple `block_size`. Result (batched, 2-D): NHWC `[N, H', W', C*b*b]`, NCHW
+    `[N, C*b*b, H', W']`, HWCN `[H', W', C*b*b, N]` with `H' = ceil(H/b)`. `dtype`, `scale` and
+    `offset` give `cast(x, dtype) * scale + offset` (per-channel values allowed); the padding is
+    zero in the output, after the conversion. Call it inside `tf.function(jit_compile=True)` to
+    get one fused pass (as `space_to_depth` does).
+    """
+    tf = _tf()
+    blocks = _blocks(block_size)
+    n = len(blocks)
+    images = tf.convert_to_tensor(images)
+    rank = images.shape.rank
+    if batched is None:
+        batched = rank == n + 2
+    if rank != n + 1 + int(batched):
+        raise ShapeError(f"images of shape {images.shape}: expected rank {n + 1 + int(batched)} "
+                         f"({'batched' if batched else 'unbatched'}, {n} spatial axes)")
+    if layout not in LAYOUTS:
+        raise UsageError(f"layout {layout!r}: expected one of {', '.join(LAYOUTS)}")
+    if layout != "NHWC" and n != 2:
+        raise UsageError(f"layout {layout!r} is for 2-D images; 3-D blocks give NDHWC only")
+    if layout == "HWCN" and not batched:
+        raise UsageError("layout 'HWCN' puts the batch last: batch the dataset first")
+    x = images if batched else images[None]
+    channels = x.shape[-1]
+    if channels is None:
+        raise ShapeError(f"images of shape {images.shape}: the channel count must be known")
+    if dtype is not None or scale is not None or offset is not None:
+        out_dtype = tf.as_dtype(dtype) if dtype is not None else x.dtype
+        if not out_dtype.is_floating and (scale is not None or offset is not None):
+            raise UsageError(f"scale/offset need a floating dtype, got {out_dtype.name}")
+        x = tf.cast(x, out_dtype)
+        if scale is not None:
+            x = x * tf.constant(_channel_constant(scale, channels, "scale"), out_dtype)
+        if offset is not None:
+            x = x + tf.constant(_channel_constant(offset, channels, "offset"), out_dtype)
+    static = x.shape[1:-1]
+    dyn = tf.shape(x)
+    sizes = [static[i] if static[i] is not None else dyn[1 + i] for i in range(n)]
+    pads = [(-s) % b for s, b in zip(sizes, blocks)]
+    if any(not isinstance(p, int) or p for p in pads):
+        x = tf.pad(x, [[0, 0]] + [[0, p] for p in pads] + [[0, 0]])
+    blocked = [(s + p) // b for s, p, b in zip(sizes, pads, blocks)]
+    split = [-1]
+    for hb, b in zip(blocked, blocks):
+        split += [hb, b]
+    x = tf.reshape(x, split + [channels])
+    # axes of the split tensor: 0 = N, 1 + 2i = blocked axis i, 2 + 2i = offset in block i, last = C
+    outer = [1 + 2 * i for i in range(n)]
+    inner = [2 + 2 * i for i in range(n)] + [2 * n + 1]
+    perm = {"NHWC": [0] + outer + inner, "NCHW": [0] + inner + outer,
+            "HWCN": outer + inner + [0]}[layout]
+    x = tf.transpose(x, perm)
+    depth = channels * math.prod(blocks)
+    shape = {"NHWC": [-1] + blocked + [depth], "NCHW": [-1, depth] + blocked,
+             "HWCN": blocked + [depth, -1]}[layout]
+    x = tf.reshape(x, shape)
+    return x if batched else x[0]
+
+
+def _locate(spec, image_key):
+    """(getter, setter) of the image component of a dataset element."""
+    tf = _tf()
+    if isinstance(spec, tf.TensorSpec):
+        if image_key is not None:
+            raise UsageError(f"image_key={image_key!r} given, but the elements are single tensors")
+        return spec, (lambda e: e), (lambda e, x: x)
+    if isinstance(spec, dict):
+        keys = [image_key] if image_key is not None else [k for k in ("image", "images") if k in spec]
+        if len(keys) != 1 or keys[0] not in spec:
+            raise UsageError(f"elements are dicts with keys {sorted(spec)}: pass image_key= to name the images")
+        key = keys[0]
+        return spec[key], (lambda e: e[key]), (lambda e, x: {**e, key: x})
+    if isinstance(spec, (tuple, list)):
+        index = 0 if image_key is None else image_key
+        if not isinstance(index, int) or not 0 <= index < len(spec):
+            raise UsageError(f"image_key={image_key!r}: elements are tuples of {len(spec)}")
+        return spec[index], (lambda e: e[index]), (lambda e, x: type(e)(
+            x if i == index else v for i, v in enumerate(e)))
+    raise UsageError(f"dataset elements of type {type(spec).__name__}: expected a tensor, a tuple or a dict")
+
+
+def space_to_depth(dataset, block_size=2, *, layout: str = "NHWC", dtype=None, scale=None, offset=None,
+                   image_key=None, jit_compile: bool | None = None, num_parallel_calls=None,
+                   deterministic=None):
+    """`dataset` with its images turned into S2D input (see `transform`) by one parallel `map`.
+
+    Elements: images, `(images, labels, ...)` (images first, or at `image_key`), or a dict with
+    key "image"/"images" (or `image_key`); batched `[N, H, W, C]` or unbatched `[H, W, C]`.
+    Put it after `batch()` and pass the float conversion here (`dtype=tf.float32, scale=1/255`)
+    so it fuses with the permutation. `jit_compile` (default: when H and W are static) compiles
+    the transform with XLA into one pass; `num_parallel_calls` defaults to AUTOTUNE.
+    """
+    tf = _tf()
+    blocks = _blocks(block_size)
+    spec, get, put = _locate(dataset.element_spec, image_key)
+    if not isinstance(spec, tf.TensorSpec) or spec.shape.rank is None:
+        raise ShapeError(f"images {spec}: the rank must be known")
+    n = len(blocks)
+    if spec.shape.rank not in (n + 1, n + 2):
+        raise ShapeError(f"images of shape {spec.shape}: expected [N, *spatial, C] or [*spatial, C] "
+                         f"with {n} spatial axes")
+    batched = spec.shape.rank == n + 2
+    if jit_compile is None:
+        jit_compile = spec.shape[-n - 1:].is_fully_defined()
+
+    def blocked(images):
+        return transform(images, blocks, layout=layout, dtype=dtype, scale=scale, offset=offset,
+                         batched=batched)
+
+    # Validate the arguments now, with one clear error, not inside the map's trace.
+    transform(tf.zeros([1 if d is None else d for d in spec.shape], spec.dtype), blocks, layout=layout,
+              dtype=dtype, scale=scale, offset=offset, batched=batched)
+    fn = tf.function(blocked, jit_compile=True) if jit_compile else blocked
+
+    if isinstance(dataset.element_spec, (tuple, list)):
+        mapper = lambda *e: put(tuple(e), fn(get(e)))  # noqa: E731
+    else:
+        mapper = lambda e: put(e, fn(get(e)))  # noqa: E731
+    return dataset.map(mapper, num_parallel_calls=tf.data.AUTOTUNE if num_parallel_calls is None
+                       else num_parallel_calls, deterministic=deterministic)
