@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import onnxruntime as ort
+
+ort.set_default_logger_severity(3)
 from onnx import helper, numpy_helper
 
 _DTYPES = {np.dtype(np.float32): onnx.TensorProto.FLOAT, np.dtype(np.int64): onnx.TensorProto.INT64,
@@ -45,6 +47,7 @@ def run_node(op_type, inputs, attrs=None, n_outputs=1, opset=18, initializers=No
     so = ort.SessionOptions()
     so.intra_op_num_threads = 1
     so.inter_op_num_threads = 1
+    so.log_severity_level = 3
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
     return sess.run(None, feeds)

