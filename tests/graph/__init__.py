@@ -1,0 +1,1 @@
+"""Tests of tftpu.graph (capture, surgery, pass manager, re-import, optimize)."""

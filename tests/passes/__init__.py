@@ -1,0 +1,1 @@
+"""Tests of tftpu.passes (space-to-depth, cost model)."""
