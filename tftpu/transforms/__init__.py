@@ -1,9 +1,5 @@
-"""tftpu.transforms: passes over TOP (and later TPU) modules.
+"""tftpu.transforms: passes over TOP (and later TPU) modules, one module per pass.
 
->>> from tftpu.transforms import canonicalize
+>>> from tftpu.transforms.canonicalize import canonicalize
 >>> report = canonicalize(model)  # doctest: +SKIP
 """
-
-from tftpu.transforms.canonicalize import PATTERNS, Report, canonicalize
-
-__all__ = ["PATTERNS", "Report", "canonicalize"]

@@ -1,0 +1,275 @@
+"""Each canonicalization pattern on its own: the rewritten module computes the same tensors."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from tftpu.interp.top_interpreter import run
+from tftpu.ir import TopBuilder
+from tftpu.transforms import canonicalize as C
+
+RNG = np.random.default_rng(0)
+
+
+def rand(*shape, lo=None, hi=None):
+    if lo is not None:
+        return RNG.uniform(lo, hi, shape).astype(np.float32)
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+def op_names(model):
+    return [op.op_name for op in model.ops if op.op_name not in ("Weight", "None", "Input")]
+
+
+def check(model, inputs, patterns, expect_ops=None, rtol=1e-5):
+    """Run patterns alone; outputs (by name) must match the original within float32 round-off."""
+    before = run(model, inputs)
+    report = C.canonicalize(model, patterns=patterns)
+    after = run(model, inputs)
+    assert list(after) == list(before), "output names changed"
+    for k in before:
+        scale = max(float(np.abs(before[k]).max()), 1e-6)
+        np.testing.assert_allclose(after[k], before[k], rtol=rtol, atol=rtol * scale, err_msg=k)
+    if expect_ops is not None:
+        assert op_names(model) == expect_ops
+    return report
+
+
+def bn_weights(b, c, tag):
+    return [b.weight(f"{tag}_mean", rand(c)), b.weight(f"{tag}_var", rand(c, lo=0.2, hi=2.0)),
+            b.weight(f"{tag}_gamma", rand(c, lo=0.5, hi=1.5)), b.weight(f"{tag}_beta", rand(c))]
+
+
+@pytest.mark.parametrize("dims,group,bias,stride", [
+    (1, 1, True, 1), (2, 1, False, 2), (2, 4, True, 1), (2, 8, False, 2), (3, 2, True, 1), (2, 1, True, 3)])
+def test_fold_batchnorm_into_conv(dims, group, bias, stride):
+    b = TopBuilder("m")
+    c_in, c_out, k = 8, 8 if group == 8 else 12, 3
+    spatial = [9] * dims
+    x = b.input("x", (2, c_in, *spatial))
+    w = b.weight("w", rand(c_out, c_in // group, *[k] * dims))
+    bias_v = b.weight("b", rand(c_out)) if bias else b.none()
+    y = b.op("Conv", [x, w, bias_v], {"kernel_shape": [k] * dims, "strides": [stride] * dims,
+                                     "pads": [1] * (2 * dims), "group": group}, "conv")
+    z = b.op("BatchNorm", [y, *bn_weights(b, c_out, "bn")], {"epsilon": 1e-3}, "bn")
+    m = b.finish([z])
+    rep = check(m, {"x": rand(2, c_in, *spatial)}, [C.FoldBatchNorm, C.DeadCode], ["Conv"])
+    assert rep.counts["fold-batchnorm-into-conv"] == 1
+    assert m.ops[-1].loc == "bn"
+    assert set(m.weights) == {"bn_filter", "bn_bias"}
+
+
+@pytest.mark.parametrize("group,stride", [(1, 2), (2, 2), (4, 1)])
+def test_fold_batchnorm_into_deconv(group, stride):
+    b = TopBuilder("m")
+    c_in, c_out = 8, 12
+    x = b.input("x", (1, c_in, 5, 6))
+    w = b.weight("w", rand(c_in, c_out // group, 3, 3))
+    y = b.op("Deconv", [x, w, b.weight("b", rand(c_out))],
+             {"kernel_shape": [3, 3], "strides": [stride, stride], "pads": [1, 0, 1, 0], "group": group}, "dc")
+    z = b.op("BatchNorm", [y, *bn_weights(b, c_out, "bn")], {}, "bn")
+    m = b.finish([z])
+    check(m, {"x": rand(1, c_in, 5, 6)}, [C.FoldBatchNorm, C.DeadCode], ["Deconv"])
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_batchnorm_to_scale_when_not_after_conv(layout):
+    b = TopBuilder("m")
+    shape = (2, 6, 4, 5) if layout == "NCHW" else (2, 4, 5, 6)
+    x = b.input("x", shape)
+    r = b.op("Relu", [x], {}, "r")
+    z = b.op("BatchNorm", [r, *bn_weights(b, 6, "bn")], {"epsilon": 1e-5, "layout": layout}, "bn")
+    m = b.finish([z])
+    rep = check(m, {"x": rand(*shape)}, [C.FoldBatchNorm, C.DeadCode], ["Relu", "Scale"])
+    assert rep.counts["batchnorm-to-scale"] == 1
+
+
+def test_batchnorm_not_folded_into_shared_conv():
+    b = TopBuilder("m")
+    x = b.input("x", (1, 3, 6, 6))
+    y = b.op("Conv", [x, b.weight("w", rand(4, 3, 1, 1)), b.none()], {"kernel_shape": [1, 1]}, "conv")
+    z = b.op("BatchNorm", [y, *bn_weights(b, 4, "bn")], {}, "bn")
+    m = b.finish([y, z])
+    check(m, {"x": rand(1, 3, 6, 6)}, [C.FoldBatchNorm, C.DeadCode], ["Conv", "Scale"])
+
+
+def test_fold_scale_into_conv():
+    b = TopBuilder("m")
+    x = b.input("x", (1, 3, 6, 6))
+    y = b.op("Conv", [x, b.weight("w", rand(4, 3, 3, 3)), b.none()], {"kernel_shape": [3, 3]}, "conv")
+    z = b.op("Scale", [y, b.weight("s", rand(4)), b.weight("t", rand(4))], {}, "scale")
+    m = b.finish([z])
+    check(m, {"x": rand(1, 3, 6, 6)}, [C.FoldScaleIntoConv, C.DeadCode], ["Conv"])
+
+
+@pytest.mark.parametrize("lo,hi,expect", [(0.0, 6.0, "Relu"), (0.0, 1.0, "Relu"), (-1.0, 1.0, "Clip"),
+                                          (0.0, float(np.finfo(np.float32).max), "Relu")])
+def test_clip_to_relu(lo, hi, expect):
+    b = TopBuilder("m")
+    x = b.input("x", (3, 7))
+    m = b.finish([b.op("Clip", [x], {"min": lo, "max": hi}, "clip")])
+    check(m, {"x": rand(3, 7) * 5}, [C.ClipToRelu], [expect])
+
+
+HOSTS = {
+    "Conv": lambda b, x: b.op("Conv", [x, b.weight("w", rand(4, 4, 3, 3)), b.weight("b", rand(4))],
+                              {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}, "h"),
+    "Deconv": lambda b, x: b.op("Deconv", [x, b.weight("w", rand(4, 4, 2, 2)), b.none()],
+                                {"kernel_shape": [2, 2], "strides": [2, 2]}, "h"),
+    "MatMul": lambda b, x: b.op("MatMul", [x, b.weight("w", rand(6, 6)), b.weight("b", rand(6))], {}, "h"),
+    "Add": lambda b, x: b.op("Add", [x, b.weight("c", rand(6))], {}, "h"),
+    "Sub": lambda b, x: b.op("Sub", [x, b.weight("c", rand(6))], {}, "h"),
+    "Mul": lambda b, x: b.op("Mul", [x, b.weight("c", rand(6))], {}, "h"),
+    "Scale": lambda b, x: b.op("Scale", [x, b.weight("s", rand(4)), b.weight("t", rand(4))], {}, "h"),
+    "MaxPool": lambda b, x: b.op("MaxPool", [x], {"kernel_shape": [2, 2], "strides": [1, 1]}, "h"),
+    "AvgPool": lambda b, x: b.op("AvgPool", [x], {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}, "h"),
+    "Concat": lambda b, x: b.op("Concat", [x, x], {"axis": 1}, "h"),
+}
+
+
+@pytest.mark.parametrize("host,limit", list(itertools.product(sorted(HOSTS), [-1.0, 6.0, 0.5])))
+def test_fuse_relu(host, limit):
+    b = TopBuilder("m")
+    shape = (2, 4, 6, 6) if host not in ("MatMul", "Add", "Sub", "Mul") else (2, 3, 6)
+    x = b.input("x", shape)
+    h = HOSTS[host](b, x)
+    m = b.finish([b.op("Relu", [h], {"relu_limit": limit}, "relu")])
+    rep = check(m, {"x": rand(*shape) * 4}, [C.FuseRelu])
+    if host == "Concat" and limit >= 0:
+        assert op_names(m) == ["Concat", "Relu"]
+        return
+    assert op_names(m) == [host] and rep.counts["fuse-relu"] == 1
+    assert m.ops[-1].attrs()["do_relu"] and m.ops[-1].loc == "relu"
+
+
+def test_fuse_relu_skips_shared_producer():
+    b = TopBuilder("m")
+    x = b.input("x", (2, 6))
+    a = b.op("Add", [x, x], {}, "a")
+    m = b.finish([b.op("Relu", [a], {}, "r"), a])
+    check(m, {"x": rand(2, 6)}, [C.FuseRelu], ["Add", "Relu"])
+
+
+@pytest.mark.parametrize("swap", [False, True])
+def test_fuse_silu(swap):
+    b = TopBuilder("m")
+    x = b.input("x", (2, 5, 3))
+    s = b.op("Sigmoid", [x], {}, "sig")
+    m = b.finish([b.op("Mul", [s, x] if swap else [x, s], {}, "swish")])
+    check(m, {"x": rand(2, 5, 3) * 3}, [C.FuseSiLU, C.DeadCode], ["SiLU"])
+
+
+def test_fold_constants():
+    b = TopBuilder("m")
+    x = b.input("x", (2, 3))
+    c = b.op("Mul", [b.weight("a", rand(3)), b.weight("b", rand(3))], {}, "ab")
+    c = b.op("Reshape", [c], {"shape": [1, 3]}, "ab_r")
+    m = b.finish([b.op("Add", [x, c], {}, "y")])
+    rep = check(m, {"x": rand(2, 3)}, [C.FoldConstants, C.DeadCode], ["Add"])
+    assert rep.counts["fold-constants"] == 2 and set(m.weights) == {"ab_r"}
+
+
+NOOPS = [
+    ("Reshape", {"shape": [2, 3, 4]}), ("Flatten", {"start_dim": 1, "end_dim": 1}),
+    ("Permute", {"order": [0, 1, 2]}), ("Cast", {"to": "f32"}),
+    ("Slice", {"starts": [0], "ends": [100], "axes": [2]}), ("Pad", {"paddings": [0] * 6}),
+    ("Squeeze", {"axes": []}), ("Unsqueeze", {"axes": []}), ("Concat", {"axis": 1}),
+    ("Split", {"axis": 1, "split_size": [3]}),
+]
+
+
+@pytest.mark.parametrize("op,attrs", NOOPS, ids=[n for n, _ in NOOPS])
+@pytest.mark.parametrize("is_output", [False, True])
+def test_drop_noop(op, attrs, is_output):
+    b = TopBuilder("m")
+    x = b.input("x", (2, 3, 4))
+    e = b.op("Exp", [x], {}, "e")
+    n = b.op(op, [e], attrs, "noop")
+    outs = [n] if is_output else [b.op("Neg", [n], {}, "y")]
+    m = b.finish(outs)
+    check(m, {"x": rand(2, 3, 4)}, [C.DropNoOps], ["Exp"] if is_output else ["Exp", "Neg"])
+    assert m.output_names == (["noop"] if is_output else ["y"])
+
+
+def test_drop_noop_keeps_names_of_a_returned_input():
+    b = TopBuilder("m")
+    x = b.input("x", (2, 3))
+    m = b.finish([b.op("Reshape", [x], {"shape": [2, 3]}, "same")])
+    check(m, {"x": rand(2, 3)}, [C.DropNoOps], ["Reshape"])
+
+
+def test_not_noop_reversing_slice():
+    b = TopBuilder("m")
+    x = b.input("x", (2, 5))
+    m = b.finish([b.op("Slice", [x], {"starts": [-1], "ends": [-100], "steps": [-1], "axes": [1]}, "rev")])
+    check(m, {"x": rand(2, 5)}, [C.DropNoOps], ["Slice"])
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_merge_permutes(seed):
+    r = np.random.default_rng(seed)
+    a = [int(v) for v in r.permutation(4)]
+    c = [int(v) for v in r.permutation(4)]
+    if [a[i] for i in c] == [0, 1, 2, 3]:
+        c = [c[1], c[0], c[2], c[3]]
+    b = TopBuilder("m")
+    x = b.input("x", (2, 3, 4, 5))
+    p = b.op("Permute", [x], {"order": a}, "p1")
+    m = b.finish([b.op("Permute", [p], {"order": c}, "p2")])
+    check(m, {"x": rand(2, 3, 4, 5)}, [C.MergePermutes, C.DropNoOps, C.DeadCode])
+    composed = [a[i] for i in c]
+    assert op_names(m) == ["Permute"]
+    assert m.ops[-1].attrs()["order"] == composed and m.output_names == ["p2"]
+
+
+def test_merge_inverse_permutes_disappear():
+    b = TopBuilder("m")
+    x = b.input("x", (2, 3, 4, 5))
+    e = b.op("Exp", [x], {}, "e")
+    p = b.op("Permute", [e], {"order": [0, 2, 3, 1]}, "nhwc")
+    q = b.op("Permute", [p], {"order": [0, 3, 1, 2]}, "nchw")
+    m = b.finish([b.op("Neg", [q], {}, "y")])
+    check(m, {"x": rand(2, 3, 4, 5)}, [C.MergePermutes, C.DropNoOps, C.DeadCode], ["Exp", "Neg"])
+
+
+def test_merge_reshapes():
+    b = TopBuilder("m")
+    x = b.input("x", (2, 3, 4))
+    r = b.op("Reshape", [x], {"shape": [6, 4]}, "r1")
+    r = b.op("Unsqueeze", [r], {"axes": [0]}, "r2")
+    r = b.op("Flatten", [r], {"start_dim": 0, "end_dim": 1}, "r3")
+    m = b.finish([b.op("Neg", [r], {}, "y")])
+    check(m, {"x": rand(2, 3, 4)}, [C.MergeReshapes, C.DeadCode], ["Reshape", "Neg"])
+
+
+def test_dead_code():
+    b = TopBuilder("m")
+    x = b.input("x", (2, 3))
+    dead = b.op("Exp", [x], {}, "dead")
+    b.op("Neg", [dead], {}, "dead2")
+    b.weight("unused", rand(3))
+    m = b.finish([b.op("Abs", [x], {}, "y")])
+    rep = check(m, {"x": rand(2, 3)}, [C.DeadCode], ["Abs"])
+    assert rep.counts["dead-code"] == 2 and m.weights == {}
+
+
+def test_full_pipeline_is_idempotent_and_deterministic():
+    def build():
+        b = TopBuilder("m")
+        x = b.input("x", (1, 3, 8, 8))
+        y = b.op("Conv", [x, b.weight("w", np.ones((4, 3, 3, 3), np.float32)), b.none()],
+                 {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}, "conv")
+        y = b.op("BatchNorm", [y, *[b.weight(f"p{i}", np.full(4, 0.5 + i, np.float32)) for i in range(4)]],
+                 {}, "bn")
+        y = b.op("Clip", [y], {"min": 0.0, "max": 6.0}, "relu6")
+        return b.finish([y])
+    m1, m2 = build(), build()
+    C.canonicalize(m1)
+    C.canonicalize(m2)
+    assert m1.text() == m2.text() and op_names(m1) == ["Conv"]
+    text = m1.text()
+    rep = C.canonicalize(m1)
+    assert m1.text() == text and not rep.counts
