@@ -65,7 +65,8 @@ def transform(images, block_size=2, *, layout: str = "NHWC", dtype=None, scale=N
     `[N, C*b*b, H', W']`, HWCN `[H', W', C*b*b, N]` with `H' = ceil(H/b)`. `dtype`, `scale` and
     `offset` give `cast(x, dtype) * scale + offset` (per-channel values allowed); the padding is
     zero in the output, after the conversion. Call it inside `tf.function(jit_compile=True)` to
-    get one fused pass (as `space_to_depth` does).
+    get one fused pass (as `space_to_depth` does); XLA then computes `x * scale + offset` as one
+    FMA, which can differ from TF's two roundings by an ulp of `x * scale`.
     """
     tf = _tf()
     blocks = _blocks(block_size)
