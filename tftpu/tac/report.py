@@ -29,6 +29,7 @@ def build(result) -> dict:
                 "ops": len(sub.nodes),
                 "op_types": dict(sorted(Counter(part.graph.nodes[i].op_type for i in sub.nodes).items())),
                 "picked": f"{sub.interface_name}_{view.device}_{view.inference_type}",
+                "picked_lowerings": dict(sorted(view.lowerings.items())),
                 "greedy": part.views[s][part.greedy.plan[s]].device,
                 "views": [{"device": v.device, "inference_type": v.inference_type, "ops": len(v.nodes),
                            "cost_us": _r(v.cost), "lowerings": dict(sorted(v.lowerings.items()))}
