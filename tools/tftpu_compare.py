@@ -1,6 +1,10 @@
 """tftpu-compare: similarity of two .npz files, tensor by tensor.
 
     tftpu-compare a.npz b.npz --tolerance=0.99,0.99
+
+Prints cosine, euclidean similarity and SQNR for every tensor both files hold (`a.npz` is the
+reference) and names the tensors only one file holds. Exit status: 0 all pass, 1 a tensor is
+under tolerance, 2 a missing or unreadable file or a bad flag.
 """
 
 from absl import flags
@@ -9,7 +13,27 @@ from tftpu import cli
 
 flags.DEFINE_string("tolerance", "0.99,0.99", "minimum cosine,euclidean similarity")
 
-main = cli.not_yet_available("tftpu-compare", "TOP dialect issue")
+FLAGS = flags.FLAGS
+
+
+def main(args):
+    from tftpu import errors
+    from tftpu.interp import similarity
+
+    if len(args) != 3:
+        raise errors.UsageError("expected two .npz files: tftpu-compare a.npz b.npz")
+    tolerance = similarity.parse_tolerance(FLAGS.tolerance)
+    a, b = similarity.load_npz(args[1]), similarity.load_npz(args[2])
+    result = similarity.compare_tensors(a, b, tolerance)
+    if not result.rows:
+        raise errors.UsageError(f"{args[1]} and {args[2]} share no tensor names")
+    print(similarity.format_table(result, (args[1], args[2])), end="")
+    if not result.passed:
+        names = ", ".join(r.name for r in result.failed)
+        raise errors.ToleranceError(
+            f"{len(result.failed)} of {len(result.rows)} tensors under tolerance "
+            f"{tolerance[0]:g},{tolerance[1]:g}: {names}")
+    return 0
 
 
 def run():

@@ -1,0 +1,216 @@
+"""Similarity of two results, tensor by tensor: cosine, euclidean similarity and SQNR.
+
+The definitions are TPU-MLIR's (the paper, section 3.6, and its `tensor_compare.py`), so
+tolerances carry over from it (F32 "0.99,0.99"; BF16 > 0.95 cosine; INT8 > 0.9 cosine):
+
+- cosine = a.b / (|a| |b|); 1 when both are all zeros, 0 when only one is.
+- euclidean similarity = 1 - |a - b| / (|(a + b) / 2| + 1e-7).
+- SQNR (dB) = 10 log10(var(ref) / var(ref - test)), both mean-removed (so a constant offset
+  is no noise); +inf when the noise is constant, -inf when only the reference is.
+
+>>> r = compare_tensors({"x": np.ones(3)}, {"x": np.ones(3)}, "0.99,0.99")
+>>> r.passed, r.rows[0].cosine
+(True, 1.0)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import zipfile
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from tftpu import errors
+
+EUCLID_EPS = 1e-7
+
+
+def _f64(x) -> np.ndarray:
+    x = np.asarray(x)
+    return x.astype(np.float64, copy=False).ravel()
+
+
+def cosine_similarity(a, b) -> float:
+    """Cosine of the angle between `a` and `b` (flattened), computed in float64."""
+    a, b = _f64(a), _f64(b)
+    na, nb = math.sqrt(float(np.dot(a, a))), math.sqrt(float(np.dot(b, b)))
+    if na == 0.0 or nb == 0.0:
+        return 1.0 if na == nb else 0.0
+    return min(1.0, max(-1.0, float(np.dot(a, b)) / (na * nb)))
+
+
+def euclidean_similarity(a, b) -> float:
+    """1 - |a - b| / (|(a + b) / 2| + 1e-7), TPU-MLIR's euclidean similarity (1 = identical)."""
+    a, b = _f64(a), _f64(b)
+    ed = float(np.linalg.norm(a - b))
+    sr = float(np.linalg.norm((a + b) / 2)) + EUCLID_EPS
+    if math.isinf(ed) or math.isinf(sr):
+        return 0.0
+    return 1.0 - ed / sr
+
+
+def sqnr(ref, test) -> float:
+    """Signal-to-quantization-noise ratio in dB of `test` against `ref` (not symmetric)."""
+    raw, noise = _f64(ref), _f64(ref) - _f64(test)
+    if raw.size == 0:
+        return math.inf
+    var_raw = float(np.sum(np.square(raw - raw.mean())))
+    var_noise = float(np.sum(np.square(noise - noise.mean())))
+    if var_noise == 0.0:
+        return math.inf
+    if var_raw == 0.0:
+        return -math.inf
+    return 10.0 * math.log10(var_raw / var_noise)
+
+
+def parse_tolerance(text: str | Sequence[float]) -> tuple[float, float]:
+    """"cos,euclid" (e.g. "0.99,0.99") -> (0.99, 0.99); a UsageError when malformed."""
+    if not isinstance(text, str):
+        parts = list(text)
+    else:
+        parts = [p.strip() for p in text.split(",")]
+    try:
+        if len(parts) != 2:
+            raise ValueError
+        cos, euc = float(parts[0]), float(parts[1])
+    except (TypeError, ValueError):
+        raise errors.UsageError(
+            f"tolerance must be two numbers 'cosine,euclidean', e.g. 0.99,0.99, not {text!r}"
+        ) from None
+    if not (-1.0 <= cos <= 1.0 and euc <= 1.0) or math.isnan(cos) or math.isnan(euc):
+        raise errors.UsageError(f"tolerance {text!r}: cosine must lie in [-1, 1], euclidean <= 1")
+    return cos, euc
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorComparison:
+    """One row of a comparison: a tensor's similarity figures and whether it passes."""
+
+    name: str
+    shape: tuple
+    cosine: float
+    euclid: float
+    sqnr: float
+    passed: bool
+    note: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Comparison:
+    """Rows for the tensors both sides hold, names only one side holds, and the tolerance."""
+
+    rows: list[TensorComparison]
+    only_a: list[str]
+    only_b: list[str]
+    tolerance: tuple[float, float]
+
+    @property
+    def passed(self) -> bool:
+        return all(r.passed for r in self.rows)
+
+    @property
+    def failed(self) -> list[TensorComparison]:
+        return [r for r in self.rows if not r.passed]
+
+
+def compare_arrays(name: str, a, b, tolerance=(0.99, 0.99)) -> TensorComparison:
+    """Compare one tensor `b` against the reference `a` under `tolerance` (cos, euclid)."""
+    cos_tol, euc_tol = parse_tolerance(tolerance)
+    a, b = np.asarray(a), np.asarray(b)
+    shape = tuple(a.shape)
+    nan = float("nan")
+    if a.dtype.kind not in "biuf" and a.dtype.name != "bfloat16":
+        return TensorComparison(name, shape, nan, nan, nan, False, f"dtype {a.dtype}")
+    if b.dtype.kind not in "biuf" and b.dtype.name != "bfloat16":
+        return TensorComparison(name, shape, nan, nan, nan, False, f"dtype {b.dtype}")
+    notes = []
+    if a.shape != b.shape:
+        if a.size != b.size:
+            return TensorComparison(name, shape, nan, nan, nan, False,
+                                    f"shape {_fmt_shape(a.shape)} vs {_fmt_shape(b.shape)}")
+        notes.append(f"reshaped from {_fmt_shape(b.shape)}")
+    fa, fb = _f64(a), _f64(b)
+    finite = np.isfinite(fa) & np.isfinite(fb)
+    if not finite.all():
+        bad = ~finite
+        same = (fa[bad] == fb[bad]) | (np.isnan(fa[bad]) & np.isnan(fb[bad]))
+        if not same.all():
+            return TensorComparison(name, shape, nan, nan, nan, False,
+                                    f"{int((~same).sum())} non-finite values differ")
+        notes.append(f"{int(bad.sum())} matching non-finite values skipped")
+        fa, fb = fa[finite], fb[finite]
+    if a.dtype == b.dtype and np.array_equal(fa, fb):
+        notes.insert(0, "equal")
+    cos, euc, snr = cosine_similarity(fa, fb), euclidean_similarity(fa, fb), sqnr(fa, fb)
+    passed = cos >= cos_tol and euc >= euc_tol
+    return TensorComparison(name, shape, cos, euc, snr, passed, "; ".join(notes))
+
+
+def compare_tensors(a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray],
+                    tolerance="0.99,0.99") -> Comparison:
+    """Compare every tensor both dicts hold (in `a`'s order); `a` is the reference."""
+    tol = parse_tolerance(tolerance)
+    rows = [compare_arrays(k, a[k], b[k], tol) for k in a if k in b]
+    return Comparison(rows, [k for k in a if k not in b], [k for k in b if k not in a], tol)
+
+
+def load_npz(path) -> dict[str, np.ndarray]:
+    """All arrays of an .npz file, read without pickle; a ModelFileError names what is wrong."""
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(4)
+        if magic not in (b"PK\x03\x04", b"PK\x05\x06"):
+            what = "a single .npy array" if magic.startswith(b"\x93NUM") else "not a zip archive"
+            raise errors.ModelFileError(path, f"not an .npz archive ({what})")
+        with np.load(path, allow_pickle=False) as data:
+            return {k: data[k] for k in data.files}
+    except errors.TftpuError:
+        raise
+    except FileNotFoundError:
+        raise errors.ModelFileError(path, "no such file") from None
+    except IsADirectoryError:
+        raise errors.ModelFileError(path, "is a directory, not an .npz file") from None
+    except (zipfile.BadZipFile, ValueError, OSError, EOFError, KeyError) as e:
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise errors.ModelFileError(path, f"not a readable .npz archive ({reason})") from None
+
+
+def _fmt_shape(shape) -> str:
+    return "x".join(str(d) for d in shape) if len(shape) else "scalar"
+
+
+def _fmt_num(v: float, digits: int = 6) -> str:
+    if math.isnan(v):
+        return "-"
+    if math.isinf(v):
+        return "inf" if v > 0 else "-inf"
+    return f"{v:.{digits}f}" if abs(v) < 1e4 else f"{v:.3e}"
+
+
+def format_table(result: Comparison, names: tuple[str, str] = ("a", "b")) -> str:
+    """A readable table of `result`: one line per tensor, then the tensors only one side has
+    and a summary line."""
+    header = ("tensor", "shape", "cosine", "euclid", "sqnr(dB)", "result")
+    lines = [(r.name, _fmt_shape(r.shape), _fmt_num(r.cosine), _fmt_num(r.euclid),
+              _fmt_num(r.sqnr, 2), ("PASS" if r.passed else "FAIL")
+              + (f" ({r.note})" if r.note else "")) for r in result.rows]
+    widths = [max([len(header[i])] + [len(ln[i]) for ln in lines]) for i in range(5)]
+
+    def row(cells):
+        left = [cells[0].ljust(widths[0]), cells[1].ljust(widths[1])]
+        right = [cells[i].rjust(widths[i]) for i in range(2, 5)]
+        return "  ".join(left + right + [cells[5]]).rstrip()
+
+    out = [row(header), row(tuple("-" * w for w in widths) + ("------",))]
+    out += [row(ln) for ln in lines]
+    if result.only_a:
+        out.append(f"only in {names[0]}: {', '.join(result.only_a)}")
+    if result.only_b:
+        out.append(f"only in {names[1]}: {', '.join(result.only_b)}")
+    cos, euc = result.tolerance
+    n_fail = len(result.failed)
+    out.append(f"{len(result.rows)} compared, {len(result.rows) - n_fail} passed, {n_fail} failed"
+               f" (tolerance cosine >= {cos:g}, euclidean >= {euc:g})")
+    return "\n".join(out) + "\n"
