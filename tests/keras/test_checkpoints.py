@@ -1,0 +1,83 @@
+"""Checkpoints load both ways between a model and its S2D twin; training gives the same losses."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tftpu.data
+import tftpu.keras
+
+
+def _build(seed, size=15):
+    keras.utils.set_random_seed(seed)
+    inp = keras.Input((size, size, 3))
+    x = keras.layers.Rescaling(1 / 255)(inp)
+    x = keras.layers.Normalization(mean=[0.4, 0.5, 0.6], variance=[0.05, 0.06, 0.07])(x)
+    x = keras.layers.ZeroPadding2D(2)(x)
+    x = keras.layers.Conv2D(8, 5, strides=2, use_bias=False)(x)
+    x = keras.layers.BatchNormalization()(x)
+    x = keras.layers.ReLU()(x)
+    x = keras.layers.Conv2D(8, 3, padding="same")(x)
+    x = keras.layers.GlobalAveragePooling2D()(x)
+    return keras.Model(inp, keras.layers.Dense(3)(x))
+
+
+def _data(n=32, size=15):
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (n, size, size, 3)).astype(np.float32)
+    images[np.arange(n), :, :, np.arange(n) % 3] *= 0.5  # the darkest channel is the label
+    return images, np.arange(n) % 3
+
+
+def _fit(model, x, y, steps=6):
+    model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(8).repeat()
+    model.fit(ds, steps_per_epoch=steps, epochs=1, verbose=0)
+
+
+@pytest.mark.parametrize("direction", ["s2d_to_original", "original_to_s2d"])
+def test_save_weights_load_both_ways(tmp_path, direction):
+    images, labels = _data()
+    s2d_images = tftpu.data.transform(images, 2).numpy()
+    original = _build(0)
+    s2d = tftpu.keras.space_to_depth(_build(1), 2, share_weights=False)
+    path = str(tmp_path / "w.weights.h5")
+    if direction == "s2d_to_original":
+        _fit(s2d, s2d_images, labels)
+        s2d.save_weights(path)
+        original.load_weights(path)
+    else:
+        _fit(original, images, labels)
+        original.save_weights(path)
+        s2d.load_weights(path)
+    for a, b in zip(original.weights, s2d.weights):
+        assert a.shape == b.shape
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    np.testing.assert_allclose(s2d(s2d_images), original(images), rtol=1e-5, atol=1e-5)
+
+
+def test_full_model_file_round_trip(tmp_path):
+    images, _ = _data(4)
+    s2d = tftpu.keras.space_to_depth(_build(0), 2)
+    s2d.save(tmp_path / "m.keras")
+    loaded = keras.models.load_model(tmp_path / "m.keras")
+    assert isinstance(loaded.get_layer(s2d.layers[5].name), tftpu.keras.Conv2D)
+    x = tftpu.data.transform(images, 2).numpy()
+    np.testing.assert_array_equal(loaded(x), s2d(x))
+
+
+def test_fit_losses_match():
+    images, labels = _data(64)
+    original = _build(0)
+    s2d = tftpu.keras.space_to_depth(_build(0), 2, share_weights=False)
+    losses = {}
+    for name, model, x in [("original", original, images), ("s2d", s2d, tftpu.data.transform(images, 2).numpy())]:
+        model.compile(optimizer=keras.optimizers.Adam(1e-2),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        losses[name] = [float(model.train_on_batch(x[i:i + 8], labels[i:i + 8]))
+                        for _ in range(3) for i in range(0, 64, 8)]
+    assert len(losses["s2d"]) == 24
+    np.testing.assert_allclose(losses["s2d"], losses["original"], rtol=1e-4, atol=1e-5)
+    assert np.mean(losses["original"][-8:]) < 0.8 * np.mean(losses["original"][:8])
