@@ -89,7 +89,7 @@ class Importer:
         raise KeyError(name)
 
     def weight(self, name: str, arr: np.ndarray):
-        return self.b.weight(name, np.ascontiguousarray(arr))
+        return self.b.weight(name, np.asarray(arr, order="C"))
 
     def emit(self, node, op_name: str, operands: list, attrs: dict, out: int = 0, loc=None):
         """Append a TOP op for `node` and bind its result to the node's output `out`."""
@@ -136,15 +136,25 @@ class Importer:
             raise UnsupportedOpError(bad)
         outs = []
         for name in self.p.outputs:
-            v = self.value(name)
-            owner = v.owner
-            if hasattr(owner, "location") and len(getattr(owner, "results", [])) == 1 \
-                    and owner.name not in ("top.Input", "top.Weight") and owner.loc != name:
-                from tftpu.ir.top import set_loc
-                set_loc(owner, name)
-            outs.append(v)
+            outs.append(self._named_output(name))
         model = self.b.finish(outs)
         return model
+
+
+    def _named_output(self, name: str):
+        """The value of graph output `name`, its producer renamed `name` (or an identity Reshape
+        named `name` when the value is an input, a weight or already another output)."""
+        from tftpu.ir.top import set_loc
+        v = self.value(name)
+        owner = v.owner
+        if owner.loc == name:
+            return v
+        renamable = owner.name not in ("top.Input", "top.Weight") and len(owner.results) == 1 \
+            and owner.loc not in self.p.outputs
+        if renamable:
+            set_loc(owner, name)
+            return v
+        return self.b.op("Reshape", [v], {"shape": list(A.shape_of(v.type))}, name)
 
 
 def _attrs(node) -> dict:
@@ -223,10 +233,10 @@ def _deconv(imp, node, a):
     if "output_shape" in a or auto in ("SAME_UPPER", "SAME_LOWER"):
         out = list(a["output_shape"])[-n:] if "output_shape" in a else [x[2 + i] * s[i] for i in range(n)]
         total = [s[i] * (x[2 + i] - 1) + op[i] + (k[i] - 1) * d[i] + 1 - out[i] for i in range(n)]
-        if auto == "SAME_LOWER":
-            pads = [t - t // 2 for t in total] + [t // 2 for t in total]
-        else:
+        if auto == "SAME_UPPER":
             pads = [t // 2 for t in total] + [t - t // 2 for t in total]
+        else:  # NOTSET and SAME_LOWER put the larger half first, as onnxruntime does
+            pads = [t - t // 2 for t in total] + [t // 2 for t in total]
         if any(p < 0 for p in pads):
             raise Unsupported(f"output_shape {out} needs negative pads")
     elif auto == "VALID":
@@ -529,6 +539,14 @@ def _resize(imp, node, a):
         nearest = a.get("nearest_mode", "round_prefer_floor")
     if coord not in ("half_pixel", "align_corners", "asymmetric", "pytorch_half_pixel", "tf_half_pixel_for_nn"):
         raise Unsupported(f"coordinate_transformation_mode {coord}")
+    scales = None
+    if node.op_type == "Upsample":
+        scales = imp.const(node.input[1]) if len(node.input) > 1 else np.array(a.get("scales", []))
+    elif len(node.input) > 2 and node.input[2] and imp.const(node.input[2]) is not None \
+            and imp.const(node.input[2]).size:
+        scales = imp.const(node.input[2])
+    if scales is not None and any(float(sc) * d != o for sc, d, o in zip(scales, x, y)):
+        raise Unsupported(f"scales {list(map(float, scales))} that do not give whole sizes {list(y)}")
     imp.emit(node, "Resize", [imp.value(node.input[0])],
              {"mode": "linear" if mode != "nearest" else "nearest", "coord_mode": coord,
               "nearest_mode": nearest, "target_shape": list(y[2:])})

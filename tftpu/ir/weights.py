@@ -26,7 +26,7 @@ def npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
             info = zipfile.ZipInfo(f"{key}.npy", date_time=_EPOCH)
             info.external_attr = 0o644 << 16
             one = io.BytesIO()
-            np.lib.format.write_array(one, np.ascontiguousarray(arrays[key]), allow_pickle=False)
+            np.lib.format.write_array(one, np.asarray(arrays[key], order="C"), allow_pickle=False)
             zf.writestr(info, one.getvalue())
     return buf.getvalue()
 

@@ -63,7 +63,7 @@ class Weights:
         while name in self.model.weights:
             name = f"{base}_{i}"
             i += 1
-        array = np.ascontiguousarray(array)
+        array = np.asarray(array, order="C")
         self.model.weights[name] = array
         op = top.Weight.create(result_types=[A.tensor_type(array.shape, A.dtype_of_numpy(array.dtype))])
         top.set_loc(op, name)
