@@ -16,6 +16,8 @@ FLAGS = flags.FLAGS
 
 
 def main(args):
+    import os
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     from pathlib import Path
 
     from tftpu import errors

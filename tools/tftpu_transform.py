@@ -24,12 +24,15 @@ FLAGS = flags.FLAGS
 
 
 def main(args):
+    import os
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import time
     from pathlib import Path
 
     from tftpu import errors
     from tftpu.frontend import source_kind, to_onnx
-    from tftpu.frontend.check import compare, onnx_tensors, parse_tolerance, table, tf_outputs
+    from tftpu.frontend.check import compare, onnx_tensors, table, tf_outputs
+    from tftpu.interp.similarity import parse_tolerance
     from tftpu.frontend.onnx_load import parse_shapes
     from tftpu.frontend.onnx_to_top import onnx_to_top
     from tftpu.ir.weights import load_npz, save_npz
@@ -64,21 +67,22 @@ def main(args):
     if FLAGS.test_result:
         save_npz(FLAGS.test_result, got)
     ref = onnx_tensors(proto, inputs)
-    rows = compare(ref, got, tolerance)
-    print(table(rows, f"TOP vs onnxruntime ({len(rows)} shared tensors)"))
+    results = [("onnxruntime", compare(ref, got, tolerance))]
     if kind != "onnx":
         src = tf_outputs(FLAGS.model_def, kind, inputs, [o.name for o in proto.graph.output])
-        out_rows = compare(src, {k: got[k] for k in model.output_names if k in got}, tolerance)
-        print(table(out_rows, f"TOP vs {kind} outputs"))
-        rows += out_rows
-    bad = [r for r in rows if not r.ok]
+        results.append((kind, compare(src, {k: got[k] for k in model.output_names if k in got}, tolerance)))
+    rows = []
+    for ref_name, result in results:
+        print(f"TOP vs {ref_name}:")
+        print(table(result, (ref_name, "TOP")), end="")
+        rows += result.rows
     if not rows:
         raise errors.CheckFailed("no tensor is shared between TOP and the reference; nothing was checked")
+    bad = [r for r in rows if not r.passed]
+    worst = min(rows, key=lambda r: (r.cosine, r.euclid))
     if bad:
-        worst = min(bad, key=lambda r: r.cosine)
-        raise errors.ToleranceError(f"{len(bad)} of {len(rows)} tensors below tolerance {tolerance}; "
-                                    f"worst {worst.name!r}: cosine {worst.cosine:.6f}, euclidean {worst.euclidean:.6f}")
-    worst = min(rows, key=lambda r: r.cosine)
+        raise errors.ToleranceError(f"{len(bad)} of {len(rows)} tensors below tolerance {FLAGS.tolerance}; "
+                                    f"worst {worst.name!r}: cosine {worst.cosine:.6f}, euclidean {worst.euclid:.6f}")
     print(f"all {len(rows)} tensors within tolerance; min cosine {worst.cosine:.9f} ({worst.name})")
     return 0
 

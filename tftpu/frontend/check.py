@@ -6,7 +6,6 @@ TF/TFLite source, TF itself for the model outputs); the TOP side is the TOP inte
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -60,7 +59,7 @@ def bind_inputs(specs, inputs: dict) -> dict[str, np.ndarray]:
     out = {}
     for (name, shape, typ), arr in zip(specs, arrays):
         arr = np.asarray(arr)
-        if tuple(arr.shape) != tuple(shape):
+        if len(arr.shape) != len(shape) or any(isinstance(d, int) and d != a for d, a in zip(shape, arr.shape)):
             raise ShapeError(f"input {name!r} has shape {list(arr.shape)}, the model wants {list(shape)}")
         out[name] = arr.astype(_ORT_TYPES.get(typ, arr.dtype), copy=False)
     return out
@@ -95,54 +94,14 @@ def tf_outputs(model_def, kind: str, inputs: dict, onnx_outputs: list[str]) -> d
     return {n: np.asarray(r) for n, r in zip(onnx_outputs, res)}
 
 
-@dataclass
-class Row:
-    """Similarity of one tensor."""
-
-    name: str
-    cosine: float
-    euclidean: float
-    sqnr: float
-    ok: bool
+def compare(ref: dict, got: dict, tolerance=(0.99, 0.99)):
+    """`tftpu.interp.similarity.Comparison` of every tensor both hold, in `got`'s (TOP) order."""
+    from tftpu.interp.similarity import compare_tensors
+    shared = [k for k in got if k in ref]
+    return compare_tensors({k: ref[k] for k in shared}, {k: got[k] for k in shared}, tolerance)
 
 
-def compare(ref: dict, got: dict, tolerance=(0.99, 0.99), names=None) -> list[Row]:
-    """Similarity rows for every tensor in both `ref` and `got` (in `got`'s order)."""
-    from tftpu.interp import similarity as S
-    rows = []
-    for name in names or [n for n in got if n in ref]:
-        a = np.asarray(got[name], np.float64).ravel()
-        b = np.asarray(ref[name], np.float64).ravel()
-        if a.shape != b.shape:
-            rows.append(Row(name, float("nan"), float("nan"), float("nan"), False))
-            continue
-        cos, euc, sq = float(S.cosine(a, b)), float(S.euclidean(a, b)), float(S.sqnr(b, a))
-        rows.append(Row(name, cos, euc, sq, cos >= tolerance[0] and euc >= tolerance[1]))
-    return rows
-
-
-def table(rows: list[Row], title: str = "") -> str:
-    """A fixed-width text table of rows."""
-    width = max([len(r.name) for r in rows] + [6])
-    width = min(width, 60)
-    lines = [title] if title else []
-    lines.append(f"{'tensor':<{width}}  {'cosine':>10}  {'euclidean':>10}  {'sqnr(dB)':>9}  ok")
-    for r in rows:
-        name = r.name if len(r.name) <= width else "..." + r.name[-(width - 3):]
-        lines.append(f"{name:<{width}}  {r.cosine:>10.6f}  {r.euclidean:>10.6f}  {r.sqnr:>9.2f}  "
-                     f"{'yes' if r.ok else 'NO'}")
-    return "\n".join(lines)
-
-
-def parse_tolerance(text: str) -> tuple[float, float]:
-    """"0.99,0.99" -> (0.99, 0.99)."""
-    from tftpu.errors import UsageError
-    try:
-        parts = [float(v) for v in str(text).split(",")]
-    except ValueError:
-        raise UsageError(f"--tolerance {text!r}: expected two numbers, e.g. 0.99,0.99") from None
-    if len(parts) == 1:
-        parts = parts * 2
-    if len(parts) != 2:
-        raise UsageError(f"--tolerance {text!r}: expected cosine,euclidean")
-    return parts[0], parts[1]
+def table(result, names=("reference", "TOP")) -> str:
+    """The per-tensor table of a comparison."""
+    from tftpu.interp.similarity import format_table
+    return format_table(result, names)
