@@ -270,9 +270,9 @@ class _Run(R.Context):
         for op in self.old_ops:
             self._visit(op)
         outs = [self._deliver(v, R.Want(L.identity(len(self.shape(v))))) for v in self.ret.operands]
-        for old, new in zip(list(self.ret.operands), outs):
-            self._keep_output_name(old, new)
-        self.ret.operands = outs
+        taken: set = set()
+        self.ret.operands = [self._keep_output_name(old, new, taken)
+                             for old, new in zip(list(self.ret.operands), outs)]
         for op in reversed(self.old_ops):
             if not isinstance(op, (top.Input, top.Weight, top.NoneOp)):
                 self.block.erase_op(op)
@@ -282,17 +282,28 @@ class _Run(R.Context):
         r.permutes_after, r.at_inputs, r.at_outputs = count_permutes(self.model)
         return r
 
-    def _keep_output_name(self, old, new):
-        """An output delivered through an inserted transform takes the output's name; the op
-        that computes it in the new layout is renamed NAME_<order>."""
+    def _keep_output_name(self, old, new, taken: set):
+        """Outputs keep their names: the op now computing an output is renamed after it (an op
+        that computes it in another layout first becomes NAME_<order>); an input or weight
+        returned as is, or a value returned twice, gets a copy-free Reshape with the name."""
         name, got = value_name(old), value_name(new)
-        if name == got or isinstance(new.owner, (top.Input, top.Weight)):
-            return
+        if name == got and new not in taken:
+            taken.add(new)
+            return new
+        owner = new.owner
+        if isinstance(owner, (top.Input, top.Weight)) or new in taken:
+            new = self._emit("Reshape", [new], {"shape": list(A.shape_of(new.type))}, name).results[0]
+            taken.add(new)
+            return new
         inner = self.env[old][0]
-        if len(inner.owner.results) == 1 and inner.owner.loc == name:
+        if inner is not new and len(inner.owner.results) == 1 and inner.owner.loc == name:
             top.set_loc(inner.owner, self._unique(f"{name}_{L.perm_name(self.env[old][1].perm)}"))
-        if len(new.owner.results) == 1:
-            top.set_loc(new.owner, name)
+        names = top.loc_names(owner) or [owner.loc]
+        names = names + [f"{names[0]}_{i}" for i in range(len(names), len(owner.results))]
+        names[new.index] = name
+        top.set_loc(owner, names)
+        taken.add(new)
+        return new
 
     def _dead_code(self):
         dropped, live = set(), set()

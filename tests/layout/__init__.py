@@ -1,0 +1,1 @@
+"""Tests of the convert-layout pass, its op rules and the memory formats."""
