@@ -122,6 +122,14 @@ class TopModel:
 
     def verify(self) -> None:
         """Run every op's verifier and check weights against their `top.Weight` types."""
+        for op in self.ops:
+            try:
+                op.verify()
+            except VerifyException as e:
+                msg = " ".join(str(e).split())[:500]
+                if not msg.startswith(op.name):
+                    msg = f"{op.name} at {top.loc_name(op)!r}: {msg}"
+                raise ShapeError(f"{self.name}: {msg}") from None
         try:
             self.module.verify()
         except VerifyException as e:
@@ -276,11 +284,17 @@ def make_op(op_name: str, operands: list, attrs: dict, loc, result_types=None):
         raise ValueError(f"top.{op_name}: unknown attribute(s) {sorted(unknown)}")
     if result_types is None:
         probe = cls.create(operands=list(operands), attributes=attributes)
-        full = probe.attrs()
-        shapes = probe.operand_shapes()
-        dtypes = [None if s is None else A.dtype_name(v.type.element_type) for v, s in zip(operands, shapes)]
-        result_types = [A.tensor_type(s, d) for s, d in zip(cls.infer(shapes, full), cls.infer_dtypes(dtypes, full))]
-        probe.drop_all_references()
+        try:
+            full = probe.attrs()
+            shapes = probe.operand_shapes()
+            probe.check(shapes, full)
+            dtypes = [None if s is None else A.dtype_name(v.type.element_type) for v, s in zip(operands, shapes)]
+            result_types = [A.tensor_type(s, d)
+                            for s, d in zip(cls.infer(shapes, full), cls.infer_dtypes(dtypes, full))]
+        except (ValueError, IndexError, TypeError, ZeroDivisionError, VerifyException) as e:
+            raise ShapeError(f"top.{op_name} at {loc!r}: {e}") from None
+        finally:
+            probe.drop_all_references()
     op = cls.create(operands=list(operands), result_types=list(result_types), attributes=attributes)
     top.set_loc(op, loc)
     return op
