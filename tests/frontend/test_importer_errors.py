@@ -1,0 +1,126 @@
+"""ONNX importer: bad files, unsupported ops (all listed at once), input shape handling."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+from tests.frontend.onnx_graphs import conv_bn_relu_net, model, rand, run_ort
+from tftpu import errors, frontend
+from tftpu.frontend.onnx_to_top import onnx_to_top
+from tftpu.interp.top_interpreter import run
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(errors.ModelFileError, match="no such file"):
+        onnx_to_top(tmp_path / "nope.onnx")
+
+
+@pytest.mark.parametrize("cut", [10, 100, 1000])
+def test_truncated_file(tmp_path, cut):
+    data = conv_bn_relu_net().SerializeToString()
+    p = tmp_path / "t.onnx"
+    p.write_bytes(data[:cut])
+    with pytest.raises(errors.ModelFileError, match="t.onnx"):
+        onnx_to_top(p)
+
+
+def test_not_onnx(tmp_path):
+    p = tmp_path / "x.onnx"
+    p.write_text("hello, I am text\n" * 20)
+    with pytest.raises(errors.ModelFileError, match="not an ONNX model"):
+        frontend.load(p)
+
+
+def test_unknown_suffix(tmp_path):
+    p = tmp_path / "x.bin"
+    p.write_bytes(b"\0" * 10)
+    with pytest.raises(errors.ModelFileError, match="unknown model type"):
+        frontend.load(p)
+
+
+def test_all_unsupported_ops_listed_at_once():
+    nodes = [
+        helper.make_node("Relu", ["x"], ["a"], name="ok_relu"),
+        helper.make_node("TopK", ["a", "k"], ["v", "i"], name="my_topk"),
+        helper.make_node("Celu", ["a"], ["b"], name="my_celu"),
+        helper.make_node("Pow", ["a", "e"], ["p"], name="my_pow"),
+        helper.make_node("Add", ["b", "v"], ["y"], name="downstream"),
+    ]
+    m = model(nodes, [("x", [2, 4])], [("y", [2, 4]), ("p", [2, 4])],
+              {"k": np.array([4], np.int64), "e": np.array(3.0, np.float32)})
+    with pytest.raises(errors.UnsupportedOpError) as info:
+        onnx_to_top(m, "m")
+    msg = str(info.value)
+    assert "TopK (my_topk)" in msg and "Celu (my_celu)" in msg and "my_pow" in msg and "exponent 3.0" in msg
+    assert "downstream" not in msg and "ok_relu" not in msg
+    assert len(info.value.ops) == 3 and info.value.exit_code == 2
+
+
+def test_custom_domain_op_unsupported():
+    nodes = [helper.make_node("FusedConv", ["x"], ["y"], name="fc", domain="com.microsoft")]
+    m = model(nodes, [("x", [1, 4])], [("y", [1, 4])])
+    m.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    with pytest.raises(errors.UnsupportedOpError, match=r"com.microsoft.FusedConv \(fc\)"):
+        onnx_to_top(m, "m")
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_batch_from_input_shapes(batch):
+    m = conv_bn_relu_net()
+    top = onnx_to_top(m, "m", [[batch, 3, 32, 32]])
+    x = rand(batch, 3, 32, 32)
+    want = run_ort(m, {"x": x})["y"]
+    np.testing.assert_allclose(run(top, {"x": x})["y"], want, rtol=1e-5, atol=1e-5)
+
+
+def test_dynamic_batch_defaults_to_one():
+    top = onnx_to_top(conv_bn_relu_net(), "m")
+    assert top.ops[0].output.type.get_shape() == (1, 3, 32, 32)
+
+
+@pytest.mark.parametrize("shapes,msg", [
+    ([[1, 3, 32, 32], [1, 3]], "2 shape"), ([[1, 3, 32]], "rank"), ([[1, 4, 32, 32]], "fixed dim 1")])
+def test_bad_input_shapes(shapes, msg):
+    with pytest.raises(errors.ShapeError, match=msg):
+        onnx_to_top(conv_bn_relu_net(), "m", shapes)
+
+
+@pytest.mark.parametrize("text", ["[1,3", "[[1,-3]]", "abc", "[[1.5]]"])
+def test_parse_shapes_rejects(text):
+    with pytest.raises(errors.UsageError):
+        frontend.parse_shapes(text)
+
+
+def test_parse_shapes():
+    assert frontend.parse_shapes("[[1,3,224,224],[1,10]]") == [[1, 3, 224, 224], [1, 10]]
+    assert frontend.parse_shapes("[1,3,8,8]") == [[1, 3, 8, 8]]
+    assert frontend.parse_shapes(None) is None
+
+
+def test_output_alias_of_input_keeps_name():
+    m = model([helper.make_node("Identity", ["x"], ["y"])], [("x", [2, 3])], [("y", [2, 3])])
+    top = frontend.load(m)
+    assert top.output_names == ["y"]
+    x = rand(2, 3)
+    np.testing.assert_array_equal(run(top, {"x": x})["y"], x)
+
+
+def test_import_is_deterministic():
+    a = frontend.load(conv_bn_relu_net(), input_shapes=[[2, 3, 32, 32]])
+    b = frontend.load(conv_bn_relu_net().SerializeToString(), input_shapes="[[2,3,32,32]]")
+    assert a.text() == b.text()
+    from tftpu.ir import npz_bytes
+    assert npz_bytes(a.weights) == npz_bytes(b.weights)
+
+
+def test_int64_input_and_cast():
+    g = helper.make_graph([helper.make_node("Cast", ["x"], ["y"], to=TensorProto.FLOAT)], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.INT64, [2, 3])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    top = onnx_to_top(m, "m")
+    x = np.arange(6, dtype=np.int64).reshape(2, 3)
+    np.testing.assert_array_equal(run(top, {"x": x})["y"], x.astype(np.float32))
