@@ -1,0 +1,58 @@
+"""A stride-2 CNN trained for real on the 5000 MNIST digits: the S2D twin follows the same loss curve."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import tftpu.data
+import tftpu.keras
+from tests import material
+
+STEPS, BATCH = 240, 64
+
+
+def _cnn():
+    keras.utils.set_random_seed(42)
+    inp = keras.Input((28, 28, 1), dtype="uint8")
+    x = keras.layers.Rescaling(1 / 255)(inp)
+    x = keras.layers.Conv2D(16, 5, strides=2, padding="same", activation="relu")(x)
+    x = keras.layers.Conv2D(32, 3, strides=2, activation="relu")(x)
+    x = keras.layers.Flatten()(x)
+    return keras.Model(inp, keras.layers.Dense(10)(x))
+
+
+class _StepLosses(keras.callbacks.Callback):
+    """Per-step losses, recovered from the running epoch mean Keras logs after each batch."""
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.means = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.means.append(float(logs["loss"]))
+        self.losses.append(len(self.means) * self.means[-1] - (len(self.means) - 1) * (
+            self.means[-2] if len(self.means) > 1 else 0.0))
+
+
+def _curve(model, train, test):
+    model.compile(optimizer=keras.optimizers.Adam(2e-3),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+    steps = _StepLosses()
+    steps.losses = []
+    model.fit(train, epochs=STEPS // 40, steps_per_epoch=40, verbose=0, callbacks=[steps])
+    return np.array(steps.losses), model.evaluate(test, verbose=0)[1]
+
+
+@pytest.mark.slow
+def test_mnist_loss_curves_match():
+    images, labels = material.mnist()
+    order = np.random.default_rng(0).permutation(len(images))
+    images, labels = images[order][..., None], labels[order]
+    train = tf.data.Dataset.from_tensor_slices((images[:4000], labels[:4000])).batch(BATCH).repeat()
+    test = tf.data.Dataset.from_tensor_slices((images[4000:], labels[4000:])).batch(500)
+    loss, acc = _curve(_cnn(), train, test)
+    s2d_loss, s2d_acc = _curve(tftpu.keras.space_to_depth(_cnn(), 2),
+                               tftpu.data.space_to_depth(train, 2), tftpu.data.space_to_depth(test, 2))
+    assert len(loss) == STEPS and loss[-20:].mean() < 0.2 * loss[:20].mean() and acc > 0.9
+    np.testing.assert_allclose(s2d_loss, loss, rtol=1e-3, atol=1e-4)
+    assert abs(s2d_acc - acc) <= 0.004
