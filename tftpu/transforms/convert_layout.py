@@ -151,7 +151,7 @@ class _Run(R.Context):
 
     def is_const(self, v):
         got = self.env.get(v)
-        return got is not None and isinstance(got[0].owner, top.Weight)
+        return isinstance((v if got is None else got[0]).owner, top.Weight)
 
     def const_array(self, v):
         new, st = self.env[v]

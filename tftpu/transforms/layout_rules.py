@@ -68,7 +68,7 @@ class Expand:
 class Plan:
     """What the pass should emit for one op."""
 
-    operands: list
+    operands: list  # per operand: Want, Const, Expand, or None (as it is, e.g. a scrambled input)
     attrs: dict
     outs: list[State]
     op_name: str | None = None  # emit this op instead (e.g. Flatten -> Reshape)
@@ -390,6 +390,20 @@ def _feeds_only_matmul_weights(op, ctx) -> bool:
     return bool(uses)
 
 
+def _grouped(src, dst, p: Perm) -> Perm:
+    """The layout nearest to `p` in which every merge/split group of src -> dst is contiguous and
+    in order: groups keep their physical order of first appearance, size-1 axes stay put."""
+    groups = _groups(src, dst)
+    group_of = {a: gi for gi, (gs, _) in enumerate(groups) for a in gs}
+    seq, seen = [], set()
+    for a in p:
+        if src[a] != 1 and group_of[a] not in seen:
+            seen.add(group_of[a])
+            seq.extend(groups[group_of[a]][0])
+    it = iter(seq)
+    return tuple(a if src[a] == 1 else next(it) for a in p)
+
+
 @rule(LIGHT, "Reshape", "Flatten")
 def reshape(op, attrs, ctx):
     p = _in_perm(op, ctx)
@@ -397,12 +411,14 @@ def reshape(op, attrs, ctx):
     if p is None or L.is_identity(p):
         return keep_all(op, attrs, ctx)
     got = reshape_layout(src, dst, p)
-    if got is None:
-        return keep_all(op, attrs, ctx)
+    if got is None or (got[2] is not None and not _feeds_only_matmul_weights(op, ctx)):
+        # one real transpose to the nearest layout where the reshape is a plain reshape
+        p = _grouped(src, dst, p)
+        got = reshape_layout(src, dst, p)
+        if got is None or got[2] is not None:
+            return keep_all(op, attrs, ctx)
     phys, out, scrambled = got
     if scrambled is not None:
-        if not _feeds_only_matmul_weights(op, ctx):
-            return keep_all(op, attrs, ctx)
         sigma = _sigma(src, *scrambled)
         return Plan([Want(p)], {"shape": list(phys)}, [State(out, sigma)], op_name="Reshape",
                     note="matmul weight rows permuted instead of the data")
@@ -422,7 +438,7 @@ def matmul(op, attrs, ctx):
         else:
             fn = lambda w, s=sigma: np.ascontiguousarray(w[s, :])  # noqa: E731
         key = "rows" + str(abs(hash(st.sigma)) % 10 ** 8)
-        return Plan([Want(st.perm), Const(key, fn), bias_spec], attrs, [State(_ident(rank))],
+        return Plan([None, Const(key, fn), bias_spec], attrs, [State(_ident(rank))],
                     note="weight rows permuted for a flatten")
     p = _in_perm(op, ctx)
     right = ctx.shape(op.operands[1])
