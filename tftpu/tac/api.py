@@ -9,6 +9,7 @@ annotate -> raise subgraphs -> alternative views (lowerings) -> costs -> exact p
 from __future__ import annotations
 
 import dataclasses
+import gc
 import time
 from typing import Sequence
 
@@ -139,10 +140,13 @@ def resolve_devices(device_specs) -> list[TargetHardware]:
 
 def _registered(cls) -> TargetHardware:
     try:
-        return registry.get(cls.name)
+        hw = registry.get(cls.name)
+        if type(hw) is cls:
+            return hw
     except errors.UsageError:
-        registry.register(cls.name, cls, replace=True)
-        return registry.get(cls.name)
+        pass
+    registry.register(cls.name, cls, replace=True)
+    return registry.get(cls.name)
 
 
 def _control_flow_subgraphs(model) -> set[int]:
@@ -189,6 +193,16 @@ def partition(graph: Graph, devices: list[TargetHardware], max_states: int = 200
 
 def run(tflite_path_or_bytes, device_specs: Sequence = ("GPU", "CPU"), *, max_states: int = 200_000) -> TacResult:
     """Target-aware conversion of a `.tflite` (path or bytes) for `device_specs` (preference order)."""
+    enabled = gc.isenabled()
+    gc.disable()  # the pipeline makes many small objects and frees none: collection passes are wasted
+    try:
+        return _run(tflite_path_or_bytes, device_specs, max_states)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _run(tflite_path_or_bytes, device_specs, max_states: int) -> TacResult:
     from tftpu import __version__
 
     t0 = time.perf_counter()
