@@ -160,3 +160,14 @@ def test_metadata_records_every_op(model_bytes):
     again = tac.run(result.tflite())
     names = [m.name for m in again.model.metadata]
     assert names.count(b"tftpu.tac") == 1
+
+
+def test_path_and_bytes_agree(model_bytes, tmp_path):
+    data = model_bytes("chain")
+    path = tmp_path / "m.tflite"
+    path.write_bytes(data)
+    a, b = tac.run(path), tac.run(data)
+    assert a.tflite() == b.tflite()
+    a.save(tmp_path / "o.tflite")
+    assert (tmp_path / "o.tflite").read_bytes() == a.tflite()
+    assert a.report["model"] == str(path) and b.report["model"] == "<tflite bytes>"

@@ -8,6 +8,7 @@ view as `func.func private @func_N_<DEVICE>_<TYPE>`, and `@main` calling the pic
 
 from __future__ import annotations
 
+import functools
 import re
 
 import numpy as np
@@ -27,6 +28,7 @@ def _snake(name: str) -> str:
     return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
 
 
+@functools.lru_cache(maxsize=None)
 def _enum_names(enum: str) -> dict[int, str]:
     cls = getattr(schema(), enum, None)
     return {} if cls is None else {v: k for k, v in vars(cls).items() if not k.startswith("_") and isinstance(v, int)}

@@ -66,14 +66,15 @@ def build(result) -> dict:
     }
 
 
-def table(report: dict, timings: dict | None = None) -> str:
-    """A readable summary of `report`."""
+def table(report: dict, timings: dict | None = None, max_rows: int = 40) -> str:
+    """A readable summary of `report` (at most `max_rows` functions per subgraph; the JSON has all)."""
     lines = [f"TAC {report['model']}  devices: {','.join(report['device_specs'])}"]
     for part in report["subgraphs"]:
         lines.append(f"subgraph {part['subgraph']}: {part['ops_in']} ops in, {part['ops_out']} ops out; "
                      + ", ".join(f"{d}: {n}" for d, n in part["ops_per_device"].items()))
         lines.append(f"  {'function':<24} {'ops':>5}  {'picked':<6} {'greedy':<6}  view costs (us)")
-        for f in part["functions"]:
+        funcs = part["functions"]
+        for f in funcs[:max_rows]:
             views = "  ".join(f"{v['device']}={v['cost_us']:.1f}" + (f"(+{sum(v['lowerings'].values())} lowered)"
                                                                     if v["lowerings"] else "")
                               for v in f["views"])
@@ -81,6 +82,8 @@ def table(report: dict, timings: dict | None = None) -> str:
             picked = f["picked"].split("_")[2]
             lines.append(f"  {f['name']:<24} {f['ops']:>5}  {picked:<6} {f['greedy']:<6}  {views}"
                          + (f"  [dropped {dropped}]" if dropped else ""))
+        if len(funcs) > max_rows:
+            lines.append(f"  ... {len(funcs) - max_rows} more functions in the JSON report")
     c = report["cost_us"]
     lines.append("estimated cost (us): " + "  ".join(f"{k}={v:.1f}" for k, v in c.items() if v is not None))
     if c.get("all_CPU") and c.get("picked"):
