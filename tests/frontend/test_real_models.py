@@ -1,0 +1,137 @@
+"""Real models through every front-end: each TOP tensor matches onnxruntime (cosine >= 0.99999)
+and the TOP outputs match the source framework (Keras / TFLite / SavedModel)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests import material
+from tftpu import frontend
+from tftpu.frontend.check import onnx_tensors, tf_outputs
+from tftpu.interp.similarity import cosine_similarity
+from tftpu.interp.top_interpreter import run
+
+COS = 0.99999
+
+
+def check(proto, top, inputs, source=None, min_shared=10):
+    """Every tensor TOP and onnxruntime share, then TOP outputs vs `source` outputs (in order)."""
+    got = run(top, inputs, dump_all=True)
+    ref = onnx_tensors(proto, inputs)
+    shared = [k for k in got if k in ref]
+    assert len(shared) >= min_shared, f"only {len(shared)} shared tensors"
+    worst = min((cosine_similarity(ref[k], got[k]), k) for k in shared)
+    assert worst[0] >= COS, worst
+    for name in top.output_names:
+        assert name in ref
+    if source is not None:
+        for name, want in zip(top.output_names, source):
+            want = np.asarray(want)
+            assert got[name].shape == want.shape, name
+            assert cosine_similarity(want, got[name]) >= COS, name
+            np.testing.assert_allclose(got[name], want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()) + 1e-6)
+    return worst
+
+
+def photo(size):
+    img = material.image("astronaut.png", (size, size)).astype(np.float32)
+    return (img / 127.5 - 1.0)[None]
+
+
+KERAS_APPS = [
+    pytest.param("ResNet50", 64, marks=pytest.mark.slow),
+    pytest.param("MobileNetV2", 96, marks=pytest.mark.slow),
+    pytest.param("EfficientNetB0", 64, marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.parametrize("name,size", KERAS_APPS)
+def test_keras_applications(name, size):
+    import keras
+    km = getattr(keras.applications, name)(weights=None, input_shape=(size, size, 3))
+    proto = frontend.to_onnx(km)
+    top = frontend.load(proto, name=name)
+    x = photo(size)
+    check(proto, top, {"x": x}, [np.asarray(km(x, training=False))], min_shared=50)
+    names = {op.op_name for op in top.ops}
+    assert "BatchNorm" not in names and "Clip" not in names
+
+
+@pytest.mark.parametrize("net,size", [("rnet", 24), ("onet", 48)])
+def test_mtcnn_with_real_weights(net, size):
+    from tests.models import mtcnn
+    km = getattr(mtcnn, net)(weights=True)
+    proto = frontend.to_onnx(km, input_shapes=[[4, size, size, 3]])
+    top = frontend.load(proto, name=net)
+    faces, _ = mtcnn.lfw_inputs(size)
+    x = np.concatenate([faces[:2], faces[-2:]]).astype(np.float32)   # 2 faces, 2 non-faces
+    outs = km(x, training=False)
+    check(proto, top, {"x": x}, [np.asarray(o) for o in outs])
+    assert {op.op_name for op in top.ops} >= {"Conv", "MaxPool", "MatMul", "Softmax"}
+
+
+@pytest.mark.parametrize("name,size", [("selfie_segmentation.tflite", 256),
+                                       ("face_detection_short_range.tflite", 128)])
+def test_mediapipe_tflite(name, size):
+    path = material.get(name)
+    proto = frontend.to_onnx(path)
+    top = frontend.load(path)
+    x = photo(size)
+    src = tf_outputs(path, "tflite", {"x": x}, [o.name for o in proto.graph.output])
+    check(proto, top, {"x": x}, [src[n] for n in top.output_names], min_shared=50)
+    if name.startswith("selfie"):
+        assert "Deconv" in {op.op_name for op in top.ops}   # mediapipe's Convolution2DTransposeBias
+
+
+def small_keras():
+    import keras
+    from keras import layers as L
+    inp = keras.Input((16, 16, 3), name="image")
+    x = L.Conv2D(8, 3, strides=2, padding="same")(inp)
+    x = L.BatchNormalization()(x)
+    x = L.ReLU(6.0)(x)
+    x = L.DepthwiseConv2D(3, padding="same")(x)
+    x = L.UpSampling2D(2, interpolation="bilinear")(x)
+    x = L.GlobalAveragePooling2D()(x)
+    out = L.Dense(5, activation="softmax")(x)
+    model = keras.Model(inp, out)
+    rng = np.random.default_rng(0)
+    model.set_weights([rng.standard_normal(w.shape).astype(np.float32) * 0.3 + (1.0 if "variance" in w.path else 0)
+                       for w in model.weights])
+    return model
+
+
+def test_keras_file_savedmodel_and_tf_function(tmp_path):
+    import tensorflow as tf
+    km = small_keras()
+    x = np.random.default_rng(1).uniform(-1, 1, (2, 16, 16, 3)).astype(np.float32)
+    want = np.asarray(km(x, training=False))
+
+    km.save(tmp_path / "m.keras")
+    top = frontend.load(tmp_path / "m.keras", input_shapes=[[2, 16, 16, 3]])
+    np.testing.assert_allclose(run(top, {"x": x})[top.output_names[0]], want, rtol=1e-5, atol=1e-6)
+
+    export = tmp_path / "saved"
+    km.export(str(export), verbose=False)
+    top = frontend.load(export, input_shapes=[[2, 16, 16, 3]])
+    np.testing.assert_allclose(run(top, {"x": x})[top.output_names[0]], want, rtol=1e-5, atol=1e-6)
+    src = tf_outputs(export, "saved_model", {"x": x}, top.output_names)
+    np.testing.assert_allclose(src[top.output_names[0]], want, rtol=1e-5, atol=1e-6)
+
+    sig = [tf.TensorSpec([2, 16, 16, 3], tf.float32, name="image")]
+    fn = tf.function(lambda t: km(t, training=False) * 2.0, input_signature=sig)
+    top = frontend.load(fn)
+    np.testing.assert_allclose(run(top, {"x": x})[top.output_names[0]], want * 2, rtol=1e-5, atol=1e-6)
+
+
+def test_bad_tflite_and_savedmodel(tmp_path):
+    from tftpu import errors
+    p = tmp_path / "x.tflite"
+    p.write_bytes(b"\0" * 64)
+    with pytest.raises(errors.ModelFileError, match="TFL3"):
+        frontend.load(p)
+    d = tmp_path / "dir"
+    d.mkdir()
+    with pytest.raises(errors.ModelFileError, match="not a SavedModel"):
+        frontend.load(d)
