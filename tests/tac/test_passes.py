@@ -171,3 +171,17 @@ def test_path_and_bytes_agree(model_bytes, tmp_path):
     a.save(tmp_path / "o.tflite")
     assert (tmp_path / "o.tflite").read_bytes() == a.tflite()
     assert a.report["model"] == str(path) and b.report["model"] == "<tflite bytes>"
+
+
+def test_control_flow_never_leaves_cpu_even_for_permissive_plugins(model_bytes):
+    class Anything(tac.SimpleHardware):
+        name = "ANYTHING"
+
+        def advantage_over_cpu(self):
+            return 100.0
+
+    result = tac.run(model_bytes("while"), device_specs=[Anything()])
+    ops = result.op_devices()
+    assert ops[0]["type"] == "WHILE" and ops[0]["device"] == "CPU"
+    part = result.partitions[0]
+    assert any("control flow" in d.reason for ds in part.dropped for d in ds)

@@ -153,12 +153,10 @@ def _control_flow_subgraphs(model) -> set[int]:
     refs = set()
     for g in model.subgraphs:
         for op in g.operators or []:
-            o = op.builtinOptions
-            if o is None:
-                continue
-            for k, v in vars(o).items():
-                if "ubgraph" in k and isinstance(v, int):
-                    refs.add(v)
+            for o in (op.builtinOptions, getattr(op, "builtinOptions2", None)):
+                for k, v in (vars(o).items() if o is not None else ()):
+                    if "ubgraph" in k.lower() and isinstance(v, int):
+                        refs.add(v)
     return refs
 
 

@@ -51,7 +51,13 @@ def alternative_views(graph: Graph, subgraphs: list[Subgraph], devices) -> tuple
         original = [graph.nodes[i] for i in sub.nodes]
         views, dropped = [], []
         order = [hw for hw in devices if hw.name == sub.device] + [hw for hw in devices if hw.name != sub.device]
+        host = devices[-1].name
         for hw in order:
+            if hw.name != host:
+                flow = next((n for n in original if n.subgraph_refs()), None)
+                if flow is not None:
+                    dropped.append(Dropped(hw.name, f"{flow.op_type} holds subgraphs: control flow stays on {host}"))
+                    continue
             nodes, counts = lowerings.apply(original, graph, patterns[hw.name])
             bad = next((n for n in nodes if not hw.is_op_supported(n)), None)
             if bad is not None and counts:
