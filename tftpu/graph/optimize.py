@@ -11,7 +11,7 @@ from typing import Sequence
 
 from tftpu.graph.capture import Captured, capture
 from tftpu.graph.pass_manager import GraphContext, PassManager, Report
-from tftpu.graph.reimport import pack_outputs, reimport
+from tftpu.graph.reimport import pack_outputs, register, reimport
 from tftpu.graph.surgery import GraphEditor
 
 
@@ -30,11 +30,27 @@ class OptimizedFunction:
         self.captured = captured
         self.graph_def = graph_def
         self.report = report
-        self.concrete_function = reimport(graph_def, captured)
+        self._name = register(graph_def, captured)
+        self._concrete = None
+
+    @property
+    def concrete_function(self):
+        """The rewritten graph as a ConcreteFunction over the flat arguments (for use inside
+        tf.function and for SavedModel export); built on first use."""
+        if self._concrete is None:
+            self._concrete = reimport(self.graph_def, self.captured)
+        return self._concrete
 
     def __call__(self, *args, **kwargs):
+        from tensorflow.python.eager import context
+
         flat = self.captured.flat_args(args, kwargs)
-        outs = self.concrete_function(*flat)
+        ctx = context.context()
+        if ctx.executing_eagerly():
+            outs = ctx.call_function(self._name, list(flat) + list(self.captured.captures),
+                                     len(self.captured.output_names))
+        else:
+            outs = self.concrete_function(*flat)
         return pack_outputs(self.captured, outs)
 
     def __repr__(self):

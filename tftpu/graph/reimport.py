@@ -50,3 +50,51 @@ def pack_outputs(cap: Captured, flat):
     graph = cap.concrete.graph
     new = [next(it) if isinstance(v, tf.Tensor) and v.graph is graph else v for v in leaves]
     return tf.nest.pack_sequence_as(cap.output_structure, new, expand_composites=True)
+
+
+_COUNTER = [0]
+
+
+def register(graph_def, cap: Captured) -> bytes:
+    """Turn `graph_def` into a runtime function (no Python op wrappers: fast for big graphs).
+
+    The function's inputs are the flat arguments then the captures; call it eagerly with
+    `tf`'s context `call_function(name, flat_args + captures, len(cap.output_names))`.
+    """
+    import tensorflow as tf
+    from tensorflow.python.client import pywrap_tf_session as c_api
+    from tensorflow.python.eager import context
+
+    ctx = context.context()
+    for fdef in graph_def.library.function:
+        if not ctx.has_function(fdef.signature.name):
+            ctx.add_function_def(fdef)
+    _COUNTER[0] += 1
+    name = f"tftpu_{cap.concrete.name.decode() if isinstance(cap.concrete.name, bytes) else cap.concrete.name}_{_COUNTER[0]}"
+    graph = tf.Graph()
+    with graph._c_graph.get() as c_graph:  # pylint: disable=protected-access
+        buf = c_api.TF_NewBufferFromString(graph_def.SerializeToString())
+        opts = c_api.TF_NewImportGraphDefOptions()
+        ends = cap.arg_names + cap.capture_names + cap.output_names
+        try:
+            for t in ends:
+                node, _, idx = t.rpartition(":")
+                c_api.TF_ImportGraphDefOptionsAddReturnOutput(opts, node, int(idx))
+            for op in cap.control_output_names:
+                c_api.TF_ImportGraphDefOptionsAddReturnOperation(opts, op)
+            try:
+                results = c_api.TF_GraphImportGraphDefWithResults(c_graph, buf, opts)
+            except tf.errors.OpError as e:
+                raise ShapeError(f"rewritten graph does not import: {e.message}".splitlines()[0]) from None
+            outputs = c_api.TF_ImportGraphDefResultsReturnOutputs(results)
+            control = c_api.TF_ImportGraphDefResultsReturnOperations(results)
+            c_api.TF_DeleteImportGraphDefResults(results)
+        finally:
+            c_api.TF_DeleteImportGraphDefOptions(opts)
+            c_api.TF_DeleteBuffer(buf)
+        n_in = len(cap.arg_names) + len(cap.capture_names)
+        fn = c_api.TF_GraphToFunction_wrapper(c_graph, name, False, None, outputs[:n_in],
+                                              outputs[n_in:], [], control, [], None, "")
+    ctx.add_c_function(fn)
+    c_api.TF_DeleteFunction(fn)
+    return name.encode()

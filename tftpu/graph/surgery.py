@@ -65,8 +65,7 @@ class GraphEditor:
             self._names = {n.name: n for n in self.graph_def.node}
         return self._names
 
-    def consumers(self, tensor: str) -> list[tuple[object, int]]:
-        """(node, input index) for each data use of `tensor`."""
+    def _index(self):
         if self._consumers is None:
             index = collections.defaultdict(list)
             for n in self.graph_def.node:
@@ -74,7 +73,20 @@ class GraphEditor:
                     if not inp.startswith("^"):
                         index[canonical(inp)].append((n, i))
             self._consumers = index
-        return list(self._consumers.get(canonical(tensor), ()))
+        return self._consumers
+
+    def _link(self, node, i: int, tensor: str):
+        if self._consumers is not None and not tensor.startswith("^"):
+            self._consumers[canonical(tensor)].append((node, i))
+
+    def _unlink(self, node, i: int, tensor: str):
+        if self._consumers is not None and not tensor.startswith("^"):
+            uses = self._consumers.get(canonical(tensor), [])
+            uses[:] = [(n, j) for n, j in uses if not (n.name == node.name and j == i)]
+
+    def consumers(self, tensor: str) -> list[tuple[object, int]]:
+        """(node, input index) for each data use of `tensor`."""
+        return list(self._index().get(canonical(tensor), ()))
 
     def control_consumers(self, node_name: str) -> list:
         """Nodes holding a control edge from `node_name`."""
@@ -111,9 +123,11 @@ class GraphEditor:
         return f"{base}_{i}"
 
     # --- edits ---------------------------------------------------------------------------
-    def _dirty(self):
-        self._consumers = None
-        self._names = None
+    def _added(self, node):
+        if self._names is not None:
+            self._names[node.name] = node
+        for i, inp in enumerate(node.input):
+            self._link(node, i, inp)
 
     def add_node(self, op: str, name: str, inputs: Sequence[str] = (), attrs: dict | None = None,
                  device: str = ""):
@@ -125,12 +139,13 @@ class GraphEditor:
         node.device = device
         for key, value in (attrs or {}).items():
             node.attr[key].CopyFrom(value)
-        self._dirty()
+        self._added(node)
         return node
 
     def set_input(self, node, index: int, tensor: str) -> None:
+        self._unlink(node, index, node.input[index])
         node.input[index] = tensor
-        self._dirty()
+        self._link(node, index, tensor)
 
     def replace_uses(self, old: str, new: str, exclude: Iterable[str] = ()) -> int:
         """Point every data use of tensor `old` at `new` (except in nodes named in `exclude`)."""
@@ -138,9 +153,8 @@ class GraphEditor:
         count = 0
         for node, i in self.consumers(old):
             if node.name not in exclude:
-                node.input[i] = new
+                self.set_input(node, i, new)
                 count += 1
-        self._dirty()
         return count
 
     def remove(self, names: Iterable[str]) -> None:
@@ -149,34 +163,38 @@ class GraphEditor:
         nodes = self.graph_def.node
         for i in reversed(range(len(nodes))):
             if nodes[i].name in names:
+                for j, inp in enumerate(nodes[i].input):
+                    self._unlink(nodes[i], j, inp)
+                if self._names is not None:
+                    self._names.pop(nodes[i].name, None)
                 del nodes[i]  # in place: NodeDef references held elsewhere stay valid
         for n in nodes:
-            ctrl = [i for i in n.input if i.startswith("^") and i[1:] in names]
-            for c in ctrl:
-                n.input.remove(c)
-        self._dirty()
+            if any(i.startswith("^") and i[1:] in names for i in n.input):
+                keep = [i for i in n.input if not (i.startswith("^") and i[1:] in names)]
+                del n.input[:]
+                n.input.extend(keep)
 
     def remove_dead(self, candidates: Iterable[str], protected: Iterable[str] = ()) -> list[str]:
         """Remove candidate nodes (and, transitively, their inputs among the candidates) that
         nothing uses any more, by data or control edge; stateful ops are never candidates."""
         candidates = [c for c in candidates if self.has(c)]
         protected = set(protected)
+        used = collections.Counter(parse(inp)[0] for n in self.graph_def.node for inp in n.input)
         removed = []
         changed = True
         while changed:
             changed = False
-            used = set()
-            for n in self.graph_def.node:
-                for inp in n.input:
-                    used.add(parse(inp)[0])
             for name in candidates:
-                if name in removed or name in used or name in protected:
+                if name in removed or used[name] or name in protected:
                     continue
-                if _is_stateful(self.node(name).op):
+                node = self.node(name)
+                if _is_stateful(node.op):
                     continue
-                self.remove([name])
+                for inp in node.input:
+                    used[parse(inp)[0]] -= 1
                 removed.append(name)
                 changed = True
+        self.remove(removed)
         return removed
 
     def splice(self, fn: Callable, inputs: Sequence[str], prefix: str, device: str = "",
@@ -231,7 +249,7 @@ class GraphEditor:
             del new.input[:]
             new.input.extend(remap(i) for i in n.input)
             new.device = device
-        self._dirty()
+            self._added(new)
         result = []
         for t in outs:
             name = t.op.name
