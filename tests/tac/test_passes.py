@@ -185,3 +185,17 @@ def test_control_flow_never_leaves_cpu_even_for_permissive_plugins(model_bytes):
     assert ops[0]["type"] == "WHILE" and ops[0]["device"] == "CPU"
     part = result.partitions[0]
     assert any("control flow" in d.reason for ds in part.dropped for d in ds)
+
+
+@pytest.mark.parametrize("specs", [("GPU", "CPU"), ("NNAPI", "GPU", "CPU"), ("NNAPI", "CPU")])
+@pytest.mark.parametrize("name", ["mixed", "mixed_fp16", "mixed_int8", "hybrid", "while", "sparse", "chain"])
+def test_converted_models_run_identically(model_bytes, name, specs):
+    data = model_bytes(name)
+    result = tac.run(data, device_specs=specs)
+    for part in result.partitions.values():
+        assert part.picked.cost <= part.greedy.cost + 1e-9
+    for seed in range(2):
+        ref, got = models.run_tflite(data, seed=seed), models.run_tflite(result.tflite(), seed=seed)
+        assert len(ref) == len(got)
+        for a, b in zip(ref, got):
+            assert a.dtype == b.dtype and np.array_equal(a, b)
