@@ -8,6 +8,7 @@ Each kernel follows onnxruntime's semantics for the matching ONNX op (tests comp
 float kernels compute in float32 and call TensorFlow's optimized ops where that is faster.
 """
 
+from tftpu.interp.kernels import _registry
 from tftpu.interp.kernels._registry import FLOPS, KERNELS, FlopsFn, Kernel
 from tftpu.interp.kernels import (  # noqa: F401  (each module registers its ops)
     conv, elementwise, matmul, norm, pool, reduce, resize, shape)
@@ -17,4 +18,4 @@ __all__ = ["KERNELS", "FLOPS", "Kernel", "FlopsFn", "clear_weight_cache"]
 
 def clear_weight_cache() -> None:
     """Forget the re-laid-out conv weights (needed only if a weight array was edited in place)."""
-    conv._WEIGHTS.clear()
+    _registry.WEIGHTS.clear()

@@ -134,3 +134,29 @@ class IdentityCache:
 
     def clear(self):
         self._store.clear()
+
+
+WEIGHTS = IdentityCache()
+
+
+def tf_epilogue(y, bias, fused_relu: float | None):
+    """Add a bias constant (TF tensor broadcasting against `y`) and the fused relu in TF,
+    then hand the result to numpy: one pass over the data in TF's threads, no numpy copies."""
+    raw = tf().raw_ops
+    if bias is not None:
+        y = raw.AddV2(x=y, y=bias)
+    if fused_relu is not None:
+        if fused_relu < 0:
+            y = raw.Relu(features=y)
+        elif fused_relu == 6.0:
+            y = raw.Relu6(features=y)
+        else:
+            y = raw.ClipByValue(t=y, clip_value_min=np.float32(0),
+                                clip_value_max=np.float32(fused_relu))
+    return y.numpy()
+
+
+def bias_const(b, shape):
+    """A bias vector as a cached TF constant of `shape` (broadcasting against the result)."""
+    t = tf()
+    return WEIGHTS.get(b, ("bias", tuple(shape)), lambda: t.constant(as_f32(b).reshape(shape)))

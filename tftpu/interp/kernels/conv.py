@@ -9,9 +9,9 @@ from __future__ import annotations
 import numpy as np
 
 from tftpu.interp.kernels._registry import (
-    IdentityCache, as_f32, channels_last, ints, numel, per_channel, post_relu, register, tf)
+    WEIGHTS, as_f32, channels_last, ints, numel, per_channel, post_relu, register, relu,
+    relu_limit, tf, tf_epilogue, bias_const)
 
-_WEIGHTS = IdentityCache()
 
 
 def _geometry(x, w_spatial, attrs):
@@ -27,7 +27,7 @@ def _weight_oik(w, attrs):
     """The conv weight as [O, I/g, *k] whatever its `kernel_layout`."""
     kl = attrs.get("kernel_layout") or "OIHW"
     if kl in ("HWIO", "DHWIO", "WIO"):
-        return _WEIGHTS.get(w, ("oik",), lambda: np.ascontiguousarray(
+        return WEIGHTS.get(w, ("oik",), lambda: np.ascontiguousarray(
             as_f32(w).transpose([w.ndim - 1, w.ndim - 2] + list(range(w.ndim - 2)))))
     if kl not in ("OIHW", "OIDHW", "OIW"):
         raise ValueError(f"kernel_layout must be OIHW or HWIO, not {kl!r}")
@@ -60,55 +60,74 @@ def _conv_numpy(x, w, strides, pads, dil, group):
     return y.reshape(n, o, *out)
 
 
-def _conv_tf_2d(x, w, strides, pads, dil, group, nhwc):
-    """2-D conv through tf.nn.conv2d / depthwise_conv2d on the data's own layout."""
+def _conv_tf_2d(x, w, b, strides, pads, dil, group, nhwc, fused_relu):
+    """2-D conv (+ bias + relu) through TF's raw Conv2D / DepthwiseConv2dNative / MatMul ops
+    on the data's own layout (the tf.nn wrappers cost more than the op on small tensors)."""
     t = tf()
+    raw = t.raw_ops
+    n = x.shape[0]
     c = x.shape[3 if nhwc else 1]
     o = w.shape[0]
     kh, kw = w.shape[2:]
+    if group == 1 and not nhwc and (kh, kw) == (1, 1) and not any(pads) and strides == [1, 1] \
+            and n == 1:
+        # 1x1 conv on NCHW data: one [O, C] x [C, H*W] matmul, no transposes
+        h, wd = x.shape[2:]
+        w2 = WEIGHTS.get(w, ("pointwise",), lambda: t.constant(w.reshape(o, c)))
+        y = raw.MatMul(a=w2, b=x.reshape(c, h * wd))
+        bias = None if b is None else bias_const(b, (o, 1))
+        return tf_epilogue(y, bias, fused_relu).reshape(1, o, h, wd)
     fmt = "NHWC" if nhwc else "NCHW"
-    sp = [[pads[0], pads[2]], [pads[1], pads[3]]]
-    padding = [[0, 0]] + sp + [[0, 0]] if nhwc else [[0, 0], [0, 0]] + sp
+    sp = [pads[0], pads[2], pads[1], pads[3]]
+    explicit = [0, 0] + sp + [0, 0] if nhwc else [0, 0, 0, 0] + sp
     st = [1, strides[0], strides[1], 1] if nhwc else [1, 1, strides[0], strides[1]]
+    dl = [1, dil[0], dil[1], 1] if nhwc else [1, 1, dil[0], dil[1]]
     depthwise = group == c and group > 1 and o % c == 0 and w.shape[1] == 1
     if depthwise and (strides == [1, 1] or dil == [1, 1]):
         m = o // c
-        f = _WEIGHTS.get(w, ("dw",), lambda: t.constant(
+        f = WEIGHTS.get(w, ("dw",), lambda: t.constant(
             w.reshape(c, m, kh, kw).transpose(2, 3, 0, 1)))
-        y = t.nn.depthwise_conv2d(x, f, st, padding, data_format=fmt, dilations=dil)
+        y = raw.DepthwiseConv2dNative(input=x, filter=f, strides=st, padding="EXPLICIT",
+                                      explicit_paddings=explicit, data_format=fmt, dilations=dl)
     else:
-        f = _WEIGHTS.get(w, ("hwio",), lambda: t.constant(w.transpose(2, 3, 1, 0)))
-        y = t.nn.conv2d(x, f, st, padding, data_format=fmt,
-                        dilations=[1, dil[0], dil[1], 1] if nhwc else [1, 1, dil[0], dil[1]])
-    return y.numpy()
+        f = WEIGHTS.get(w, ("hwio",), lambda: t.constant(w.transpose(2, 3, 1, 0)))
+        y = raw.Conv2D(input=x, filter=f, strides=st, padding="EXPLICIT",
+                       explicit_paddings=explicit, data_format=fmt, dilations=dl)
+    bias = None if b is None else bias_const(b, (o,) if nhwc else (o, 1, 1))
+    return tf_epilogue(y, bias, fused_relu)
 
 
 def _conv_tf_3d(x, w, strides, pads, dil, nhwc):
     t = tf()
     if not nhwc:
         x = x.transpose(0, 2, 3, 4, 1)
-    f = _WEIGHTS.get(w, ("dhwio",), lambda: t.constant(w.transpose(2, 3, 4, 1, 0)))
+    f = WEIGHTS.get(w, ("dhwio",), lambda: t.constant(w.transpose(2, 3, 4, 1, 0)))
     xp = np.pad(x, [(0, 0)] + [(pads[i], pads[i + 3]) for i in range(3)] + [(0, 0)])
     y = t.nn.conv3d(xp, f, [1, *strides, 1], "VALID", dilations=[1, *dil, 1]).numpy()
     return y if nhwc else y.transpose(0, 4, 1, 2, 3)
 
 
-def conv_forward(x, w, strides, pads, dil, group, nhwc):
-    """Conv without bias: x in NC* (or N*C when nhwc), w as [O, I/g, *k]."""
+def conv_forward(x, w, b, strides, pads, dil, group, nhwc, fused_relu=None):
+    """Conv + bias (or None) + relu (`fused_relu`: None, <0 plain, else the limit):
+    x in NC* (or N*C when nhwc), w as [O, I/g, *k]."""
     nsp = x.ndim - 2
     if nsp == 1:
         x2 = x[:, None] if nhwc else x[:, :, None]
-        y = conv_forward(x2, w[:, :, None], [1, strides[0]], [0, pads[0], 0, pads[1]],
-                         [1, dil[0]], group, nhwc)
+        y = conv_forward(x2, w[:, :, None], b, [1, strides[0]], [0, pads[0], 0, pads[1]],
+                         [1, dil[0]], group, nhwc, fused_relu)
         return y[:, 0] if nhwc else y[:, :, 0]
     if nsp == 2:
-        return _conv_tf_2d(x, w, strides, pads, dil, group, nhwc)
+        return _conv_tf_2d(x, w, b, strides, pads, dil, group, nhwc, fused_relu)
     if nsp == 3 and group == 1:
-        return _conv_tf_3d(x, w, strides, pads, dil, nhwc)
-    if nhwc:
-        x = np.moveaxis(x, -1, 1)
-    y = _conv_numpy(x, w, strides, pads, dil, group)
-    return np.moveaxis(y, 1, -1) if nhwc else y
+        y = _conv_tf_3d(x, w, strides, pads, dil, nhwc)
+    else:
+        if nhwc:
+            x = np.moveaxis(x, -1, 1)
+        y = _conv_numpy(x, w, strides, pads, dil, group)
+        y = np.moveaxis(y, 1, -1) if nhwc else y
+    if b is not None:
+        y = y + per_channel(as_f32(b), y.ndim, y.ndim - 1 if nhwc else 1)
+    return y if fused_relu is None else relu(y, fused_relu)
 
 
 def _conv_flops(ins, outs, attrs):
@@ -127,10 +146,8 @@ def conv(operands, attrs):
     b = operands[2] if len(operands) > 2 else None
     nhwc = channels_last(attrs)
     _, _, strides, pads, dil, group = _geometry(x, w.shape[2:], attrs)
-    y = conv_forward(x, w, strides, pads, dil, group, nhwc)
-    if b is not None:
-        y = y + per_channel(as_f32(b), y.ndim, y.ndim - 1 if nhwc else 1)
-    return [post_relu(y, attrs)]
+    fused = relu_limit(attrs) if attrs.get("do_relu", False) else None
+    return [conv_forward(x, w, b, strides, pads, dil, group, nhwc, fused)]
 
 
 # ----------------------------------------------------------------------------- Deconv
@@ -170,7 +187,7 @@ def _dilate_kernel(w, dil):
 def _deconv_tf_2d(x, w, strides, dil):
     """Full transposed 2-D conv, group 1, NCHW in and out, through tf.nn.conv2d_transpose."""
     t = tf()
-    f = _WEIGHTS.get(w, ("deconv", tuple(dil)), lambda: t.constant(
+    f = WEIGHTS.get(w, ("deconv", tuple(dil)), lambda: t.constant(
         _dilate_kernel(w, dil).transpose(2, 3, 1, 0)))
     kh, kw = int(f.shape[0]), int(f.shape[1])
     n, _, h, wd = x.shape
