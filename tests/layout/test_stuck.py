@@ -160,3 +160,41 @@ def test_desired_layouts_validation():
         with pytest.raises(UsageError):
             ConvertLayout(bad)
     ConvertLayout({"Conv": "NHWC", "top.MaxPool": ["default"]})
+
+
+@pytest.mark.parametrize("target", ["NCHW", "NHWC"])
+def test_transpose_hoisted_above_normalizing_prologue(target):
+    """Keras' Rescaling/Normalization run on NHWC input before tf2onnx's transpose: the one
+    transpose NCHW needs moves up to the model input (constants are re-laid-out)."""
+    b = TopBuilder("prologue")
+    x = b.input("x", (1, 6, 8, 3))
+    y = b.op("Mul", [x, b.weight("scale", np.array([0.5, 2.0, 1.5], np.float32))], {}, "rescale")
+    y = b.op("Sub", [y, b.weight("mean", randn((1, 1, 1, 3), 4))], {}, "center")
+    y = b.op("Sigmoid", [y], {}, "squash")
+    y = b.op("Permute", [y], {"order": TO_NCHW}, "x_t")
+    y = _conv(b, y, 3, 4, "c1")
+    new, rep = convert_and_compare(b.finish([y]), layout=target)
+    if target == "NCHW":
+        assert len(permutes(new)) == 1 and rep.at_inputs == 1
+        assert isinstance(permutes(new)[0].operands[0].owner, top.Input)
+    else:
+        assert len(permutes(new)) == 1 and rep.at_outputs == 1
+
+
+def test_layout_changed_tensors_are_renamed():
+    """A tensor now held in another layout gets a new name, so by-name checks stay valid."""
+    from tftpu.interp.top_interpreter import run
+    from tests.layout.helpers import clone, inputs_for
+    b = TopBuilder("names")
+    x = b.input("x", (1, 3, 6, 6))
+    y = b.op("Relu", [_conv(b, x, 3, 4, "c1")], {}, "act")
+    model = b.finish([_conv(b, y, 4, 2, "c2")])
+    new = clone(model)
+    from tftpu.transforms.convert_layout import convert_layout
+    convert_layout(new, layout="NHWC")
+    feeds = inputs_for(model)
+    a, c = run(model, feeds, dump_all=True), run(new, feeds, dump_all=True)
+    shared = set(a) & set(c)
+    assert {"x", "c2"} <= shared and "c1" not in c and "c1_nhwc" in c
+    for k in shared:
+        np.testing.assert_allclose(a[k], c[k], rtol=1e-5, atol=1e-5)

@@ -122,6 +122,25 @@ def count_permutes(model: TopModel) -> tuple[int, int, int]:
     return total, at_in, at_out
 
 
+def _before(a, b) -> bool:
+    """Whether op `a` comes before op `b` in their block."""
+    op = a.next_op
+    while op is not None:
+        if op is b:
+            return True
+        op = op.next_op
+    return False
+
+
+def _suffix(st: R.State) -> str:
+    """Name suffix of a tensor held in another layout than its original: a name keeps meaning
+    one tensor's contents, so by-name comparisons (e.g. against onnxruntime) stay valid."""
+    rank = len(st.perm)
+    tag = "nhwc" if st.perm == L.channels_last(rank) else "nchw" if st.perm == L.channels_first(rank) \
+        else f"p{L.perm_name(st.perm)}"
+    return tag + ("_rows" if st.sigma is not None else "")
+
+
 class _Run(R.Context):
     """One application of the pass to one model."""
 
@@ -253,7 +272,10 @@ class _Run(R.Context):
         fn = R.RULES.get(op.op_name, R.keep_all)
         plan = fn(op, attrs, self)
         operands = [self._deliver(v, s) for v, s in zip(op.operands, plan.operands)]
-        new_op = self._emit(plan.op_name or op.op_name, operands, plan.attrs, top.loc_names(op) or op.loc)
+        names = top.loc_names(op) or [op.loc]
+        names = [n if st.plain else self._unique(f"{n}_{_suffix(st)}") for n, st in zip(names, plan.outs)] \
+            + names[len(plan.outs):]
+        new_op = self._emit(plan.op_name or op.op_name, operands, plan.attrs, names)
         if "layout" in plan.attrs and op.op_name in R.HEAVY:
             self.report.layouts[f"{op.op_name}:{plan.attrs['layout']}"] += 1
         if plan.note:
@@ -276,6 +298,7 @@ class _Run(R.Context):
         for op in reversed(self.old_ops):
             if not isinstance(op, (top.Input, top.Weight, top.NoneOp)):
                 self.block.erase_op(op)
+        self._hoist_permutes()
         self._dead_code()
         self.model.verify()
         r = self.report
@@ -304,6 +327,53 @@ class _Run(R.Context):
         top.set_loc(owner, names)
         taken.add(new)
         return new
+
+    def _hoist_permutes(self):
+        """Move each Permute above the single-use elementwise ops that feed it (a normalizing
+        prologue, say), so a transpose the data needs sits at the model input."""
+        moved = True
+        while moved:
+            moved = False
+            for p in [op for op in self.model.ops if isinstance(op, top.Permute)]:
+                x = p.operands[0].owner
+                if isinstance(x, top.TopOp) and x.op_name in R.AGNOSTIC and len(x.results) == 1 \
+                        and x.results[0].uses.get_length() == 1 and self._hoist(p, x):
+                    moved = True
+
+    def _hoist(self, p, x) -> bool:
+        order = tuple(p.attrs()["order"])
+        rank = len(order)
+        runtime = [v for v in x.operands if not isinstance(v.owner, top.Weight)
+                   and any(d != 1 for d in A.shape_of(v.type))]
+        if len(runtime) != 1 or len(A.shape_of(runtime[0].type)) != rank:
+            return False
+        operands = []
+        for v in x.operands:
+            shape = A.shape_of(v.type)
+            if v is runtime[0]:
+                same = [u.operation for u in v.uses if isinstance(u.operation, top.Permute)
+                        and tuple(u.operation.attrs()["order"]) == order and u.operation is not p]
+                if same and same[0].parent is not None and _before(same[0], x):
+                    operands.append(same[0].results[0])
+                else:
+                    q = make_op("Permute", [v], {"order": list(order)},
+                                self._unique(f"{value_name(v)}_p{L.perm_name(order)}"))
+                    self.block.insert_op_before(q, x)
+                    operands.append(q.results[0])
+            elif all(d == 1 for d in shape):
+                operands.append(v)
+            else:
+                arr = np.reshape(self.model.weights[v.owner.loc], (1,) * (rank - len(shape)) + tuple(shape))
+                w = self._weight(f"{v.owner.loc}_{L.perm_name(order)}", arr.transpose(order))
+                w.owner.detach()
+                self.block.insert_op_before(w.owner, x)
+                operands.append(w)
+        y = make_op(x.op_name, operands, x.attrs(), p.loc)
+        self.block.insert_op_before(y, p)
+        p.results[0].replace_all_uses_with(y.results[0])
+        self.block.erase_op(p)
+        self.block.erase_op(x)
+        return True
 
     def _dead_code(self):
         dropped, live = set(), set()
