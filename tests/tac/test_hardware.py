@@ -158,3 +158,27 @@ def test_unknown_device_and_bad_simple_hardware(model_bytes):
         tac.run(model_bytes("mixed"), device_specs=[Broken()])
     with pytest.raises(errors.ConfigError, match="already registered"):
         tac.register("GPU", Broken)
+
+
+def test_registering_plugin_file_twice(tmp_path, model_bytes):
+    plugin = tmp_path / "foo_hw.py"
+    plugin.write_text(
+        "from tftpu.tac import SimpleHardware, register\n\n\n"
+        "@register('FOO')\n"
+        "class FooHardware(SimpleHardware):\n"
+        "    def transformations(self):\n"
+        "        return ['LowerPackIntoConcatReshape', 'UnrollSplit', 'UnrollSplitV', 'PadSlice']\n\n"
+        "    def is_not_supported_op(self, op):\n"
+        "        return op.name == 'CUSTOM' or op.inference_type != 'FLOAT'\n\n"
+        "    def advantage_over_cpu(self):\n"
+        "        return 5.0\n")
+    spec = f"{plugin}:FooHardware"
+    assert tac.load_plugin(spec) == tac.load_plugin(spec) == "FOO"
+    result = tac.run(model_bytes("selfie"), device_specs=[spec, "GPU"])
+    placed = result.op_devices()
+    assert {o["device"] for o in placed if o["type"] == "CONV_2D"} == {"FOO"}
+    assert {o["device"] for o in placed if o["type"] == "Convolution2DTransposeBias"} <= {"GPU", "CPU"}
+    bad = tmp_path / "bad_hw.py"
+    bad.write_text("raise RuntimeError('boom')\n")
+    with pytest.raises(errors.UsageError, match="failed to load: RuntimeError: boom"):
+        tac.load_plugin(f"{bad}:X")

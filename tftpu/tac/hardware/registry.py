@@ -88,14 +88,19 @@ def load_plugin(spec: str) -> str:
         path = Path(target)
         if not path.is_file():
             raise errors.UsageError(f"hardware plug-in file {path} not found")
-        mod_name = f"tftpu_tac_plugin_{abs(hash(str(path.resolve())))}"
-        spec_ = importlib.util.spec_from_file_location(mod_name, path)
-        module = importlib.util.module_from_spec(spec_)
-        sys.modules[mod_name] = module
-        try:
-            spec_.loader.exec_module(module)
-        except Exception as e:  # a user's plug-in file: report its failure on one line
-            raise errors.UsageError(f"hardware plug-in {path} failed to load: {type(e).__name__}: {e}") from None
+        import hashlib
+
+        mod_name = "tftpu_tac_plugin_" + hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:16]
+        module = sys.modules.get(mod_name)
+        if module is None:
+            spec_ = importlib.util.spec_from_file_location(mod_name, path)
+            module = importlib.util.module_from_spec(spec_)
+            sys.modules[mod_name] = module
+            try:
+                spec_.loader.exec_module(module)
+            except Exception as e:  # a user's plug-in file: report its failure on one line
+                del sys.modules[mod_name]
+                raise errors.UsageError(f"hardware plug-in {path} failed to load: {type(e).__name__}: {e}") from None
     else:
         try:
             module = importlib.import_module(target)
