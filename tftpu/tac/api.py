@@ -122,9 +122,12 @@ def resolve_devices(device_specs) -> list[TargetHardware]:
     for spec in device_specs:
         if isinstance(spec, TargetHardware):
             hw = spec
+            if not hw.name:
+                hw.name = type(hw).__name__.upper()
         elif isinstance(spec, type) and issubclass(spec, TargetHardware):
-            hw = registry.get(registry.load_plugin(f"{spec.__module__}:{spec.__qualname__}")) \
-                if not spec.name else _registered(spec)
+            if not spec.name:
+                spec.name = spec.__name__.upper()
+            hw = _registered(spec)
         else:
             spec = str(spec).strip()
             if not spec:
