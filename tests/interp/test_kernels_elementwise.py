@@ -194,3 +194,36 @@ def test_every_spec_op_has_kernel_and_flops():
     for op in spec:
         assert callable(KERNELS[op]) and callable(FLOPS[op]), op
     assert set(KERNELS) == set(FLOPS) and set(spec) <= set(KERNELS)
+
+
+FLOPS_CASES = [
+    ("Conv", [(1, 8, 10, 10), (16, 8, 3, 3), (16,)], [(1, 16, 10, 10)], {},
+     1600 * (2 * 72 + 1)),
+    ("Conv", [(1, 8, 10, 10), (16, 2, 3, 3), None], [(1, 16, 10, 10)],
+     {"group": 4, "do_relu": True}, 1600 * (2 * 18 + 1)),
+    ("Conv", [(1, 10, 10, 8), (3, 3, 8, 16), None], [(1, 10, 10, 16)],
+     {"layout": "NHWC", "kernel_layout": "HWIO"}, 1600 * 2 * 72),
+    ("Deconv", [(1, 4, 5, 5), (4, 6, 3, 3), None], [(1, 6, 11, 11)], {}, 100 * 2 * 54),
+    ("MatMul", [(2, 3, 8), (8, 5), (5,)], [(2, 3, 5)], {"do_relu": True}, 30 * 16 + 60),
+    ("AvgPool", [(1, 3, 8, 8)], [(1, 3, 4, 4)], {"kernel_shape": [2, 2]}, 48 * 4),
+    ("Softmax", [(2, 10)], [(2, 10)], {}, 100),
+    ("Reshape", [(2, 10)], [(20,)], {}, 0),
+    ("Concat", [(2, 3), (2, 3)], [(2, 6)], {"do_relu": True}, 12),
+    ("ReduceMean", [(2, 3, 4)], [(2, 1, 4)], {}, 24),
+    ("Cast", [(2, 3)], [(2, 3)], {"to": "f16"}, 6),
+]
+
+
+@pytest.mark.parametrize("op,ins,outs,attrs,want", FLOPS_CASES)
+def test_flops_counts(op, ins, outs, attrs, want):
+    got = FLOPS[op](ins, outs, attrs)
+    assert isinstance(got, int) and got == want
+
+
+def test_flops_every_op_non_negative_int():
+    shape = (1, 4, 6, 6)
+    for op, fn in FLOPS.items():
+        ins = [shape, (4, 4, 1, 1), None] if op in ("Conv", "Deconv") else [shape, shape]
+        attrs = {"kernel_shape": [1, 1], "mode": "linear"}
+        n = fn(ins, [shape], attrs)
+        assert isinstance(n, int) and n >= 0, op
