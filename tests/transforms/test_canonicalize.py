@@ -273,3 +273,49 @@ def test_full_pipeline_is_idempotent_and_deterministic():
     text = m1.text()
     rep = C.canonicalize(m1)
     assert m1.text() == text and not rep.counts
+
+
+@pytest.mark.parametrize("kind,const_shape,layout,folds", [
+    ("Mul", (1, 4, 1, 1), "NCHW", True), ("Add", (4, 1, 1), "NCHW", True), ("Mul", (), "NCHW", True),
+    ("Add", (4,), "NHWC", True), ("Mul", (1, 1, 1, 4), "NHWC", True),
+    ("Mul", (4, 7, 7), "NCHW", False), ("Add", (4,), "NCHW", False)])
+@pytest.mark.parametrize("relu", [False, True])
+def test_fold_mul_add_into_conv(kind, const_shape, layout, folds, relu):
+    b = TopBuilder("m")
+    shape = (1, 3, 7, 7) if layout == "NCHW" else (1, 7, 7, 3)
+    x = b.input("x", shape)
+    w = rand(4, 3, 3, 3) if layout == "NCHW" else rand(3, 3, 3, 4)
+    y = b.op("Conv", [x, b.weight("w", w), b.weight("b", rand(4))],
+             {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "layout": layout,
+              "kernel_layout": "OIHW" if layout == "NCHW" else "HWIO"}, "conv")
+    if not folds and const_shape == (4,) and layout == "NCHW":
+        const_shape = (7,)  # broadcasts along W, not channels
+    c = b.weight("c", rand(*const_shape) if const_shape else np.float32(1.7))
+    z = b.op(kind, [y, c] if kind == "Add" else [c, y], {"do_relu": relu, "relu_limit": 6.0 if relu else -1.0},
+             "affine")
+    m = b.finish([z])
+    layout_folds = folds and layout == "NCHW"  # HWIO filters are left alone
+    check(m, {"x": rand(*shape)}, [C.FoldMulAddIntoConv, C.DeadCode],
+          ["Conv"] if layout_folds else ["Conv", kind])
+    if layout_folds:
+        assert m.ops[-1].attrs()["do_relu"] == relu and m.ops[-1].loc == "affine"
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("pads,folds", [([0, 0, 1, 0, 0, 0, 2, 1], True), ([0, 1, 0, 0, 0, 0, 0, 0], False)])
+def test_fold_pad_into_conv(layout, pads, folds):
+    b = TopBuilder("m")
+    if layout == "NHWC":  # same pads, axes moved: [N,H,W,C]
+        pads = [pads[0], pads[2], pads[3], pads[1], pads[4], pads[6], pads[7], pads[5]]
+    shape = (1, 3, 8, 8) if layout == "NCHW" else (1, 8, 8, 3)
+    x = b.input("x", shape)
+    p = b.op("Pad", [x], {"paddings": pads}, "pad")
+    w = rand(4, 3, 3, 3) if layout == "NCHW" else rand(3, 3, 3, 4)
+    c_in = 4 if not folds else 3
+    if not folds:
+        w = rand(4, c_in, 3, 3) if layout == "NCHW" else rand(3, 3, c_in, 4)
+    y = b.op("Conv", [p, b.weight("w", w), b.none()],
+             {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [0, 1, 0, 1], "layout": layout,
+              "kernel_layout": "OIHW" if layout == "NCHW" else "HWIO"}, "conv")
+    m = b.finish([y])
+    check(m, {"x": rand(*shape)}, [C.FoldPadIntoConv, C.DeadCode], ["Conv"] if folds else ["Pad", "Conv"])

@@ -120,14 +120,14 @@ def _bn_params(w: Weights, op):
     return s, b
 
 
-def _fold_affine_into_conv(pattern: TopPattern, rewriter, op, s, b) -> bool:
+def _fold_affine_into_conv(pattern: TopPattern, rewriter, op, s, b, conv_value=None, relu=None) -> bool:
     """Fold y = conv(x) * s + b (per output channel) into the conv's filter and bias."""
-    conv = op.operands[0].owner
+    conv = (conv_value or op.operands[0]).owner
     if not isinstance(conv, (top.Conv, top.Deconv)) or not _single_use(conv.output):
         return False
     attrs = conv.attrs()
     if attrs["do_relu"] or attrs.get("kernel_layout", "OIHW") != "OIHW" or \
-            attrs["layout"] != op.attrs().get("layout", "NCHW"):
+            attrs["layout"] != op.attrs().get("layout", attrs["layout"]):
         return False
     wt = pattern.w.get(conv.filter)
     has_bias = not isinstance(conv.bias.type, NoneType)
@@ -147,6 +147,8 @@ def _fold_affine_into_conv(pattern: TopPattern, rewriter, op, s, b) -> bool:
     loc = op.loc
     nw = pattern.w.add(rewriter, conv, f"{loc}_filter", w64.astype(np.float32))
     nb = pattern.w.add(rewriter, conv, f"{loc}_bias", new_b.astype(np.float32))
+    if relu is not None:
+        attrs["do_relu"], attrs["relu_limit"] = relu
     new = make_op(conv.op_name, [conv.input, nw, nb], attrs, loc)
     rewriter.insert(new, InsertPoint.before(conv))
     rewriter.replace(op, [], [new.output])
@@ -189,6 +191,69 @@ class FoldScaleIntoConv(TopPattern):
             return
         if _fold_affine_into_conv(self, rewriter, op, s.astype(np.float64).ravel(), b.astype(np.float64).ravel()):
             self.fired()
+
+
+def _per_channel(arr: np.ndarray, out_shape, layout: str):
+    """The C values of a constant that broadcasts only along the channel axis, else None."""
+    rank = len(out_shape)
+    if arr.ndim > rank:
+        return None
+    full = (1,) * (rank - arr.ndim) + tuple(arr.shape)
+    axis = rank - 1 if layout == "NHWC" else 1
+    c = out_shape[axis]
+    if any(d != 1 for i, d in enumerate(full) if i != axis) or full[axis] not in (1, c):
+        return None
+    return np.broadcast_to(arr.reshape(-1) if arr.size > 1 else arr.reshape(1), (c,)).astype(np.float64)
+
+
+class FoldMulAddIntoConv(TopPattern):
+    """conv * c or conv + c (c constant per output channel, conv single-use) -> new filter and bias."""
+
+    NAME = "fold-mul-add-into-conv"
+
+    def match_and_rewrite(self, op, rewriter: PatternRewriter) -> None:
+        if not isinstance(op, (top.Mul, top.Add)):
+            return
+        for conv_v, const_v in ((op.input, op.other), (op.other, op.input)):
+            if not isinstance(conv_v.owner, top.Conv):
+                continue
+            arr = self.w.get(const_v)
+            out = A.shape_of(op.output.type)
+            if arr is None or A.shape_of(conv_v.type) != out:
+                continue
+            c = _per_channel(arr, out, conv_v.owner.attrs()["layout"])
+            if c is None:
+                continue
+            s, b = (c, np.zeros_like(c)) if isinstance(op, top.Mul) else (np.ones_like(c), c)
+            a = op.attrs()
+            if _fold_affine_into_conv(self, rewriter, op, s, b, conv_v, (a["do_relu"], a["relu_limit"])):
+                self.fired()
+                return
+
+
+class FoldPadIntoConv(TopPattern):
+    """Zero Pad of the spatial axes, single-use, feeding a Conv -> the Conv's own pads."""
+
+    NAME = "fold-pad-into-conv"
+
+    def match_and_rewrite(self, op, rewriter: PatternRewriter) -> None:
+        if not isinstance(op, top.Conv) or not isinstance(op.input.owner, top.Pad):
+            return
+        pad = op.input.owner
+        pa, ca = pad.attrs(), op.attrs()
+        if pa["mode"] != "constant" or pa["val"] != 0.0 or not _single_use(pad.output):
+            return
+        rank = len(A.shape_of(pad.output.type))
+        begins, ends = pa["paddings"][:rank], pa["paddings"][rank:]
+        spatial = list(range(1, rank - 1)) if ca["layout"] == "NHWC" else list(range(2, rank))
+        if any(begins[i] or ends[i] for i in range(rank) if i not in spatial):
+            return
+        n = len(spatial)
+        pads = [ca["pads"][k] + begins[ax] for k, ax in enumerate(spatial)] + \
+               [ca["pads"][n + k] + ends[ax] for k, ax in enumerate(spatial)]
+        attrs = dict(ca, pads=pads)
+        _replace(rewriter, op, make_op("Conv", [pad.input, op.filter, op.bias], attrs, op.loc))
+        self.fired()
 
 
 class ClipToRelu(TopPattern):
@@ -366,7 +431,8 @@ class DeadCode(TopPattern):
                 self.fired()
 
 
-PATTERNS = [DeadCode, FoldConstants, ClipToRelu, FoldBatchNorm, FoldScaleIntoConv, FuseRelu, FuseSiLU,
+PATTERNS = [DeadCode, FoldConstants, ClipToRelu, FoldBatchNorm, FoldScaleIntoConv, FoldMulAddIntoConv, FuseRelu,
+            FuseSiLU, FoldPadIntoConv,
             DropNoOps, MergePermutes, MergeReshapes]
 
 

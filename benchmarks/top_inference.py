@@ -1,0 +1,54 @@
+"""TOP F32 inference throughput against onnxruntime, batch 1, 224x224 (issue 4 target: >= 0.5x).
+
+    python benchmarks/top_inference.py [--models ResNet50,MobileNetV2] [--runs 10]
+
+Both sides run the same ONNX export of keras.applications (weights=None) in one process; the
+ratio is TOP images/s over onnxruntime images/s (default session options, all cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import numpy as np
+
+
+def throughput(fn, runs: int) -> float:
+    fn()  # warm up (kernels, TF graph caches)
+    t0 = time.perf_counter()
+    for _ in range(runs):
+        fn()
+    return runs / (time.perf_counter() - t0)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="ResNet50,MobileNetV2")
+    ap.add_argument("--runs", type=int, default=10)
+    ap.add_argument("--size", type=int, default=224)
+    args = ap.parse_args()
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import keras
+    import onnxruntime as ort
+
+    from tftpu import frontend
+    from tftpu.interp.top_interpreter import TopInterpreter
+
+    print(f"{'model':<14} {'ops':>5} {'onnxruntime img/s':>18} {'TOP img/s':>10} {'ratio':>7}")
+    for name in args.models.split(","):
+        km = getattr(keras.applications, name)(weights=None, input_shape=(args.size, args.size, 3))
+        proto = frontend.to_onnx(km)
+        top = frontend.load(proto, name=name)
+        x = np.random.default_rng(0).uniform(-1, 1, (1, args.size, args.size, 3)).astype(np.float32)
+        sess = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+        feed = {sess.get_inputs()[0].name: x}
+        interp = TopInterpreter(top)
+        ort_tp = throughput(lambda: sess.run(None, feed), args.runs)
+        top_tp = throughput(lambda: interp.run({"x": x}), args.runs)
+        print(f"{name:<14} {len(top.ops):>5} {ort_tp:>18.2f} {top_tp:>10.2f} {top_tp / ort_tp:>6.2f}x")
+
+
+if __name__ == "__main__":
+    main()
