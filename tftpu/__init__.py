@@ -18,6 +18,13 @@ from tftpu import errors  # noqa: E402  (light, no TensorFlow)
 
 # public name -> "module:attribute" (attribute empty for a submodule)
 _LAZY = {
+    "optimize": "tftpu.graph.optimize:optimize",
+    "keras": "tftpu.keras:",
+    "data": "tftpu.data:",
+    "tac": "tftpu.tac:",
+    "frontend": "tftpu.frontend:",
+    "ir": "tftpu.ir:",
+    "models": "tftpu.models:",
     "compat": "tftpu.compat:",
 }
 
