@@ -16,7 +16,28 @@ flags.DEFINE_string("target", "tpu", "target whose cost model decides (configs/t
 flags.DEFINE_list("disable", [], "passes to skip, e.g. space_to_depth")
 flags.DEFINE_integer("block_size", 2, "space-to-depth block size")
 
-main = cli.not_yet_available("tftpu-optimize", "space-to-depth issue")
+FLAGS = flags.FLAGS
+
+
+def main(args):
+    from tftpu.errors import UsageError
+
+    if not FLAGS.saved_model_dir or not FLAGS.output_dir:
+        raise UsageError("--saved_model_dir and --output_dir are required")
+    if FLAGS.block_size < 2:
+        raise UsageError(f"--block_size must be at least 2, got {FLAGS.block_size}")
+    from tftpu.graph.saved_model import optimize_saved_model
+    from tftpu.passes.cost import Target
+
+    Target.load(FLAGS.target)  # a bad target fails before the model is loaded
+    reports = optimize_saved_model(
+        FLAGS.saved_model_dir, FLAGS.output_dir, target=FLAGS.target, disable=FLAGS.disable,
+        pass_options={"space_to_depth": {"block_size": FLAGS.block_size}})
+    for key, report in reports.items():
+        print(f"signature {key}:")
+        print("\n".join("  " + line for line in str(report).splitlines()))
+    print(f"wrote {FLAGS.output_dir}")
+    return 0
 
 
 def run():

@@ -14,6 +14,7 @@ import dataclasses
 from typing import Any
 
 from tftpu.errors import UsageError
+from tftpu.graph.inline import inline_calls
 
 
 @dataclasses.dataclass
@@ -59,20 +60,22 @@ def flatten_call(concrete, args, kwargs) -> list:
     return out
 
 
-def capture(fn, *args, **kwargs) -> Captured:
-    """Trace `fn` (a tf.function called with `args`, or a ConcreteFunction) into a `Captured`."""
+def capture(fn, *args, inline: bool = True, **kwargs) -> Captured:
+    """Trace `fn` (a tf.function called with `args`, or a ConcreteFunction) into a `Captured`;
+    calls of library functions (SavedModel signatures, nested tf.functions) are inlined."""
     import tensorflow as tf
 
     cf = concrete_function(fn, *args, **kwargs)
     graph = cf.graph
     graph_def = graph.as_graph_def(add_shapes=True)
+    if inline:
+        graph_def = inline_calls(graph_def)
     n_captures = len(cf.captured_inputs)
     inputs = list(graph.inputs)
     arg_tensors = inputs[: len(inputs) - n_captures]
     internal = inputs[len(inputs) - n_captures:]
     arg_specs = [tf.TensorSpec(t.shape, t.dtype, name=t.op.name) for t in arg_tensors]
-    flat_out = tf.nest.flatten(cf.structured_outputs, expand_composites=True)
-    output_names = [t.name for t in flat_out if isinstance(t, tf.Tensor) and t.graph is graph]
+    output_names = [t.name for t in cf.outputs]
     control = sorted(op.name for op in graph.control_outputs)
     return Captured(
         graph_def=graph_def,

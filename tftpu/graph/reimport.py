@@ -48,7 +48,9 @@ def pack_outputs(cap: Captured, flat):
     leaves = tf.nest.flatten(cap.output_structure, expand_composites=True)
     it = iter(flat)
     graph = cap.concrete.graph
-    new = [next(it) if isinstance(v, tf.Tensor) and v.graph is graph else v for v in leaves]
+    # a traced function's outputs are graph tensors; a restored (SavedModel) one's are specs
+    new = [next(it) if (isinstance(v, tf.Tensor) and v.graph is graph) or isinstance(v, tf.TensorSpec)
+           else v for v in leaves]
     return tf.nest.pack_sequence_as(cap.output_structure, new, expand_composites=True)
 
 

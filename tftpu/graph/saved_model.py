@@ -1,0 +1,84 @@
+"""Run tftpu's graph passes over a SavedModel's signatures and write the optimized SavedModel.
+
+The new serving signatures take the original inputs (S2D happens at the start of the graph, on
+the host) and keep the original variables, with their original shapes.
+
+>>> report = optimize_saved_model("resnet/", "resnet_s2d/", target="tpu")   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Sequence
+
+from tftpu.errors import ModelFileError, UsageError
+from tftpu.graph.pass_manager import Report
+
+
+def load(saved_model_dir):
+    """Load a SavedModel, or raise ModelFileError naming the directory."""
+    path = Path(saved_model_dir)
+    if not path.is_dir():
+        raise ModelFileError(path, "no such directory")
+    if not (path / "saved_model.pb").is_file() and not (path / "saved_model.pbtxt").is_file():
+        raise ModelFileError(path, "not a SavedModel (no saved_model.pb)")
+    import tensorflow as tf
+
+    try:
+        return tf.saved_model.load(str(path))
+    except (OSError, ValueError, tf.errors.OpError) as e:
+        msg = getattr(e, "message", None) or str(e)
+        raise ModelFileError(path, f"cannot load SavedModel: {msg.splitlines()[0]}") from None
+
+
+def optimize_saved_model(saved_model_dir, output_dir, *, target="tpu", disable: Sequence[str] = (),
+                         pass_options: dict | None = None) -> dict[str, Report]:
+    """Optimize every signature of `saved_model_dir`; write the result to `output_dir`
+    (atomically: a temporary directory beside it, renamed at the end). Returns the reports."""
+    out = Path(output_dir)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UsageError(f"{out}: output directory exists and is not empty")
+    if out.resolve() == Path(saved_model_dir).resolve():
+        raise UsageError("--output_dir must differ from --saved_model_dir")
+    loaded = load(saved_model_dir)
+    import tensorflow as tf
+
+    from tftpu.graph.optimize import optimize
+
+    if not loaded.signatures:
+        raise ModelFileError(saved_model_dir, "SavedModel has no signatures to optimize")
+    module = tf.Module()
+    module.original = loaded          # tracks the original variables (shapes unchanged)
+    signatures, reports = {}, {}
+    for key in sorted(loaded.signatures):
+        sig = loaded.signatures[key]
+        fast = optimize(sig, target=target, disable=disable, pass_options=pass_options)
+        reports[key] = fast.report
+        specs = sig.structured_input_signature[1]
+        names = sorted(specs)
+        serve = tf.function(_serving(fast, names))
+        concrete = serve.get_concrete_function(
+            *[tf.TensorSpec(specs[n].shape, specs[n].dtype, name=n) for n in names])
+        setattr(module, f"signature_{len(signatures)}", serve)
+        signatures[key] = concrete
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent)
+    try:
+        tf.saved_model.save(module, tmp, signatures=signatures)
+        if out.exists():
+            out.rmdir()
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return reports
+
+
+def _serving(fast, names):
+    def serve(*args):
+        return fast(**dict(zip(names, args)))
+
+    return serve
