@@ -59,18 +59,20 @@ def relu_limit(attrs: dict) -> float:
     return -1.0 if v is None else float(v)
 
 
-def post_relu(y: np.ndarray, attrs: dict) -> np.ndarray:
-    """Apply the fused `do_relu` / `relu_limit` of an op to its result."""
+def post_relu(y: np.ndarray, attrs: dict, inplace: bool = False) -> np.ndarray:
+    """Apply the fused `do_relu` / `relu_limit` of an op to its result (in place when the
+    kernel owns `y`)."""
     if not attrs.get("do_relu", False):
         return y
-    return relu(y, relu_limit(attrs))
+    return relu(y, relu_limit(attrs), inplace)
 
 
-def relu(y: np.ndarray, limit: float = -1.0) -> np.ndarray:
+def relu(y: np.ndarray, limit: float = -1.0, inplace: bool = False) -> np.ndarray:
     """max(y, 0), and min(.., limit) when limit >= 0."""
+    out = y if inplace and y.flags.writeable and y.dtype.kind == "f" else None
     if limit >= 0:
-        return np.clip(y, 0, limit).astype(y.dtype, copy=False)
-    return np.maximum(y, 0).astype(y.dtype, copy=False)
+        return np.clip(y, 0, limit, out=out).astype(y.dtype, copy=False)
+    return np.maximum(y, 0, out=out).astype(y.dtype, copy=False)
 
 
 def channels_last(attrs: dict) -> bool:

@@ -23,7 +23,7 @@ def _binary(fn, name):
         if is_float(a) or is_float(b):
             a, b = as_f32(np.asarray(a)), as_f32(np.asarray(b))
         y = np.asarray(fn(a, b))
-        return [post_relu(y, attrs)]
+        return [post_relu(y, attrs, inplace=y.ndim > 0)]
     kernel.__name__ = name
     kernel.__doc__ = f"top.{name}: element-wise with numpy broadcasting (then the fused relu)."
     return kernel
