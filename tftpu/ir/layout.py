@@ -15,7 +15,15 @@ memory. Changing format is an explicit `layout.Reorder` op, counted and costed.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from xdsl.dialects.builtin import IntAttr, StringAttr, TensorType
+from xdsl.ir import Dialect, ParametrizedAttribute
+from xdsl.irdl import IRDLOperation, attr_def, irdl_attr_definition, irdl_op_definition, operand_def, result_def
+
+from tftpu.errors import ConfigError
 
 Perm = tuple[int, ...]
 
@@ -103,3 +111,359 @@ def layout_of(base: str, perm) -> str | None:
 def perm_name(perm) -> str:
     """A short name for a permutation, e.g. "0231"."""
     return "".join(str(p) if p < 10 else f"_{p}_" for p in perm)
+
+
+# ---------------------------------------------------------------- memory formats
+
+FORMAT_KINDS = ("NCHW", "NHWC", "lane_blocked")
+
+
+def _align_up(n: int, a: int) -> int:
+    return -(-n // a) * a if a > 1 else n
+
+
+@dataclass(frozen=True)
+class MemoryFormat:
+    """How an activation's bytes lie in a memory. Shapes given to its methods are logical NCHW
+    (N, C, *spatial), as oneDNN and PyTorch describe sizes whatever the memory format.
+
+    `lane_blocked`: channel c lives in NPU lane c % lanes at channel slot c // lanes; each lane
+    holds [N, ceil(C / lanes), *spatial], every (n, slot) plane starting at a multiple of
+    `align` bytes (the EU width; 0 or 1 = compact), as TPU-MLIR lays tensors in local memory.
+    """
+
+    kind: str
+    lanes: int = 0
+    align: int = 0
+
+    def __post_init__(self):
+        if self.kind not in FORMAT_KINDS:
+            raise ConfigError(f"memory format must be one of {FORMAT_KINDS}, got {self.kind!r}")
+        if self.kind == "lane_blocked" and self.lanes < 1:
+            raise ConfigError("lane_blocked format needs lanes >= 1")
+
+    @classmethod
+    def parse(cls, text: str) -> "MemoryFormat":
+        """"NCHW", "NHWC", "lane_blocked:LANES" or "lane_blocked:LANES:ALIGN_BYTES"."""
+        parts = str(text).split(":")
+        try:
+            nums = [int(p) for p in parts[1:]]
+        except ValueError:
+            raise ConfigError(f"bad memory format {text!r}") from None
+        if parts[0] != "lane_blocked" and nums or len(nums) > 2:
+            raise ConfigError(f"bad memory format {text!r}")
+        return cls(parts[0], *nums)
+
+    def __str__(self) -> str:
+        if self.kind != "lane_blocked":
+            return self.kind
+        return f"lane_blocked:{self.lanes}" + (f":{self.align}" if self.align > 1 else "")
+
+    def per_lane_bytes(self, shape, itemsize: int) -> int:
+        """Bytes one lane holds (the whole tensor for NCHW/NHWC)."""
+        n, c, sp = shape[0], shape[1], math.prod(shape[2:])
+        if self.kind != "lane_blocked":
+            return n * c * sp * itemsize
+        return n * -(-c // self.lanes) * _align_up(sp * itemsize, self.align)
+
+    def nbytes(self, shape, itemsize: int) -> int:
+        """Bytes the tensor occupies, padding included (over all lanes)."""
+        lanes = self.lanes if self.kind == "lane_blocked" else 1
+        return lanes * self.per_lane_bytes(shape, itemsize)
+
+    def address(self, index, shape, itemsize: int) -> tuple[int, int]:
+        """(lane, byte offset in that lane) of the element at logical NCHW `index`."""
+        n, c, *sp = index
+        dims = list(shape[2:])
+        flat_sp = 0
+        for i, d in zip(sp, dims):
+            flat_sp = flat_sp * d + i
+        plane = math.prod(dims)
+        if self.kind == "NCHW":
+            return 0, ((n * shape[1] + c) * plane + flat_sp) * itemsize
+        if self.kind == "NHWC":
+            return 0, ((n * plane + flat_sp) * shape[1] + c) * itemsize
+        slots = -(-shape[1] // self.lanes)
+        stride = _align_up(plane * itemsize, self.align)
+        return c % self.lanes, (n * slots + c // self.lanes) * stride + flat_sp * itemsize
+
+
+NCHW = MemoryFormat("NCHW")
+NHWC = MemoryFormat("NHWC")
+
+
+@irdl_attr_definition
+class FormatAttr(ParametrizedAttribute):
+    """`#layout.format<"lane_blocked", 64, 64>`: a memory format on an op or a tensor encoding."""
+
+    name = "layout.format"
+    kind: StringAttr
+    lanes: IntAttr
+    align: IntAttr
+
+    @classmethod
+    def of(cls, fmt: MemoryFormat | str) -> "FormatAttr":
+        fmt = MemoryFormat.parse(fmt) if isinstance(fmt, str) else fmt
+        return cls(StringAttr(fmt.kind), IntAttr(fmt.lanes), IntAttr(fmt.align))
+
+    @property
+    def format(self) -> MemoryFormat:
+        return MemoryFormat(self.kind.data, self.lanes.data, self.align.data)
+
+
+def with_format(t: TensorType, fmt: MemoryFormat | str) -> TensorType:
+    """`t` with its memory format as the tensor encoding: tensor<1x64x56x56xf32, #layout.format<..>>."""
+    return TensorType(t.element_type, t.get_shape(), FormatAttr.of(fmt))
+
+
+def format_of(t: TensorType) -> MemoryFormat:
+    """The memory format a tensor type carries (NCHW when it has none)."""
+    enc = getattr(t, "encoding", None)
+    return enc.format if isinstance(enc, FormatAttr) else NCHW
+
+
+@irdl_op_definition
+class Reorder(IRDLOperation):
+    """An explicit memory-format change: same logical tensor, bytes moved from `src` to `dst`."""
+
+    name = "layout.reorder"
+    input = operand_def(TensorType)
+    output = result_def(TensorType)
+    src = attr_def(FormatAttr)
+    dst = attr_def(FormatAttr)
+
+    @property
+    def op_name(self) -> str:
+        """Key of its (identity) kernel in the TOP interpreter."""
+        return "Reorder"
+
+    @property
+    def loc(self) -> str:
+        from tftpu.ir.top import loc_name
+        return loc_name(self)
+
+    def attrs(self) -> dict:
+        return {"src": str(self.src.format), "dst": str(self.dst.format)}
+
+    def flops(self) -> int:
+        return 0
+
+    def verify_(self) -> None:
+        from xdsl.utils.exceptions import VerifyException
+        a, b = self.input.type, self.output.type
+        if a.get_shape() != b.get_shape() or a.element_type != b.element_type:
+            raise VerifyException(f"layout.reorder: {a} -> {b} changes the tensor, not only its format")
+
+
+Layout = Dialect("layout", [Reorder], [FormatAttr])
+
+
+def _register():
+    from tftpu.interp.kernels._registry import register
+    from tftpu.ir.module import register_dialect
+    register_dialect(Layout)
+    register("Reorder", flops=lambda i, o, a: 0)(lambda operands, attrs: [operands[0]])
+
+
+_register()
+
+
+# ---------------------------------------------------------------- chips
+
+@dataclass
+class Chip:
+    """What the layout work needs from `configs/chips/NAME.yaml`: lanes, memories, formats."""
+
+    name: str
+    lanes: int
+    eu_bytes: int
+    local_mem_bytes: int
+    ddr_bandwidth: float              # bytes/s
+    dtypes: tuple[str, ...]
+    formats: dict[str, str] = field(default_factory=dict)   # op name -> format; "default", "io"
+    reorder_bandwidth: float = 0.0    # bytes/s of an in-memory reorder; DDR bandwidth if 0
+    raw: dict = field(default_factory=dict)
+
+    def format_for(self, op_name: str) -> MemoryFormat:
+        """The memory format `op_name` ("top.Conv" or "Conv") wants its data in."""
+        key = op_name[4:] if op_name.startswith("top.") else op_name
+        text = self.formats.get(key, self.formats.get("default", "NCHW"))
+        return self.resolve(text)
+
+    def resolve(self, text: str) -> MemoryFormat:
+        """A format name from the config, `lane_blocked` filled in with the chip's lanes/EU width."""
+        return MemoryFormat(text, self.lanes, self.eu_bytes) if text == "lane_blocked" else MemoryFormat.parse(text)
+
+    @property
+    def io_format(self) -> MemoryFormat:
+        """Format of model inputs and outputs in DDR."""
+        return self.resolve(self.formats.get("io", "NCHW"))
+
+
+CHIP_DIR = Path(__file__).resolve().parents[2] / "configs" / "chips"
+_CHIP_KEYS = ("name", "npu_lanes", "eu_bytes", "local_mem_bytes", "ddr_bandwidth", "dtypes")
+
+
+def load_chip(name_or_path) -> Chip:
+    """A chip from `configs/chips/NAME.yaml` or a YAML path; ConfigError naming the file if bad."""
+    import yaml
+    p = Path(name_or_path)
+    if not p.suffix:
+        p = CHIP_DIR / f"{name_or_path}.yaml"
+    if not p.is_file():
+        known = sorted(f.stem for f in CHIP_DIR.glob("*.yaml"))
+        raise ConfigError(f"{p}: no such chip config (known chips: {', '.join(known) or 'none'})")
+    try:
+        raw = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{p}: not valid YAML ({' '.join(str(e).split())[:200]})") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{p}: expected a mapping at the top level")
+    missing = [k for k in _CHIP_KEYS if k not in raw]
+    if missing:
+        raise ConfigError(f"{p}: missing key(s) {', '.join(missing)}")
+    try:
+        chip = Chip(name=str(raw["name"]), lanes=int(raw["npu_lanes"]), eu_bytes=int(raw["eu_bytes"]),
+                    local_mem_bytes=int(raw["local_mem_bytes"]), ddr_bandwidth=float(raw["ddr_bandwidth"]),
+                    dtypes=tuple(str(d) for d in raw["dtypes"]),
+                    formats={str(k): str(v) for k, v in (raw.get("formats") or {}).items()},
+                    reorder_bandwidth=float(raw.get("reorder_bandwidth", 0.0)), raw=raw)
+        if chip.lanes < 1 or chip.eu_bytes < 1 or chip.ddr_bandwidth <= 0:
+            raise ValueError("npu_lanes, eu_bytes and ddr_bandwidth must be positive")
+        for op, text in chip.formats.items():
+            chip.resolve(text)
+    except (TypeError, ValueError, ConfigError) as e:
+        raise ConfigError(f"{p}: {e}") from None
+    return chip
+
+
+# ---------------------------------------------------------------- reorders: plan, count, cost
+
+@dataclass(frozen=True)
+class ReorderCost:
+    """Bytes a reorder reads and writes, and the time that takes at the chip's bandwidth."""
+
+    bytes_read: int
+    bytes_written: int
+    seconds: float
+
+
+def reorder_cost(shape, itemsize: int, src: MemoryFormat, dst: MemoryFormat, chip: Chip) -> ReorderCost:
+    """Cost of changing a tensor's memory format (0 when the formats are the same)."""
+    if src == dst:
+        return ReorderCost(0, 0, 0.0)
+    rd, wr = src.nbytes(shape, itemsize), dst.nbytes(shape, itemsize)
+    bw = chip.reorder_bandwidth or chip.ddr_bandwidth
+    return ReorderCost(rd, wr, (rd + wr) / bw)
+
+
+@dataclass
+class FormatPlan:
+    """Memory format of every tensor and the reorders needed between them."""
+
+    formats: dict[str, MemoryFormat]
+    reorders: list[tuple[str, MemoryFormat, MemoryFormat, ReorderCost]]
+
+    @property
+    def count(self) -> int:
+        return len(self.reorders)
+
+    @property
+    def seconds(self) -> float:
+        return sum(c.seconds for *_, c in self.reorders)
+
+    @property
+    def bytes_moved(self) -> int:
+        return sum(c.bytes_read + c.bytes_written for *_, c in self.reorders)
+
+    def summary(self) -> str:
+        kinds = Counter(f"{a}->{b}" for _, a, b, _ in self.reorders)
+        detail = ", ".join(f"{k}: {v}" for k, v in sorted(kinds.items())) or "none"
+        return (f"{self.count} reorders ({detail}); {self.bytes_moved} bytes moved, "
+                f"{self.seconds * 1e6:.1f} us at the chip's bandwidth")
+
+
+def _is_4d(v) -> bool:
+    t = v.type
+    return isinstance(t, TensorType) and len(t.get_shape()) == 4
+
+
+def plan_formats(model, chip: Chip) -> FormatPlan:
+    """Give each 4-D activation the format its producer wants on `chip` (inputs: the chip's io
+    format) and list one reorder per (tensor, wanted format) where a consumer wants another.
+    Tensors of other ranks stay plain (NCHW row-major)."""
+    from tftpu.ir import top
+    from tftpu.ir.module import value_name
+
+    formats: dict = {}
+    reorders: dict = {}
+    outputs = set(model.return_op.operands)
+
+    def need(v, want: MemoryFormat):
+        have = formats.get(v)
+        if have is None or have == want or (v, want) in reorders:
+            return
+        shape = tuple(v.type.get_shape())
+        itemsize = max(1, v.type.element_type.bitwidth // 8) if hasattr(v.type.element_type, "bitwidth") else 4
+        reorders[(v, want)] = (value_name(v), have, want, reorder_cost(shape, itemsize, have, want, chip))
+
+    for op in model.ops:
+        if isinstance(op, (top.Weight, top.NoneOp)):
+            continue
+        want = chip.io_format if isinstance(op, top.Input) else chip.format_for(op.name)
+        if not isinstance(op, top.Input):
+            for v in op.operands:
+                if _is_4d(v):
+                    need(v, want)
+        for r in op.results:
+            if _is_4d(r):
+                formats[r] = want
+    for v in outputs:
+        if _is_4d(v):
+            need(v, chip.io_format)
+    names = {value_name(v): f for v, f in formats.items()}
+    return FormatPlan(names, list(reorders.values()))
+
+
+def insert_reorders(model, chip: Chip) -> FormatPlan:
+    """Make the plan explicit: a `layout.reorder` op per planned reorder, shared by every use
+    that wants that format; returns the plan. The TOP interpreter runs a reorder as identity."""
+    from tftpu.ir import top
+    from tftpu.ir.module import value_name
+
+    plan = plan_formats(model, chip)
+    by_name = {(name, str(dst)): (src, dst) for name, src, dst, _ in plan.reorders}
+    if not by_name:
+        return plan
+    made: dict = {}
+    for op in list(model.ops) + [model.return_op]:
+        if isinstance(op, (top.Weight, top.NoneOp, top.Input, Reorder)):
+            continue
+        want = chip.io_format if op is model.return_op else chip.format_for(op.name)
+        for i, v in enumerate(op.operands):
+            key = (value_name(v), str(want))
+            if key not in by_name or not _is_4d(v):
+                continue
+            if key not in made:
+                src, dst = by_name[key]
+                r = Reorder.create(operands=[v], result_types=[v.type],
+                                   attributes={"src": FormatAttr.of(src), "dst": FormatAttr.of(dst)})
+                top.set_loc(r, f"{key[0]}_{dst.kind}")
+                op.parent.insert_op_before(r, op) if op is not model.return_op else \
+                    model.return_op.parent.insert_op_before(r, model.return_op)
+                made[key] = r.results[0]
+            op.operands[i] = made[key]
+    for v in model.return_op.operands:
+        r = v.owner
+        if isinstance(r, Reorder):
+            src_op = r.input.owner
+            name = value_name(r.input)
+            if len(src_op.results) == 1 and not isinstance(src_op, top.Input):
+                top.set_loc(src_op, f"{name}_{r.src.format.kind}")
+                top.set_loc(r, name)   # an output keeps its name (a reorder keeps the values)
+    return plan
+
+
+def count_reorders(model) -> int:
+    """Number of `layout.reorder` ops in a model."""
+    return sum(isinstance(op, Reorder) for op in model.ops)
