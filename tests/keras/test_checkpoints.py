@@ -81,3 +81,25 @@ def test_fit_losses_match():
     assert len(losses["s2d"]) == 24
     np.testing.assert_allclose(losses["s2d"], losses["original"], rtol=1e-4, atol=1e-5)
     assert np.mean(losses["original"][-8:]) < 0.8 * np.mean(losses["original"][:8])
+
+
+def test_export_saved_model_serves_s2d_input(tmp_path):
+    images, _ = _data(4)
+    s2d = tftpu.keras.space_to_depth(_build(0), 2)
+    s2d.export(str(tmp_path / "sm"), verbose=False)
+    loaded = tf.saved_model.load(str(tmp_path / "sm"))
+    x = tftpu.data.transform(images, 2)
+    np.testing.assert_allclose(loaded.serve(x), s2d(x), rtol=1e-6, atol=1e-6)
+
+
+def test_mixed_precision_policy():
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    try:
+        model = _build(0, size=17)
+        s2d = tftpu.keras.space_to_depth(model, 2)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    images, _ = _data(4, size=17)
+    ref, got = model(images), s2d(tftpu.data.transform(images, 2))
+    assert got.dtype == ref.dtype == tf.bfloat16
+    np.testing.assert_allclose(tf.cast(got, tf.float32), tf.cast(ref, tf.float32), rtol=0.05, atol=0.05)
