@@ -103,3 +103,14 @@ def test_mixed_precision_policy():
     ref, got = model(images), s2d(tftpu.data.transform(images, 2))
     assert got.dtype == ref.dtype == tf.bfloat16
     np.testing.assert_allclose(tf.cast(got, tf.float32), tf.cast(ref, tf.float32), rtol=0.05, atol=0.05)
+
+
+def test_tf_checkpoint_of_the_original_object_holds_the_shared_s2d_training(tmp_path):
+    images, labels = _data(16)
+    original = _build(0)
+    s2d = tftpu.keras.space_to_depth(original, 2)  # shares every variable with `original`
+    _fit(s2d, tftpu.data.transform(images, 2).numpy(), labels, steps=3)
+    path = tf.train.Checkpoint(model=original).save(str(tmp_path / "ckpt"))
+    fresh = _build(1)
+    tf.train.Checkpoint(model=fresh).restore(path).assert_existing_objects_matched()
+    np.testing.assert_allclose(fresh(images), s2d(tftpu.data.transform(images, 2)), rtol=1e-5, atol=1e-5)

@@ -188,6 +188,9 @@ def space_to_depth(model, block_size=2, *, share_weights: bool = True, input_nam
     With `input_layout="NCHW"` the model takes `[N, C*b*b, ceil(H/b), ceil(W/b)]` (the fused host
     layout of `tftpu.data.space_to_depth(..., layout="NCHW")`) and transposes it back first.
     `share_weights=True` shares every variable with `model`; False gives the new model copies.
+    Keras weight files (`save_weights`/`load_weights`, `.keras`) load both ways between the two
+    models. TF object-graph checkpoints (`tf.train.Checkpoint(model=...)`) follow layer
+    positions, which the rewrite changes: with shared weights, checkpoint the original model.
     Raises UnsupportedOpError / ShapeError with the reason when the model cannot be rewritten.
     """
     if isinstance(model, keras.Sequential) and getattr(model, "_functional", None) is not None:
