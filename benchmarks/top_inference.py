@@ -15,12 +15,21 @@ import time
 import numpy as np
 
 
-def throughput(fn, runs: int) -> float:
-    fn()  # warm up (kernels, TF graph caches)
+def timed(fn) -> float:
     t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def throughputs(fns, runs: int) -> list[float]:
+    """Images/s of each fn: interleaved runs (the machine is shared and noisy), median time."""
+    for fn in fns:
+        fn()  # warm up (kernels, TF graph caches, weight re-layouts)
+    times = [[] for _ in fns]
     for _ in range(runs):
-        fn()
-    return runs / (time.perf_counter() - t0)
+        for i, fn in enumerate(fns):
+            times[i].append(timed(fn))
+    return [1.0 / float(np.median(t)) for t in times]
 
 
 def main() -> None:
@@ -45,8 +54,7 @@ def main() -> None:
         sess = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
         feed = {sess.get_inputs()[0].name: x}
         interp = TopInterpreter(top)
-        ort_tp = throughput(lambda: sess.run(None, feed), args.runs)
-        top_tp = throughput(lambda: interp.run({"x": x}), args.runs)
+        ort_tp, top_tp = throughputs([lambda: sess.run(None, feed), lambda: interp.run({"x": x})], args.runs)
         print(f"{name:<14} {len(top.ops):>5} {ort_tp:>18.2f} {top_tp:>10.2f} {top_tp / ort_tp:>6.2f}x")
 
 
