@@ -30,9 +30,14 @@ class Captured:
     output_names: list[str]       # tensor names of the flat tensor outputs
     output_structure: Any         # structured outputs; tensors replaced on re-import
     control_output_names: list[str]  # ops that must run (variable updates, ...)
+    python_signature: Any = None  # of the tf.function's Python function (for default values)
 
     def flat_args(self, args, kwargs) -> list:
         """The flat tensor arguments of a call `fn(*args, **kwargs)`, as the concrete function sees them."""
+        if self.python_signature is not None:
+            bound = self.python_signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            args, kwargs = bound.args, bound.kwargs
         return flatten_call(self.concrete, args, kwargs)
 
 
@@ -87,4 +92,17 @@ def capture(fn, *args, inline: bool = True, **kwargs) -> Captured:
         output_names=output_names,
         output_structure=cf.structured_outputs,
         control_output_names=control,
+        python_signature=_python_signature(fn),
     )
+
+
+def _python_signature(fn):
+    import inspect
+
+    py = getattr(fn, "python_function", None)
+    if py is None:
+        return None
+    try:
+        return inspect.signature(py)
+    except (TypeError, ValueError):
+        return None
