@@ -37,6 +37,7 @@ def main() -> None:
     ap.add_argument("--models", default="ResNet50,MobileNetV2")
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--size", type=int, default=224)
+    ap.add_argument("--layout", default="NCHW,NHWC", help="TOP layouts to time (NHWC via convert_layout)")
     args = ap.parse_args()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import keras
@@ -45,18 +46,21 @@ def main() -> None:
     from tftpu import frontend
     from tftpu.interp.top_interpreter import TopInterpreter
 
-    print(f"{'model':<14} {'ops':>5} {'onnxruntime img/s':>18} {'TOP img/s':>10} {'ratio':>7}")
+    print(f"{'model':<14} {'layout':<6} {'ops':>5} {'onnxruntime img/s':>18} {'TOP img/s':>10} {'ratio':>7}")
     for name in args.models.split(","):
         km = getattr(keras.applications, name)(weights=None, input_shape=(args.size, args.size, 3))
         proto = frontend.to_onnx(km)
-        top = frontend.load(proto, name=name)
         x = np.random.default_rng(0).uniform(-1, 1, (1, args.size, args.size, 3)).astype(np.float32)
         sess = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
         feed = {sess.get_inputs()[0].name: x}
-        interp = TopInterpreter(top)
-        ort_tp, top_tp = throughputs([lambda: sess.run(None, feed), lambda: interp.run({"x": x})], args.runs)
-        print(f"{name:<14} {len(top.ops):>5} {ort_tp:>18.2f} {top_tp:>10.2f} {top_tp / ort_tp:>6.2f}x")
-
+        for layout in args.layout.split(","):
+            top = frontend.load(proto, name=name)
+            if layout == "NHWC":
+                from tftpu.transforms.convert_layout import convert_layout
+                convert_layout(top, "NHWC")
+            interp = TopInterpreter(top)
+            ort_tp, top_tp = throughputs([lambda: sess.run(None, feed), lambda: interp.run({"x": x})], args.runs)
+            print(f"{name:<14} {layout:<6} {len(top.ops):>5} {ort_tp:>18.2f} {top_tp:>10.2f} {top_tp / ort_tp:>6.2f}x")
 
 if __name__ == "__main__":
     main()

@@ -40,8 +40,8 @@ def main(args):
 
     if not FLAGS.model_def:
         raise errors.UsageError("--model_def is required")
-    if FLAGS.layout:
-        raise errors.UsageError("--layout is not available in this version of tftpu (convert-layout issue)")
+    if FLAGS.layout and FLAGS.layout not in ("NCHW", "NHWC"):
+        raise errors.UsageError(f"--layout must be NCHW or NHWC, not {FLAGS.layout!r}")
     tolerance = parse_tolerance(FLAGS.tolerance)
     shapes = parse_shapes(FLAGS.input_shapes)
     kind = source_kind(FLAGS.model_def)
@@ -56,6 +56,10 @@ def main(args):
     model = onnx_to_top(proto, name, shapes if kind == "onnx" else None)
     n_before = len(model.ops)
     report = canonicalize(model)
+    if FLAGS.layout:
+        from tftpu.transforms.convert_layout import convert_layout
+        print(f"convert layout to {FLAGS.layout}: {convert_layout(model, FLAGS.layout)}")
+        canonicalize(model)
     _, weight_path = model.save(mlir)
     print(f"{mlir}: {len(model.ops)} ops ({n_before} before canonicalize: {report}); "
           f"weights {weight_path}; {time.perf_counter() - t0:.2f} s")

@@ -56,14 +56,15 @@ def test_transform_below_tolerance_exits_1(files):
 
 def test_run_mlir_and_onnx_agree(files):
     mlir = files / "r" / "net.top.mlir"
-    assert tool("transform", f"--model_def={files / 'net.onnx'}", "--input_shapes=[[2,3,32,32]]",
-                f"--mlir={mlir}").returncode == 0
+    done = tool("transform", f"--model_def={files / 'net.onnx'}", "--input_shapes=[[2,3,32,32]]",
+                "--layout=NHWC", f"--mlir={mlir}")
+    assert done.returncode == 0 and "convert layout to NHWC" in done.stdout, done.stderr
     a = tool("run", f"--model={mlir}", f"--input={files / 'in.npz'}", f"--output={files / 'top.npz'}",
              "--dump_all_tensors")
     b = tool("run", f"--model={files / 'net.onnx'}", f"--input={files / 'in.npz'}", f"--output={files / 'ort.npz'}")
     assert a.returncode == 0 and b.returncode == 0, a.stderr + b.stderr
     top, ort = ir.load_npz(files / "top.npz"), ir.load_npz(files / "ort.npz")
-    assert set(ort) == {"y"} and {"y", "r1", "r6", "gap"} <= set(top)
+    assert set(ort) == {"y"} and "y" in top and len(top) >= 8
     np.testing.assert_allclose(top["y"], ort["y"], rtol=1e-5, atol=1e-5)
 
 
