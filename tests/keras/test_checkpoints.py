@@ -37,21 +37,33 @@ def _fit(model, x, y, steps=6):
     model.fit(ds, steps_per_epoch=steps, epochs=1, verbose=0)
 
 
+def _save(model, tmp_path, fmt):
+    if fmt == "weights.h5":
+        model.save_weights(str(tmp_path / "w.weights.h5"))
+        return str(tmp_path / "w.weights.h5")
+    return tf.train.Checkpoint(model=model).save(str(tmp_path / "ckpt"))
+
+
+def _load(model, path, fmt):
+    if fmt == "weights.h5":
+        model.load_weights(path)
+    else:
+        tf.train.Checkpoint(model=model).restore(path).assert_existing_objects_matched()
+
+
+@pytest.mark.parametrize("fmt", ["weights.h5", "tf.train.Checkpoint"])
 @pytest.mark.parametrize("direction", ["s2d_to_original", "original_to_s2d"])
-def test_save_weights_load_both_ways(tmp_path, direction):
+def test_checkpoints_load_both_ways(tmp_path, direction, fmt):
     images, labels = _data()
     s2d_images = tftpu.data.transform(images, 2).numpy()
     original = _build(0)
     s2d = tftpu.keras.space_to_depth(_build(1), 2, share_weights=False)
-    path = str(tmp_path / "w.weights.h5")
     if direction == "s2d_to_original":
         _fit(s2d, s2d_images, labels)
-        s2d.save_weights(path)
-        original.load_weights(path)
+        _load(original, _save(s2d, tmp_path, fmt), fmt)
     else:
         _fit(original, images, labels)
-        original.save_weights(path)
-        s2d.load_weights(path)
+        _load(s2d, _save(original, tmp_path, fmt), fmt)
     for a, b in zip(original.weights, s2d.weights):
         assert a.shape == b.shape
         np.testing.assert_array_equal(a.numpy(), b.numpy())
@@ -63,6 +75,7 @@ def test_full_model_file_round_trip(tmp_path):
     s2d = tftpu.keras.space_to_depth(_build(0), 2)
     s2d.save(tmp_path / "m.keras")
     loaded = keras.models.load_model(tmp_path / "m.keras")
+    assert isinstance(loaded, tftpu.keras.SpaceToDepthModel)
     assert isinstance(loaded.get_layer(s2d.layers[5].name), tftpu.keras.Conv2D)
     x = tftpu.data.transform(images, 2).numpy()
     np.testing.assert_array_equal(loaded(x), s2d(x))

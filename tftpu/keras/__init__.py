@@ -5,6 +5,6 @@
 """
 
 from tftpu.keras.layers import Conv2D, Conv3D, padding_mask
-from tftpu.keras.space_to_depth import find_first_conv, space_to_depth
+from tftpu.keras.space_to_depth import SpaceToDepthModel, find_first_conv, space_to_depth
 
-__all__ = ["space_to_depth", "find_first_conv", "Conv2D", "Conv3D", "padding_mask"]
+__all__ = ["space_to_depth", "find_first_conv", "SpaceToDepthModel", "Conv2D", "Conv3D", "padding_mask"]

@@ -20,17 +20,35 @@ from typing import Sequence
 
 import keras
 import numpy as np
+from keras.src.models.functional import Functional
 from keras.src.ops.function import Function
 
 from tftpu.errors import ShapeError, UnsupportedOpError, UsageError
 from tftpu.keras import layers as s2d_layers
 from tftpu.passes import s2d_geometry
 
-__all__ = ["space_to_depth", "find_first_conv"]
+__all__ = ["space_to_depth", "find_first_conv", "SpaceToDepthModel"]
 
 _CONVS = {keras.layers.Conv2D: s2d_layers.Conv2D, keras.layers.Conv3D: s2d_layers.Conv3D}
 _ZERO_PADS = (keras.layers.ZeroPadding2D, keras.layers.ZeroPadding3D)
 _INPUT_LAYOUTS = ("NHWC", "NCHW")
+
+
+@keras.saving.register_keras_serializable(package="tftpu", name="SpaceToDepthModel")
+class SpaceToDepthModel(Functional):
+    """A functional model on S2D input whose TF checkpoints have its original model's layout.
+
+    `tf.train.Checkpoint` addresses layers by position in the functional graph; the rewrite
+    adds reshapes and drops ZeroPadding, so for checkpoints this model lists the original
+    model's layers, with the S2D conv in place of the original conv.
+    """
+
+    def _trackable_children(self, save_type="checkpoint", **kwargs):
+        children = super()._trackable_children(save_type, **kwargs)
+        original = self.__dict__.get("_tftpu_checkpoint_operations")
+        if save_type == "checkpoint" and original is not None:
+            children["_operations"] = original
+        return children
 
 
 def _blocks(block_size, rank: int) -> tuple[int, ...]:
@@ -188,9 +206,8 @@ def space_to_depth(model, block_size=2, *, share_weights: bool = True, input_nam
     With `input_layout="NCHW"` the model takes `[N, C*b*b, ceil(H/b), ceil(W/b)]` (the fused host
     layout of `tftpu.data.space_to_depth(..., layout="NCHW")`) and transposes it back first.
     `share_weights=True` shares every variable with `model`; False gives the new model copies.
-    Keras weight files (`save_weights`/`load_weights`, `.keras`) load both ways between the two
-    models. TF object-graph checkpoints (`tf.train.Checkpoint(model=...)`) follow layer
-    positions, which the rewrite changes: with shared weights, checkpoint the original model.
+    Keras weight files (`save_weights`/`load_weights`, `.keras`) and `tf.train.Checkpoint`s load
+    both ways between the two models.
     Raises UnsupportedOpError / ShapeError with the reason when the model cannot be rewritten.
     """
     if isinstance(model, keras.Sequential) and getattr(model, "_functional", None) is not None:
@@ -260,6 +277,12 @@ def space_to_depth(model, block_size=2, *, share_weights: bool = True, input_nam
                                        f"through {_op_desc(conv)} ({str(exc).splitlines()[0]})") from None
     outputs = tail._run_through_graph([conv_out] + others, operation_fn=lambda op: op)
     new_inputs = keras.tree.map_structure(lambda t: new_input if t is image else t, model._inputs_struct)
-    return keras.Model(inputs=new_inputs, outputs=keras.tree.pack_sequence_as(model._outputs_struct,
-                                                                              keras.tree.flatten(outputs)),
-                       name=f"{model.name}_space_to_depth")
+    result = SpaceToDepthModel(inputs=new_inputs,
+                               outputs=keras.tree.pack_sequence_as(model._outputs_struct, keras.tree.flatten(outputs)),
+                               name=f"{model.name}_space_to_depth")
+    import tensorflow as tf
+
+    # Not tracked (object.__setattr__): only the checkpoint view above uses it.
+    object.__setattr__(result, "_tftpu_checkpoint_operations", tf.__internal__.tracking.wrap(
+        [new_conv if op is conv else op for op in model._operations]))
+    return result
