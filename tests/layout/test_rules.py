@@ -178,12 +178,10 @@ def _per_channel(b, n=4):
 
 @pytest.mark.parametrize("op_name", ["BatchNorm", "Scale"])
 def test_per_channel_layout_attr(op_name):
-    extra = (lambda b: _per_channel(b))
-    model = wrapped(op_name, {}, extra=[] if False else None)
     b = TopBuilder("pc")
     x = b.input("x", (1, 6, 8, 4))
     xp = b.op("Permute", [x], {"order": TO_NCHW}, "x_t")
-    params = extra(b)
+    params = _per_channel(b)
     y = b.op(op_name, [xp, *(params if op_name == "BatchNorm" else params[:2])], {}, "y")
     model = b.finish([b.op("Permute", [y], {"order": [0, 2, 3, 1]}, "out")])
     new, _ = convert_and_compare(model, desired={})
