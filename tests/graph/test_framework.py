@@ -162,3 +162,22 @@ def test_nested_function_inlined():
 def test_optimize_rejects_plain_callables():
     with pytest.raises(UsageError, match="tf.function or a ConcreteFunction"):
         tftpu.optimize(lambda x: x, 1.0)
+
+
+def test_gradient_tape_through_optimized_call():
+    w = tf.Variable(np.random.default_rng(6).standard_normal((4, 4, 3, 5)).astype(np.float32))
+
+    @tf.function
+    def f(x):
+        return tf.nn.conv2d(x, w, 2, "SAME")
+
+    x = tf.constant(np.random.default_rng(7).standard_normal((2, 12, 12, 3)).astype(np.float32))
+    fast = tftpu.optimize(f, x)
+    assert fast.report.applied("space_to_depth")
+    grads = []
+    for fn in (f, fast):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(fn(x) ** 2)
+        grads.append(tape.gradient(loss, w))
+    assert grads[1] is not None
+    np.testing.assert_allclose(grads[1], grads[0], rtol=1e-5, atol=1e-4)

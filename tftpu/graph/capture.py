@@ -31,6 +31,7 @@ class Captured:
     output_structure: Any         # structured outputs; tensors replaced on re-import
     control_output_names: list[str]  # ops that must run (variable updates, ...)
     python_signature: Any = None  # of the tf.function's Python function (for default values)
+    variables: list = dataclasses.field(default_factory=list)  # tf.Variables the graph uses
 
     def flat_args(self, args, kwargs) -> list:
         """The flat tensor arguments of a call `fn(*args, **kwargs)`, as the concrete function sees them."""
@@ -93,6 +94,7 @@ def capture(fn, *args, inline: bool = True, **kwargs) -> Captured:
         output_structure=cf.structured_outputs,
         control_output_names=control,
         python_signature=_python_signature(fn),
+        variables=list(getattr(graph, "variables", ())),
     )
 
 

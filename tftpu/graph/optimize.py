@@ -42,11 +42,12 @@ class OptimizedFunction:
         return self._concrete
 
     def __call__(self, *args, **kwargs):
-        from tensorflow.python.eager import context
+        from tensorflow.python.eager import context, record
 
         flat = self.captured.flat_args(args, kwargs)
         ctx = context.context()
-        if ctx.executing_eagerly():
+        # the runtime-function fast path is not seen by a recording GradientTape
+        if ctx.executing_eagerly() and not record.could_possibly_record():
             outs = ctx.call_function(self._name, list(flat) + list(self.captured.captures),
                                      len(self.captured.output_names))
         else:

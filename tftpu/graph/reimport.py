@@ -38,7 +38,10 @@ def reimport(graph_def, cap: Captured):
                 return [tf.constant(0)]
             return [tf.identity(t) for t in outs]
 
-    return tf.compat.v1.wrap_function(body, signature=list(cap.arg_specs))
+    wrapped = tf.compat.v1.wrap_function(body, signature=list(cap.arg_specs))
+    # a GradientTape sees the variables a call reads through its graph's `variables`
+    wrapped.graph.variables = list(cap.variables)
+    return wrapped
 
 
 def pack_outputs(cap: Captured, flat):
