@@ -38,6 +38,11 @@ def tf():
     return tensorflow
 
 
+def to_numpy(t) -> np.ndarray:
+    """A TF result as a read-only numpy view of its buffer (no copy; `.numpy()` copies)."""
+    return np.asarray(t)
+
+
 def numel(shape: Sequence[int]) -> int:
     """Number of elements of a shape."""
     return int(math.prod(shape))
@@ -155,7 +160,7 @@ def tf_epilogue(y, bias, fused_relu: float | None):
         else:
             y = raw.ClipByValue(t=y, clip_value_min=np.float32(0),
                                 clip_value_max=np.float32(fused_relu))
-    return y.numpy()
+    return to_numpy(y)
 
 
 def bias_const(b, shape):

@@ -10,7 +10,7 @@ import numpy as np
 
 from tftpu.interp.kernels._registry import (
     WEIGHTS, as_f32, channels_last, ints, numel, per_channel, post_relu, register, relu,
-    relu_limit, tf, tf_epilogue, bias_const)
+    relu_limit, tf, tf_epilogue, bias_const, to_numpy)
 
 
 
@@ -103,7 +103,7 @@ def _conv_tf_3d(x, w, strides, pads, dil, nhwc):
         x = x.transpose(0, 2, 3, 4, 1)
     f = WEIGHTS.get(w, ("dhwio",), lambda: t.constant(w.transpose(2, 3, 4, 1, 0)))
     xp = np.pad(x, [(0, 0)] + [(pads[i], pads[i + 3]) for i in range(3)] + [(0, 0)])
-    y = t.nn.conv3d(xp, f, [1, *strides, 1], "VALID", dilations=[1, *dil, 1]).numpy()
+    y = to_numpy(t.nn.conv3d(xp, f, [1, *strides, 1], "VALID", dilations=[1, *dil, 1]))
     return y if nhwc else y.transpose(0, 4, 1, 2, 3)
 
 

@@ -22,8 +22,8 @@ def batch_norm(operands, attrs):
     ax = channel_axis(x.ndim, attrs) if x.ndim > 1 else 0
     eps = np.float32(attrs.get("epsilon", 1e-5))
     inv = scale / np.sqrt(var + eps)
-    y = (x - per_channel(mean, x.ndim, ax)) * per_channel(inv, x.ndim, ax) \
-        + per_channel(bias, x.ndim, ax)
+    y = x * per_channel(inv, x.ndim, ax)
+    y += per_channel(bias - mean * inv, x.ndim, ax)
     return [y.astype(np.float32, copy=False)]
 
 
@@ -35,8 +35,8 @@ def scale(operands, attrs):
     ax = channel_axis(x.ndim, attrs) if x.ndim > 1 else 0
     y = x * per_channel(s, x.ndim, ax)
     if b is not None:
-        y = y + per_channel(as_f32(b), x.ndim, ax)
-    return [post_relu(y.astype(np.float32, copy=False), attrs)]
+        y += per_channel(as_f32(b), x.ndim, ax)
+    return [post_relu(y.astype(np.float32, copy=False), attrs, inplace=True)]
 
 
 @register("Softmax", flops=_n_flops(5))

@@ -11,7 +11,7 @@ import math
 import numpy as np
 
 from tftpu.interp.kernels._registry import (
-    as_f32, channels_last, ints, numel, post_relu, register, spatial_axes, tf)
+    as_f32, channels_last, ints, numel, post_relu, register, spatial_axes, tf, to_numpy)
 
 
 def pool_geometry(in_size, k, s, pb, pe, d, ceil_mode):
@@ -54,11 +54,11 @@ def _tf_pool(xp, kind, k, s, nhwc):
     nsp = len(k)
     if nsp == 2:
         fn = t.nn.max_pool2d if kind == "max" else t.nn.avg_pool2d
-        return fn(xp, k, s, "VALID", data_format="NHWC" if nhwc else "NCHW").numpy()
+        return to_numpy(fn(xp, k, s, "VALID", data_format="NHWC" if nhwc else "NCHW"))
     if nsp == 3:
         fn = t.nn.max_pool3d if kind == "max" else t.nn.avg_pool3d
         x5 = xp if nhwc else xp.transpose(0, 2, 3, 4, 1)
-        y = fn(x5, k, s, "VALID").numpy()
+        y = to_numpy(fn(x5, k, s, "VALID"))
         return y if nhwc else y.transpose(0, 4, 1, 2, 3)
     return None
 
