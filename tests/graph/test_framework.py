@@ -181,3 +181,16 @@ def test_gradient_tape_through_optimized_call():
         grads.append(tape.gradient(loss, w))
     assert grads[1] is not None
     np.testing.assert_allclose(grads[1], grads[0], rtol=1e-5, atol=1e-4)
+
+
+def test_rewrite_is_deterministic():
+    w = tf.Variable(np.ones((7, 7, 3, 4), np.float32))
+
+    @tf.function
+    def f(x):
+        return tf.nn.conv2d(x * 2.0 - 1.0, w, 2, "SAME")
+
+    x = tf.zeros((1, 17, 17, 3))
+    a = tftpu.optimize(f, x).graph_def.SerializeToString(deterministic=True)
+    b = tftpu.optimize(f, x).graph_def.SerializeToString(deterministic=True)
+    assert a == b
