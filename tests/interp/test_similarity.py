@@ -108,6 +108,7 @@ def test_compare_tensors_rows_and_table():
     assert "FAIL" in lines[3] and "-1.000000" in lines[3]
     assert "only in ref.npz: only_a" in table and "only in test.npz: only_b" in table
     assert lines[-1].startswith("2 compared, 1 passed, 1 failed")
+    assert "min cosine -1.000000 (y)" in lines[-1] and "min euclid" in lines[-1]
     assert sim.format_table(r, ("ref.npz", "test.npz")) == table   # deterministic
 
 

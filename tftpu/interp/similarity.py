@@ -211,6 +211,13 @@ def format_table(result: Comparison, names: tuple[str, str] = ("a", "b")) -> str
         out.append(f"only in {names[1]}: {', '.join(result.only_b)}")
     cos, euc = result.tolerance
     n_fail = len(result.failed)
-    out.append(f"{len(result.rows)} compared, {len(result.rows) - n_fail} passed, {n_fail} failed"
+    summary = (f"{len(result.rows)} compared, {len(result.rows) - n_fail} passed, {n_fail} failed"
                f" (tolerance cosine >= {cos:g}, euclidean >= {euc:g})")
+    scored = [r for r in result.rows if not math.isnan(r.cosine)]
+    if scored:
+        worst_c = min(scored, key=lambda r: r.cosine)
+        worst_e = min(scored, key=lambda r: r.euclid)
+        summary += (f"; min cosine {_fmt_num(worst_c.cosine)} ({worst_c.name}),"
+                    f" min euclid {_fmt_num(worst_e.euclid)} ({worst_e.name})")
+    out.append(summary)
     return "\n".join(out) + "\n"
