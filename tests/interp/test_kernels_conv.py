@@ -135,3 +135,40 @@ def test_deconv2d_sweep(k, s, d, cog):
 def test_deconv_1d_3d(k, s, d, pads, op, cog):
     c, o, g = cog
     _deconv_case(c, o, k, s, pads, d, g, op, True, (5, 4, 6)[:len(k)])
+
+
+def _random_geometry(rng, nsp, deconv=False):
+    k = [int(v) for v in rng.integers(1, 5, nsp)]
+    s = [int(v) for v in rng.integers(1, 4, nsp)]
+    d = [int(v) for v in rng.integers(1, 3, nsp)]
+    span = [di * (ki - 1) + 1 for di, ki in zip(d, k)]
+    pads = [int(rng.integers(0, sp)) for sp in span] + [int(rng.integers(0, sp)) for sp in span]
+    size = [int(v) for v in rng.integers(1, 9, nsp)]
+    size = [max(sz, sp - pads[i] - pads[i + nsp] + 1) for i, (sz, sp) in enumerate(zip(size, span))]
+    g = int(rng.choice([1, 2, 3]))
+    c = g * int(rng.integers(1, 4))
+    o = g * int(rng.integers(1, 4))
+    op = [int(rng.integers(0, si)) if deconv else 0 for si in s]   # ORT: output_padding < stride
+    return k, s, d, pads, size, g, c, o, op
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_conv_random_fuzz(seed):
+    """Random 1-D/2-D/3-D geometries (kernel, stride, dilation, asymmetric pads, groups)."""
+    rng = np.random.default_rng(100 + seed)
+    for _ in range(25):
+        nsp = int(rng.integers(1, 4))
+        k, s, d, pads, size, g, c, o, _ = _random_geometry(rng, nsp)
+        _conv_case(nsp, c, o, k, s, pads, d, g, bool(rng.integers(0, 2)), size)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_deconv_random_fuzz(seed):
+    rng = np.random.default_rng(200 + seed)
+    for _ in range(20):
+        nsp = int(rng.integers(1, 4))
+        k, s, d, pads, size, g, c, o, op = _random_geometry(rng, nsp, deconv=True)
+        span = [dd * (kk - 1) + 1 for kk, dd in zip(k, d)]
+        pb = [min(pads[i], span[i] - 1) for i in range(nsp)]
+        pads = pb + [min(pads[nsp + i], span[i] - 1 - pb[i]) for i in range(nsp)]
+        _deconv_case(c, o, k, s, pads, d, g, op, bool(rng.integers(0, 2)), size)

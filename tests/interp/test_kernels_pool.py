@@ -87,3 +87,21 @@ def test_global_pool(shape, kind, onnx_op):
     got = KERNELS[kind]([np.moveaxis(x, 1, -1)], {"layout": "NHWC"})[0]
     assert_close(got, np.moveaxis(want, 1, -1))
     assert FLOPS[kind]([shape], [want.shape], {}) == x.size
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_pool_random_fuzz(seed):
+    """Random 1-D/2-D/3-D pools: kernel, stride, asymmetric pads, ceil_mode, count_include_pad."""
+    rng = np.random.default_rng(300 + seed)
+    for _ in range(25):
+        nsp = int(rng.integers(1, 4))
+        k = [int(v) for v in rng.integers(1, 5, nsp)]
+        s = [int(v) for v in rng.integers(1, 4, nsp)]
+        pads = [int(rng.integers(0, kk)) for kk in k] + [int(rng.integers(0, kk)) for kk in k]
+        size = [int(rng.integers(kk, kk + 7)) for kk in k]
+        x = rng.standard_normal((1, 2, *size)).astype(np.float32)
+        attrs = dict(kernel_shape=k, strides=s, pads=pads, ceil_mode=bool(rng.integers(0, 2)))
+        if rng.integers(0, 2):
+            _check("MaxPool", x, attrs)
+        else:
+            _check("AvgPool", x, dict(attrs, count_include_pad=bool(rng.integers(0, 2))))
