@@ -2,7 +2,8 @@
 
     python benchmarks/transposes.py [--models ResNet50,MobileNetV2,...] [--size 96] [--chip npu1]
 
-For keras.applications ResNet50, MobileNetV2, EfficientNetB0 (weights=None, through tf2onnx) and
+For keras.applications ResNet50, MobileNetV2, EfficientNetB0, MobileNetV3Small (weights=None,
+through tf2onnx; PEERS.md: tf2onnx leaves 106 transposes in MobileNetV3Small) and
 the mediapipe selfie-segmentation and BlazeFace TFLite models (through tf2onnx's TFLite path),
 prints per model: Transpose nodes in tf2onnx's output (its transpose optimizer has run), after
 onnxsim on the same ONNX, Permute ops in TOP after import + canonicalize, and after ConvertLayout
@@ -21,7 +22,7 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-KERAS = ("ResNet50", "MobileNetV2", "EfficientNetB0")
+KERAS = ("ResNet50", "MobileNetV2", "EfficientNetB0", "MobileNetV3Small")
 TFLITE = ("selfie_segmentation.tflite", "face_detection_short_range.tflite")
 
 

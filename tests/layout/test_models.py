@@ -16,11 +16,12 @@ from tests.layout.helpers import clone, cosine, inputs_for, permutes
 from tftpu.interp.top_interpreter import run
 from tftpu.transforms.convert_layout import convert_layout
 
-KERAS = {"ResNet50": (32, 32), "MobileNetV2": (64, 64), "EfficientNetB0": (64, 64)}
+KERAS = {"ResNet50": (32, 32), "MobileNetV2": (64, 64), "EfficientNetB0": (64, 64),
+         "MobileNetV3Small": (64, 64)}   # tf2onnx's optimizer leaves ~100 transposes in the last
 TFLITE = ["selfie_segmentation.tflite", "face_detection_short_range.tflite"]
 
 # (permutes after NHWC, after NCHW) measured; the NCHW one is at the input for all but BlazeFace
-EXPECTED = {"ResNet50": (0, 1), "MobileNetV2": (0, 1), "EfficientNetB0": (0, 1),
+EXPECTED = {"ResNet50": (0, 1), "MobileNetV2": (0, 1), "EfficientNetB0": (0, 1), "MobileNetV3Small": (0, 1),
             "selfie_segmentation.tflite": (0, 1), "face_detection_short_range.tflite": (0, 5)}
 
 
@@ -65,3 +66,5 @@ def test_real_model(name):
         heavy = sum(v for k, v in report.layouts.items() if k.endswith(target))
         assert heavy == sum(report.layouts.values()) > 0
     assert transposes >= EXPECTED[name][0]
+    if name == "MobileNetV3Small":
+        assert transposes > 50   # what tf2onnx's own transpose optimizer leaves
