@@ -5,6 +5,8 @@
 For keras.applications ResNet50, MobileNetV2, EfficientNetB0, MobileNetV3Small (weights=None,
 through tf2onnx; PEERS.md: tf2onnx leaves 106 transposes in MobileNetV3Small) and
 the mediapipe selfie-segmentation and BlazeFace TFLite models (through tf2onnx's TFLite path),
+and MTCNN R-Net/O-Net with real weights (Keras Permute + Flatten + Dense, where tf2onnx's
+transpose optimizer gets stuck),
 prints per model: Transpose nodes in tf2onnx's output (its transpose optimizer has run), after
 onnxsim on the same ONNX, Permute ops in TOP after import + canonicalize, and after ConvertLayout
 to NCHW and to NHWC (with how many sit at a model input/output and how many inside), the
@@ -24,6 +26,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 KERAS = ("ResNet50", "MobileNetV2", "EfficientNetB0", "MobileNetV3Small")
 TFLITE = ("selfie_segmentation.tflite", "face_detection_short_range.tflite")
+MTCNN = ("mtcnn_rnet", "mtcnn_onet")
 
 
 def _onnx(name: str, size: int):
@@ -32,6 +35,9 @@ def _onnx(name: str, size: int):
         import keras
         keras.utils.set_random_seed(0)
         return keras_to_onnx(getattr(keras.applications, name)(weights=None, input_shape=(size, size, 3)))
+    if name in MTCNN:
+        from tests.models import mtcnn
+        return keras_to_onnx(getattr(mtcnn, name[6:])())
     from tests import material
     return tflite_to_onnx(material.get(name))
 
@@ -97,7 +103,7 @@ def measure(name: str, size: int, chip_name: str) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", default=",".join(KERAS + TFLITE))
+    ap.add_argument("--models", default=",".join(KERAS + TFLITE + MTCNN))
     ap.add_argument("--size", type=int, default=96, help="input size of the Keras models")
     ap.add_argument("--chip", default="npu1")
     args = ap.parse_args()

@@ -1,4 +1,5 @@
-"""ConvertLayout on real models: keras.applications (via tf2onnx) and mediapipe TFLite models.
+"""ConvertLayout on real models: keras.applications (via tf2onnx), mediapipe TFLite models and
+MTCNN R-Net/O-Net with their real weights.
 
 Numerics are unchanged (TOP interpreter, cosine >= 0.99999 on every output) and the Permute
 count after conversion to NHWC and to NCHW meets the goal: none inside the graph, at most one
@@ -19,10 +20,12 @@ from tftpu.transforms.convert_layout import convert_layout
 KERAS = {"ResNet50": (32, 32), "MobileNetV2": (64, 64), "EfficientNetB0": (64, 64),
          "MobileNetV3Small": (64, 64)}   # tf2onnx's optimizer leaves ~100 transposes in the last
 TFLITE = ["selfie_segmentation.tflite", "face_detection_short_range.tflite"]
+MTCNN = ["mtcnn_rnet", "mtcnn_onet"]   # real weights; Keras Permute + Flatten + Dense: tf2onnx's stuck case
 
 # (permutes after NHWC, after NCHW) measured; the NCHW one is at the input for all but BlazeFace
 EXPECTED = {"ResNet50": (0, 1), "MobileNetV2": (0, 1), "EfficientNetB0": (0, 1), "MobileNetV3Small": (0, 1),
-            "selfie_segmentation.tflite": (0, 1), "face_detection_short_range.tflite": (0, 5)}
+            "selfie_segmentation.tflite": (0, 1), "face_detection_short_range.tflite": (0, 5),
+            "mtcnn_rnet": (0, 1), "mtcnn_onet": (0, 1)}
 
 
 @functools.lru_cache(maxsize=None)
@@ -35,6 +38,9 @@ def _top(name: str):
         keras.utils.set_random_seed(0)
         model = getattr(keras.applications, name)(weights=None, input_shape=(*KERAS[name], 3))
         proto = keras_to_onnx(model)
+    elif name in MTCNN:
+        from tests.models import mtcnn
+        proto = keras_to_onnx(getattr(mtcnn, name[6:])())
     else:
         from tests import material
         proto = tflite_to_onnx(material.get(name))
@@ -45,7 +51,7 @@ def _top(name: str):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [*KERAS, *TFLITE])
+@pytest.mark.parametrize("name", [*KERAS, *TFLITE, *MTCNN])
 def test_real_model(name):
     model, transposes = _top(name)
     feeds = inputs_for(model, seed=1)
@@ -63,6 +69,8 @@ def test_real_model(name):
         assert n == report.permutes_after == expected, (name, target, str(report))
         if name != "face_detection_short_range.tflite":
             assert report.inside == 0 and n <= n_io
+        if name in MTCNN:   # the transpose tf2onnx leaves before Flatten went into the Dense weights
+            assert any("weight rows" in note for note in report.notes)
         heavy = sum(v for k, v in report.layouts.items() if k.endswith(target))
         assert heavy == sum(report.layouts.values()) > 0
     assert transposes >= EXPECTED[name][0]
