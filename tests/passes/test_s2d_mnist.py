@@ -68,8 +68,7 @@ def test_mnist_same_loss_curve():
     a, b = np.array(curves[0]), np.array(curves[1])
     print(f"mnist: loss {a[0]:.3f} -> {a[-1]:.3f}, max |loss diff| {np.abs(a - b).max():.2e}, "
           f"held-out accuracy {accs[0]:.3f} / {accs[1]:.3f}")
-    np.testing.assert_allclose(b[:20], a[:20], rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(b, a, rtol=2e-2, atol=2e-3)   # 160 Adam steps of float round-off
+    np.testing.assert_allclose(b, a, rtol=1e-3, atol=1e-4)   # measured: 5e-7 over 160 Adam steps
     assert a[-20:].mean() < 0.3 * a[:10].mean()
     assert min(accs) > 0.9 and abs(accs[0] - accs[1]) < 0.02
     assert np.abs(kernel0 - kernel1).max() < 1e-2
