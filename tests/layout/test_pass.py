@@ -97,3 +97,18 @@ def test_desired_for():
     from tftpu.errors import UsageError
     with pytest.raises(UsageError):
         desired_for("NWHC")
+
+
+def test_desired_from_chip(tmp_path):
+    from tftpu.ir.layout import load_chip
+    from tftpu.transforms.convert_layout import desired_for_chip
+    d = desired_for_chip("npu1")        # lane-blocked convs: channels split over lanes, NCHW order
+    assert d["top.Conv"] == ["NCHW", "default"] and d["top.SpaceToDepth"] == ["NCHW"]
+    p = tmp_path / "nhwc_chip.yaml"
+    p.write_text("name: c\nnpu_lanes: 8\neu_bytes: 16\nlocal_mem_bytes: 1024\nddr_bandwidth: 1e9\n"
+                 "dtypes: [f32]\nformats: {default: NHWC, Deconv: lane_blocked}\n")
+    d = desired_for_chip(load_chip(p))
+    assert d["top.Conv"] == ["NHWC", "default"] and d["top.Deconv"] == ["NCHW"]
+    new, rep = convert_and_compare(_net(), desired=d)
+    assert rep.permute_bytes == sum(int(np.prod(op.results[0].type.get_shape())) * 4 for op in permutes(new)) > 0
+    assert "bytes moved" in str(rep)

@@ -294,6 +294,11 @@ class Chip:
         """A format name from the config, `lane_blocked` filled in with the chip's lanes/EU width."""
         return MemoryFormat(text, self.lanes, self.eu_bytes) if text == "lane_blocked" else MemoryFormat.parse(text)
 
+    def data_layout(self, op_name: str) -> str:
+        """The TOP data layout (NCHW/NHWC) that leads to `op_name`'s memory format: NHWC for
+        NHWC; NCHW for NCHW and for lane_blocked, which splits NCHW's channel axis over lanes."""
+        return "NHWC" if self.format_for(op_name).kind == "NHWC" else "NCHW"
+
     @property
     def io_format(self) -> MemoryFormat:
         """Format of model inputs and outputs in DDR."""

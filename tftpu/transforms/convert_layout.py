@@ -39,6 +39,7 @@ class LayoutReport:
     at_outputs: int = 0
     absorbed: int = 0
     inserted: int = 0
+    permute_bytes: int = 0  # bytes the remaining Permutes write at run time
     weights_transformed: int = 0
     layouts: Counter = field(default_factory=Counter)
     notes: list[str] = field(default_factory=list)
@@ -51,7 +52,8 @@ class LayoutReport:
     def __str__(self) -> str:
         lay = ", ".join(f"{k}: {v}" for k, v in sorted(self.layouts.items()))
         return (f"permutes {self.permutes_before} -> {self.permutes_after} "
-                f"(at inputs {self.at_inputs}, at outputs {self.at_outputs}, inside {self.inside}); "
+                f"(at inputs {self.at_inputs}, at outputs {self.at_outputs}, inside {self.inside}; "
+                f"{self.permute_bytes} bytes moved); "
                 f"absorbed {self.absorbed}, inserted {self.inserted}, weights transformed at compile "
                 f"time {self.weights_transformed}; heavy ops: {lay or 'none'}")
 
@@ -71,6 +73,15 @@ def _check_desired(desired: dict) -> dict[str, list[str]]:
             raise UsageError(f"desired_layouts[{key!r}]: kernel layout {val[1]!r} is not OIHW, HWIO or default")
         out[name] = val
     return out
+
+
+def desired_for_chip(chip) -> dict[str, list[str]]:
+    """`desired_layouts` from a chip config (`tftpu.ir.layout.Chip` or its name): each heavy op
+    takes the data layout its memory format comes from."""
+    if not isinstance(chip, L.Chip):
+        chip = L.load_chip(chip)
+    return {f"top.{n}": ([chip.data_layout(n), "default"] if n == "Conv" else [chip.data_layout(n)])
+            for n in sorted(R.HEAVY)}
 
 
 def desired_for(layout: str, kernel_layout: str = "default") -> dict[str, list[str]]:
@@ -120,6 +131,12 @@ def count_permutes(model: TopModel) -> tuple[int, int, int]:
                 isinstance(src, top.Reshape) and isinstance(src.operands[0].owner, top.Input))
             at_out += op.results[0] in outs
     return total, at_in, at_out
+
+
+def _nbytes(v) -> int:
+    t = v.type
+    bits = getattr(t.element_type, "bitwidth", 32)
+    return int(np.prod(A.shape_of(t))) * max(1, bits // 8)
 
 
 def _before(a, b) -> bool:
@@ -303,6 +320,7 @@ class _Run(R.Context):
         self.model.verify()
         r = self.report
         r.permutes_after, r.at_inputs, r.at_outputs = count_permutes(self.model)
+        r.permute_bytes = sum(_nbytes(op.results[0]) for op in self.model.ops if isinstance(op, top.Permute))
         return r
 
     def _keep_output_name(self, old, new, taken: set):
