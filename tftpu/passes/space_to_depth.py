@@ -164,9 +164,10 @@ class _Rewriter:
         self._dep_cache[start] = hit
         return hit
 
-    def per_channel(self, other: str, channels: int | None) -> bool:
+    def per_channel(self, other: str, channels: int | None, rank: int | None) -> bool:
+        """True if `other` broadcasts along the channels only and does not depend on an input."""
         shape = self.ed.output_shape(other)
-        if shape is None or len(shape) > 5 or any(d is None for d in shape):
+        if shape is None or rank is None or len(shape) > rank or any(d is None for d in shape):
             return False
         if any(d != 1 for d in shape[:-1]):
             return False
@@ -179,6 +180,7 @@ class _Rewriter:
         found, blocked = [], []
         src_shape = ed.output_shape(src)
         channels = src_shape[-1] if src_shape else None
+        rank = len(src_shape) if src_shape else None
         stack = [(src, [])]
         while stack:
             tensor, chain = stack.pop()
@@ -193,9 +195,10 @@ class _Rewriter:
                     continue
                 elif (op in TRANSPARENT or op in ZERO_UNARY or op in OTHER_UNARY) and i == 0:
                     stack.append((out, chain + [Step(node)]))
-                elif op in BINARY and i in (0, 1) and not (op == "BiasAdd" and i == 1):
+                elif op in BINARY and i in (0, 1) and not (op == "BiasAdd" and (
+                        i == 1 or node.attr["data_format"].s not in (b"", b"NHWC"))):
                     other = node.input[1 - i]
-                    if self.per_channel(other, channels):
+                    if self.per_channel(other, channels, rank):
                         stack.append((out, chain + [Step(node, i, other)]))
                     else:
                         blocked.append(node)
@@ -363,7 +366,7 @@ class _Rewriter:
         import tensorflow as tf
 
         shape = self.ed.output_shape(other)
-        if not shape or shape[-1] == 1 or channels == 1 and shape[-1] == 1:
+        if not shape or shape[-1] == 1:
             return other
 
         def tile(p):
