@@ -167,3 +167,14 @@ def test_bad_target_file(tmp_path, content, match):
         Target.load(str(path))
     with pytest.raises(ConfigError, match="no such target file"):
         Target.load("no_such_target")
+
+
+def test_dynamic_spatial_shape_declines():
+    w = tf.Variable(tf.ones((3, 3, 3, 4)))
+
+    @tf.function(input_signature=[tf.TensorSpec([None, None, None, 3], tf.float32)])
+    def f(x):
+        return tf.nn.conv2d(x, w, 2, "SAME")
+
+    d = optimize(f.get_concrete_function()).report["space_to_depth"].decisions[0]
+    assert not d.applied and "no static spatial shape" in d.reason
