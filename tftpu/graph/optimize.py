@@ -30,7 +30,10 @@ class OptimizedFunction:
         self.captured = captured
         self.graph_def = graph_def
         self.report = report
-        self._name = register(graph_def, captured)
+        try:
+            self._name = register(graph_def, captured)
+        except (AttributeError, TypeError):  # private runtime API moved: use the traced path
+            self._name = None
         self._concrete = None
 
     @property
@@ -47,7 +50,7 @@ class OptimizedFunction:
         flat = self.captured.flat_args(args, kwargs)
         ctx = context.context()
         # the runtime-function fast path is not seen by a recording GradientTape
-        if ctx.executing_eagerly() and not record.could_possibly_record():
+        if self._name and ctx.executing_eagerly() and not record.could_possibly_record():
             outs = ctx.call_function(self._name, list(flat) + list(self.captured.captures),
                                      len(self.captured.output_names))
         else:
