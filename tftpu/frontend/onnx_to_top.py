@@ -9,6 +9,7 @@ once as an `UnsupportedOpError` (op type and node name).
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Callable
 
@@ -20,6 +21,7 @@ from tftpu.ir import attrs as A
 from tftpu.ir.module import TopBuilder, TopModel
 
 F32_MAX = float(np.finfo(np.float32).max)
+_GENERATED = re.compile(r"__\d+(:\d+)?$")
 
 
 class Unsupported(Exception):
@@ -52,6 +54,7 @@ class Importer:
         self.b = TopBuilder(name)
         self.values: dict[str, object] = {}
         self.failed: set[str] = set()
+        self.current = None
 
     # ------------------------------------------------------------ helpers for converters
     def shape(self, name: str) -> tuple:
@@ -83,10 +86,19 @@ class Importer:
             if arr.dtype == np.float64:
                 arr = arr.astype(np.float32)
             _onnx_dtype(arr.dtype)
-            v = self.b.weight(name, arr)
+            v = self.b.weight(self._weight_name(name), arr)
             self.values[name] = v
             return v
         raise KeyError(name)
+
+    def _weight_name(self, name: str) -> str:
+        """Initializer names tf2onnx generates (`const_fold_opt__123`) change from run to run;
+        name those after their consumer instead, so the output is byte-identical."""
+        node = self.current
+        if node is None or not _GENERATED.search(name):
+            return name
+        idx = list(node.input).index(name) if name in node.input else 0
+        return f"{node.output[0]}_in{idx}"
 
     def weight(self, name: str, arr: np.ndarray):
         return self.b.weight(name, np.asarray(arr, order="C"))
@@ -127,6 +139,7 @@ class Importer:
             if any(i in self.failed for i in node.input):
                 self.failed.update(node.output)
                 continue
+            self.current = node
             try:
                 fn(self, node, _attrs(node))
             except Unsupported as e:
@@ -134,6 +147,7 @@ class Importer:
                 self.failed.update(node.output)
         if bad:
             raise UnsupportedOpError(bad)
+        self.current = None
         outs = []
         for name in self.p.outputs:
             outs.append(self._named_output(name))

@@ -40,6 +40,37 @@ def _quiet():
         yield
 
 
+_GENERATED = r"__\d+(:\d+)?$"
+
+
+def _stable_names(proto) -> None:
+    """tf2onnx numbers the tensors it creates (`Transpose__308:0`, `const_fold_opt__374`) with
+    counters that change between runs; renumber them in graph order so exports are repeatable."""
+    import re
+    pattern = re.compile(_GENERATED)
+    graph = proto.graph
+    rename: dict[str, str] = {}
+    per_base: dict[str, int] = {}
+    for node in graph.node:
+        for name in list(node.input) + list(node.output):
+            if name and name not in rename and pattern.search(name):
+                base = pattern.sub("", name)
+                k = per_base.get(base, 0)
+                per_base[base] = k + 1
+                rename[name] = f"{base}__{k}"
+    if not rename:
+        return
+    for node in graph.node:
+        node.input[:] = [rename.get(n, n) for n in node.input]
+        node.output[:] = [rename.get(n, n) for n in node.output]
+    for coll in (graph.initializer,):
+        for t in coll:
+            t.name = rename.get(t.name, t.name)
+    for coll in (graph.input, graph.output, graph.value_info):
+        for vi in coll:
+            vi.name = rename.get(vi.name, vi.name)
+
+
 def _check_unconverted(proto, where: str):
     """tf2onnx leaves TF ops it cannot convert in the graph (continue_on_error); report them all."""
     bad = [(n.op_type, n.name) for n in proto.graph.node if n.domain not in ("", "ai.onnx")]
@@ -86,6 +117,7 @@ def function_to_onnx(fn, input_signature, opset: int = DEFAULT_OPSET):
         proto, _ = tf2onnx.convert.from_function(fn, input_signature=list(input_signature),
                                                  opset=_check_opset(opset))
     _freeze_captures(proto, fn.get_concrete_function(*input_signature))
+    _stable_names(proto)
     return _check_unconverted(proto, getattr(fn, "__name__", "tf.function"))
 
 
@@ -148,6 +180,7 @@ def tflite_to_onnx(path, opset: int = DEFAULT_OPSET):
     except Exception as e:  # tf2onnx raises bare exceptions on malformed flatbuffers
         raise ModelFileError(path, f"tf2onnx cannot read it: {' '.join(str(e).split())[:200]}") from None
     _lower_transpose_conv_bias(proto, data)
+    _stable_names(proto)
     return _check_unconverted(proto, str(path))
 
 
@@ -196,7 +229,7 @@ def _lower_transpose_conv_bias(proto, data: bytes) -> None:
             th, tw = max(kh - sh, 0), max(kw - sw, 0)
             pads = [th // 2, tw // 2, th - th // 2, tw - tw // 2]
         base = node.output[0]
-        new_w = f"{w}_iohw"
+        new_w = f"{base}_filter_iohw"
         proto.graph.initializer.append(numpy_helper.from_array(
             np.ascontiguousarray(wt.transpose(3, 0, 1, 2)), new_w))
         new = [helper.make_node("Transpose", [x], [f"{base}_nchw_in"], perm=[0, 3, 1, 2], name=f"{base}_nchw_in"),
