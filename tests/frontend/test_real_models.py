@@ -68,7 +68,8 @@ def test_mtcnn_with_real_weights(net, size):
     x = np.concatenate([faces[:2], faces[-2:]]).astype(np.float32)   # 2 faces, 2 non-faces
     outs = km(x, training=False)
     check(proto, top, {"x": x}, [np.asarray(o) for o in outs])
-    assert {op.op_name for op in top.ops} >= {"Conv", "MaxPool", "MatMul", "Softmax"}
+    assert {op.op_name for op in top.ops} >= {"Conv", "PRelu", "MaxPool", "MatMul", "Softmax"}
+    assert "Neg" not in {op.op_name for op in top.ops}
 
 
 @pytest.mark.parametrize("name,size", [("selfie_segmentation.tflite", 256),

@@ -319,3 +319,29 @@ def test_fold_pad_into_conv(layout, pads, folds):
               "kernel_layout": "OIHW" if layout == "NCHW" else "HWIO"}, "conv")
     m = b.finish([y])
     check(m, {"x": rand(*shape)}, [C.FoldPadIntoConv, C.DeadCode], ["Conv"] if folds else ["Pad", "Conv"])
+
+
+@pytest.mark.parametrize("swap_add,swap_mul", [(False, False), (True, True)])
+@pytest.mark.parametrize("slope_shape", [(1, 4, 1, 1), (4, 1, 1), ()])
+def test_fuse_prelu(swap_add, swap_mul, slope_shape):
+    b = TopBuilder("m")
+    x = b.input("x", (2, 4, 5, 5))
+    e = b.op("Exp", [x], {}, "e")
+    t = b.op("Sub", [e, b.weight("one", np.float32(1.5))], {}, "t")
+    pos = b.op("Relu", [t], {}, "pos")
+    neg = b.op("Relu", [b.op("Neg", [t], {}, "negx")], {}, "neg")
+    c = b.weight("c", -np.abs(rand(*slope_shape)) if slope_shape else np.float32(-0.25))
+    m_ = b.op("Mul", [c, neg] if swap_mul else [neg, c], {}, "scaled")
+    m = b.finish([b.op("Add", [m_, pos] if swap_add else [pos, m_], {}, "prelu")])
+    check(m, {"x": rand(2, 4, 5, 5)}, [C.FusePRelu, C.DeadCode], ["Exp", "Sub", "PRelu"])
+
+
+def test_prelu_not_fused_when_inputs_differ():
+    b = TopBuilder("m")
+    x = b.input("x", (2, 4))
+    y = b.input("y", (2, 4))
+    pos = b.op("Relu", [x], {}, "pos")
+    neg = b.op("Relu", [b.op("Neg", [y], {}, "negy")], {}, "neg")
+    m_ = b.op("Mul", [neg, b.weight("c", rand(4))], {}, "scaled")
+    m = b.finish([b.op("Add", [pos, m_], {}, "out")])
+    check(m, {"x": rand(2, 4), "y": rand(2, 4)}, [C.FusePRelu, C.DeadCode], ["Relu", "Neg", "Relu", "Mul", "Add"])

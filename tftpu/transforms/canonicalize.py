@@ -320,6 +320,38 @@ class FuseSiLU(TopPattern):
                 return
 
 
+class FusePRelu(TopPattern):
+    """relu(x) + relu(-x) * c (Keras PReLU as tf2onnx writes it) -> PRelu(x, slope=-c)."""
+
+    NAME = "fuse-prelu"
+
+    def match_and_rewrite(self, op, rewriter: PatternRewriter) -> None:
+        if not isinstance(op, top.Add) or op.attrs()["do_relu"]:
+            return
+        for pos, neg in ((op.input, op.other), (op.other, op.input)):
+            relu = pos.owner
+            mul = neg.owner
+            if not (isinstance(relu, top.Relu) and relu.attrs()["relu_limit"] < 0 and isinstance(mul, top.Mul)):
+                continue
+            if mul.attrs()["do_relu"]:
+                continue
+            for r, c in ((mul.input, mul.other), (mul.other, mul.input)):
+                c_arr = self.w.get(c)
+                relu2 = r.owner
+                if c_arr is None or not isinstance(relu2, top.Relu) or relu2.attrs()["relu_limit"] >= 0:
+                    continue
+                neg_op = relu2.input.owner
+                if not isinstance(neg_op, top.Neg) or neg_op.input is not relu.input:
+                    continue
+                x = relu.input
+                if A.shape_of(op.output.type) != A.shape_of(x.type):
+                    continue
+                slope = self.w.add(rewriter, op, f"{op.loc}_slope", (-c_arr).astype(np.float32))
+                _replace(rewriter, op, make_op("PRelu", [x, slope], {}, op.loc))
+                self.fired()
+                return
+
+
 class FoldConstants(TopPattern):
     """An op whose operands are all constants -> `top.Weight`(s) holding its result."""
 
@@ -432,7 +464,7 @@ class DeadCode(TopPattern):
 
 
 PATTERNS = [DeadCode, FoldConstants, ClipToRelu, FoldBatchNorm, FoldScaleIntoConv, FoldMulAddIntoConv, FuseRelu,
-            FuseSiLU, FoldPadIntoConv,
+            FuseSiLU, FusePRelu, FoldPadIntoConv,
             DropNoOps, MergePermutes, MergeReshapes]
 
 
