@@ -282,3 +282,13 @@ def test_permute_chains_cancel(perm):
     new, rep = convert_and_compare(b.finish([v]), desired={})
     assert rep.permutes_before == 9
     assert len(permutes(new)) == 1 and rep.inside == 0   # hoisted to the input
+
+
+@pytest.mark.parametrize("target", ["NHWC", "NCHW"])
+def test_batchnorm_desired(target):
+    b = TopBuilder("bn")
+    x = b.input("x", (1, 4, 6, 8))
+    y = b.op("BatchNorm", [x, *_per_channel(b)], {"epsilon": 1e-3}, "bn")
+    new, _ = convert_and_compare(b.finish([y]), desired={"top.BatchNorm": [target]})
+    assert feeder(new, "BatchNorm")[0].attrs()["layout"] == target
+    assert len(permutes(new)) == (2 if target == "NHWC" else 0)

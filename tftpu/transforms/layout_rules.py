@@ -292,10 +292,7 @@ def _adapt_layout_attr(op, attrs, ctx, key: str = "layout"):
 
 
 def _per_channel_op(op, attrs, ctx):
-    got = _adapt_layout_attr(op, attrs, ctx)
-    if got is None:
-        return keep_all(op, attrs, ctx)
-    p, lay = got
+    p, lay = _data_plan(op, attrs, ctx)
     rest = [Want(_ident(len(ctx.shape(v)))) if ctx.shape(v) is not None else None for v in op.operands[1:]]
     return Plan([Want(p), *rest], {**attrs, "layout": lay}, [State(p)])
 
