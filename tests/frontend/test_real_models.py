@@ -145,3 +145,19 @@ def test_tflite_import_is_byte_identical_across_exports():
     a, b = frontend.load(path), frontend.load(path)
     assert a.text() == b.text()
     assert npz_bytes(a.used_weights()) == npz_bytes(b.used_weights())
+
+
+@pytest.mark.parametrize("opset", [13, 15, 17])
+def test_keras_opsets(opset):
+    km = small_keras()
+    x = np.random.default_rng(2).uniform(-1, 1, (1, 16, 16, 3)).astype(np.float32)
+    proto = frontend.to_onnx(km, opset=opset)
+    assert [o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")] == [opset]
+    top = frontend.load(proto)
+    check(proto, top, {"x": x}, [np.asarray(km(x, training=False))], min_shared=5)
+
+
+def test_opset_out_of_range():
+    from tftpu import errors
+    with pytest.raises(errors.UsageError, match="opset 12"):
+        frontend.to_onnx(small_keras(), opset=12)
