@@ -38,6 +38,7 @@ def _fit(model, x, y, steps=6):
 
 
 def _save(model, tmp_path, fmt):
+    tmp_path.mkdir(parents=True, exist_ok=True)
     if fmt == "weights.h5":
         model.save_weights(str(tmp_path / "w.weights.h5"))
         return str(tmp_path / "w.weights.h5")
@@ -127,3 +128,36 @@ def test_tf_checkpoint_of_the_original_object_holds_the_shared_s2d_training(tmp_
     fresh = _build(1)
     tf.train.Checkpoint(model=fresh).restore(path).assert_existing_objects_matched()
     np.testing.assert_allclose(fresh(images), s2d(tftpu.data.transform(images, 2)), rtol=1e-5, atol=1e-5)
+
+
+def _nested(seed, kind):
+    keras.utils.set_random_seed(seed)
+    if kind == "sequential":
+        backbone = keras.Sequential([keras.Input((15, 15, 3)), keras.layers.Normalization(mean=0.5, variance=0.1),
+                                     keras.layers.Conv2D(6, 3, strides=2, padding="same"),
+                                     keras.layers.BatchNormalization(), keras.layers.ReLU()])
+    else:
+        inner = keras.Input((15, 15, 3))
+        x = keras.layers.ZeroPadding2D(1)(inner)
+        x = keras.layers.Conv2D(6, 3, strides=2)(x)
+        backbone = keras.Model(inner, keras.layers.BatchNormalization()(x))
+    inp = keras.Input((15, 15, 3))
+    x = backbone(keras.layers.Rescaling(1 / 255, offset=-0.5)(inp))
+    return keras.Model(inp, keras.layers.Dense(3)(keras.layers.GlobalAveragePooling2D()(x)))
+
+
+@pytest.mark.parametrize("kind", ["functional", "sequential"])
+@pytest.mark.parametrize("fmt", ["weights.h5", "tf.train.Checkpoint"])
+def test_nested_backbone_outputs_and_checkpoints(tmp_path, kind, fmt):
+    images, labels = _data(16)
+    original = _nested(0, kind)
+    s2d = tftpu.keras.space_to_depth(_nested(1, kind), 2, share_weights=False)
+    assert isinstance(s2d.layers[-3], tftpu.keras.SpaceToDepthModel)
+    _fit(s2d, tftpu.data.transform(images, 2).numpy(), labels, steps=3)
+    _load(original, _save(s2d, tmp_path / "a", fmt), fmt)
+    for a, b in zip(original.weights, s2d.weights):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    np.testing.assert_allclose(s2d(tftpu.data.transform(images, 2)), original(images), rtol=1e-5, atol=1e-5)
+    _fit(original, images, labels, steps=2)  # and back
+    _load(s2d, _save(original, tmp_path / "b", fmt), fmt)
+    np.testing.assert_allclose(s2d(tftpu.data.transform(images, 2)), original(images), rtol=1e-5, atol=1e-5)

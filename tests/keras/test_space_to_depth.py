@@ -178,3 +178,16 @@ def test_keras_applications(name, size):
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
     stem = [l for l in s2d.layers if isinstance(l, tftpu.keras.Conv2D)]
     assert len(stem) == 1 and stem[0].strides == (2, 2) and tuple(stem[0].s2d_kernel().shape[:2]) in {(4, 4), (2, 2)}
+
+
+@pytest.mark.slow
+def test_nested_keras_application_backbone():
+    keras.utils.set_random_seed(0)
+    backbone = keras.applications.MobileNetV2(weights=None, include_top=False, input_shape=(63, 63, 3))
+    model = keras.Sequential([keras.Input((63, 63, 3)), keras.layers.Rescaling(1 / 127.5, offset=-1), backbone,
+                              keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(5)])
+    s2d = tftpu.keras.space_to_depth(model, 2)
+    images = _images((2, 63, 63, 3))
+    np.testing.assert_allclose(s2d(tftpu.data.transform(images, 2), training=False), model(images, training=False),
+                               rtol=1e-4, atol=1e-5)
+    assert [w.shape for w in s2d.weights] == [w.shape for w in model.weights]

@@ -47,8 +47,23 @@ class SpaceToDepthModel(Functional):
         children = super()._trackable_children(save_type, **kwargs)
         original = self.__dict__.get("_tftpu_checkpoint_operations")
         if save_type == "checkpoint" and original is not None:
+            if self.__dict__.get("_tftpu_checkpoint_as_sequential"):
+                return {"_functional": original}  # a Sequential reaches its layers this way
             children["_operations"] = original
         return children
+
+
+@keras.saving.register_keras_serializable(package="tftpu", name="SpaceToDepthFunctional")
+class Functional(SpaceToDepthModel):
+    """A nested functional model rewritten for S2D input (named so Keras weight paths match)."""
+
+
+@keras.saving.register_keras_serializable(package="tftpu", name="SpaceToDepthSequential")
+class Sequential(SpaceToDepthModel):
+    """A nested Sequential model rewritten for S2D input (named so Keras weight paths match)."""
+
+
+_NESTED = {"Functional": Functional, "Sequential": Sequential}
 
 
 def _blocks(block_size, rank: int) -> tuple[int, ...]:
@@ -109,7 +124,9 @@ def _consumers(model) -> dict[int, list]:
 
 
 def find_first_conv(model, image_input):
-    """Walk from `image_input` to the first conv: `(preprocessing nodes, zero-pad nodes, conv node)`.
+    """Walk from `image_input` to the first conv: `(preprocessing nodes, zero-pad layers, conv node)`.
+
+    The last node may instead call a nested functional/Sequential model that holds the first conv.
 
     Raises UnsupportedOpError naming the layer that stops the walk and why.
     """
@@ -130,7 +147,8 @@ def find_first_conv(model, image_input):
         if len(node.input_tensors) != 1 or len(node.outputs) != 1:
             raise UnsupportedOpError([(type(op).__name__, op.name)],
                                      where=f"{where}: {_op_desc(op)} takes or gives several tensors")
-        if type(op) in _CONVS:
+        if type(op) in _CONVS or (isinstance(op, keras.Model) and (
+                hasattr(op, "_nodes_by_depth") or getattr(op, "_functional", None) is not None)):
             return chain, pads, node
         if isinstance(op, keras.layers.Layer) and type(op).__name__ in (
                 "Conv1D", "DepthwiseConv2D", "SeparableConv2D", "Conv2DTranspose", "Conv3DTranspose"):
@@ -205,84 +223,115 @@ def space_to_depth(model, block_size=2, *, share_weights: bool = True, input_nam
     (for Conv3D, `[N, D, ceil(H/b), ceil(W/b), C*b*b]`; a tuple `block_size` blocks D too).
     With `input_layout="NCHW"` the model takes `[N, C*b*b, ceil(H/b), ceil(W/b)]` (the fused host
     layout of `tftpu.data.space_to_depth(..., layout="NCHW")`) and transposes it back first.
+    The first conv may sit inside a nested functional/Sequential model (a keras.applications
+    backbone), which is rewritten in place.
     `share_weights=True` shares every variable with `model`; False gives the new model copies.
     Keras weight files (`save_weights`/`load_weights`, `.keras`) and `tf.train.Checkpoint`s load
     both ways between the two models.
     Raises UnsupportedOpError / ShapeError with the reason when the model cannot be rewritten.
     """
+    if input_layout not in _INPUT_LAYOUTS:
+        raise UsageError(f"input_layout {input_layout!r}: expected one of {', '.join(_INPUT_LAYOUTS)}")
+    model = _functional(model)
+    if not share_weights:
+        copy = keras.models.clone_model(model)
+        copy.set_weights(model.get_weights())
+        model = copy
+    return _rewrite(model, block_size, input_name, input_layout, False, SpaceToDepthModel)
+
+
+def _functional(model):
     if isinstance(model, keras.Sequential) and getattr(model, "_functional", None) is not None:
         model = model._functional
     if not isinstance(model, keras.Model) or not hasattr(model, "_nodes_by_depth"):
         raise UsageError(f"model '{getattr(model, 'name', model)}': space_to_depth needs a functional or "
                          f"Sequential Keras model with a known input shape (subclassed models have no "
                          f"layer graph; use tftpu.optimize on their training step)")
-    if input_layout not in _INPUT_LAYOUTS:
-        raise UsageError(f"input_layout {input_layout!r}: expected one of {', '.join(_INPUT_LAYOUTS)}")
-    if not share_weights:
-        copy = keras.models.clone_model(model)
-        copy.set_weights(model.get_weights())
-        model = copy
+    return model
+
+
+def _rewrite(model, block_size, input_name, input_layout, preprocessed: bool, model_cls):
+    """The S2D twin of functional `model`; `preprocessed`: elementwise ops ran before its input."""
     image = _pick_input(model, input_name)
-    chain, pad_layers, conv_node = find_first_conv(model, image)
-    conv = conv_node.operation
-    rank = conv.rank
+    chain, pad_layers, first = find_first_conv(model, image)
+    op = first.operation
     sizes = tuple(image.shape[1:-1])
     channels = image.shape[-1]
-    if len(sizes) != rank:
-        raise ShapeError(f"model '{model.name}': input of rank {len(image.shape)} feeds {_op_desc(conv)}")
     if any(s is None for s in sizes) or channels is None:
         raise ShapeError(f"model '{model.name}': input shape {tuple(image.shape)} has unknown dimensions; "
                          f"space-to-depth needs the image size")
-    if input_layout == "NCHW" and rank != 2:
-        raise UsageError(f"input_layout='NCHW' needs a Conv2D model, '{conv.name}' is {type(conv).__name__}")
-    blocks = _blocks(block_size, rank)
-    explicit = _conv_plan(conv, sizes, pad_layers, blocks)
-    try:
-        plans = [s2d_geometry.AxisPlan(s, k, st, b, p)
-                 for s, k, st, b, p in zip(sizes, conv.kernel_size, conv.strides, blocks, explicit)]
-    except ShapeError as exc:
-        raise ShapeError(f"conv {_op_desc(conv)}: {exc}") from None
-    s2d_shape = tuple(p.blocked_size for p in plans) + (channels * math.prod(blocks),)
+    if isinstance(op, keras.Model):
+        if pad_layers:
+            raise UnsupportedOpError([(type(pad_layers[-1]).__name__, pad_layers[-1].name)],
+                                     where=f"model '{model.name}': ZeroPadding before the nested model "
+                                           f"'{op.name}' that holds the first conv")
+        nested = _functional(op)
+        replacement = _rewrite(nested, block_size, None, "NHWC", preprocessed or bool(chain),
+                               _NESTED.get(type(op).__name__, SpaceToDepthModel))
+        s2d_shape = tuple(replacement.inputs[0].shape[1:])
+        blocks_total = s2d_shape[-1] // channels
+        name = op.name
+    else:
+        rank = op.rank
+        if len(sizes) != rank:
+            raise ShapeError(f"model '{model.name}': input of rank {len(image.shape)} feeds {_op_desc(op)}")
+        blocks = _blocks(block_size, rank)
+        explicit = _conv_plan(op, sizes, pad_layers, blocks)
+        try:
+            plans = [s2d_geometry.AxisPlan(s, k, st, b, p)
+                     for s, k, st, b, p in zip(sizes, op.kernel_size, op.strides, blocks, explicit)]
+        except ShapeError as exc:
+            raise ShapeError(f"conv {_op_desc(op)}: {exc}") from None
+        s2d_shape = tuple(p.blocked_size for p in plans) + (channels * math.prod(blocks),)
+        blocks_total = math.prod(blocks)
+        replacement = _CONVS[type(op)](input_size=sizes, block_size=blocks, explicit_padding=explicit,
+                                       original_channels=channels,
+                                       mask_padding=(preprocessed or bool(chain)) and any(p.size_pad for p in plans),
+                                       **op.get_config())
+        replacement.share_variables(op)
+        name = op.name
+    if input_layout == "NCHW" and len(s2d_shape) != 3:
+        raise UsageError(f"input_layout='NCHW' needs a 2-D image model, '{model.name}' takes {tuple(image.shape)}")
 
     image_layer = image._keras_history[0]
     if input_layout == "NCHW":
         new_input = keras.Input(shape=(s2d_shape[-1],) + s2d_shape[:-1], dtype=image.dtype,
                                 name=image_layer.name)
-        x = keras.layers.Permute((2, 3, 1), name=f"{conv.name}_s2d_nchw_to_nhwc")(new_input)
+        x = keras.layers.Permute((2, 3, 1), name=f"{name}_s2d_nchw_to_nhwc")(new_input)
     else:
         new_input = keras.Input(shape=s2d_shape, dtype=image.dtype, name=image_layer.name)
         x = new_input
     if chain:
         # Per-channel ops see `[N, *blocked, prod(b), C]` flattened to rank 4 / 5 with C last.
-        view = s2d_shape[:-2] + (s2d_shape[-2] * math.prod(blocks), channels)
-        x = keras.layers.Reshape(view, name=f"{conv.name}_s2d_channels_view")(x)
+        view = s2d_shape[:-2] + (s2d_shape[-2] * blocks_total, channels)
+        x = keras.layers.Reshape(view, name=f"{name}_s2d_channels_view")(x)
         for node in chain:
             args, kwargs = node.arguments.fill_in({id(node.input_tensors[0]): x})
             x = node.operation(*args, **kwargs)
-        x = keras.layers.Reshape(s2d_shape, name=f"{conv.name}_s2d_blocked_view")(x)
-    config = conv.get_config()
-    new_conv = _CONVS[type(conv)](input_size=sizes, block_size=blocks, explicit_padding=explicit,
-                                  original_channels=channels,
-                                  mask_padding=bool(chain) and any(p.size_pad for p in plans),
-                                  **config)
-    new_conv.share_variables(conv)
-    conv_out = new_conv(x)
+        x = keras.layers.Reshape(s2d_shape, name=f"{name}_s2d_blocked_view")(x)
+    args, kwargs = first.arguments.fill_in({id(first.input_tensors[0]): x})
+    first_out = replacement(*args, **kwargs)
 
     others = [t for t in model.inputs if t is not image]
     try:
-        tail = Function(inputs=[conv_node.outputs[0]] + others, outputs=model.outputs)
+        tail = Function(inputs=[first.outputs[0]] + others, outputs=model.outputs)
     except ValueError as exc:
-        raise UnsupportedOpError([(type(conv).__name__, conv.name)],
+        raise UnsupportedOpError([(type(op).__name__, op.name)],
                                  where=f"model '{model.name}': the image reaches the outputs other than "
-                                       f"through {_op_desc(conv)} ({str(exc).splitlines()[0]})") from None
-    outputs = tail._run_through_graph([conv_out] + others, operation_fn=lambda op: op)
+                                       f"through {_op_desc(op)} ({str(exc).splitlines()[0]})") from None
+    outputs = tail._run_through_graph([first_out] + others, operation_fn=lambda o: o)
     new_inputs = keras.tree.map_structure(lambda t: new_input if t is image else t, model._inputs_struct)
-    result = SpaceToDepthModel(inputs=new_inputs,
+    result = model_cls(inputs=new_inputs,
                                outputs=keras.tree.pack_sequence_as(model._outputs_struct, keras.tree.flatten(outputs)),
                                name=f"{model.name}_space_to_depth")
     import tensorflow as tf
 
     # Not tracked (object.__setattr__): only the checkpoint view above uses it.
-    object.__setattr__(result, "_tftpu_checkpoint_operations", tf.__internal__.tracking.wrap(
-        [new_conv if op is conv else op for op in model._operations]))
+    operations = tf.__internal__.tracking.wrap([replacement if o is op else o for o in model._operations])
+    if model_cls is Sequential:
+        holder = tf.__internal__.tracking.AutoTrackable()
+        holder._operations = operations
+        object.__setattr__(result, "_tftpu_checkpoint_as_sequential", True)
+        operations = holder
+    object.__setattr__(result, "_tftpu_checkpoint_operations", operations)
     return result
