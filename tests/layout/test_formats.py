@@ -139,3 +139,24 @@ def test_insert_reorders_explicit_ops_run_and_round_trip():
     again = parse_module(new.text())
     assert new.text() == __import__("tftpu.ir.module", fromlist=["print_module"]).print_module(again)
     assert L.plan_formats(new, chip).count >= plan.count  # reorders are now ops in the graph
+
+
+def test_plain_orders_are_not_reorders(tmp_path):
+    """NCHW vs NHWC in TOP is ConvertLayout's job (explicit Permutes): a chip with plain formats
+    only plans no reorder, whichever layout the model was converted to; lane-blocked ones count
+    the same after either conversion."""
+    from tftpu.transforms.convert_layout import convert_layout
+    p = tmp_path / "plain.yaml"
+    p.write_text("name: plain\nnpu_lanes: 8\neu_bytes: 16\nlocal_mem_bytes: 1024\nddr_bandwidth: 1e9\n"
+                 "dtypes: [f32]\nformats: {default: NCHW, Conv: NHWC}\n")
+    plain, npu1 = L.load_chip(p), L.load_chip("npu1")
+    counts = []
+    for target in ("NCHW", "NHWC"):
+        m = clone(_net())
+        convert_layout(m, layout=target)
+        assert L.plan_formats(m, plain).count == 0
+        plan = L.plan_formats(m, npu1)
+        counts.append(plan.count)
+        conv_out = [k for k in plan.formats if k.startswith("conv")][0]
+        assert plan.formats[conv_out].kind == "lane_blocked"
+    assert counts[0] == counts[1]

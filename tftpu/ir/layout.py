@@ -396,7 +396,8 @@ def _is_4d(v) -> bool:
 def plan_formats(model, chip: Chip) -> FormatPlan:
     """Give each 4-D activation the format its producer wants on `chip` (inputs: the chip's io
     format) and list one reorder per (tensor, wanted format) where a consumer wants another.
-    Tensors of other ranks stay plain (NCHW row-major)."""
+    Only moves into or out of the lane-blocked format count: plain NCHW vs NHWC order is what
+    ConvertLayout settles in TOP, with explicit Permute ops. Other ranks stay plain."""
     from tftpu.ir import top
     from tftpu.ir.module import value_name
 
@@ -408,6 +409,8 @@ def plan_formats(model, chip: Chip) -> FormatPlan:
         have = formats.get(v)
         if have is None or have == want or (v, want) in reorders:
             return
+        if "lane_blocked" not in (have.kind, want.kind):
+            return  # NCHW vs NHWC order in TOP is ConvertLayout's business: explicit Permute ops
         shape = tuple(v.type.get_shape())
         itemsize = max(1, v.type.element_type.bitwidth // 8) if hasattr(v.type.element_type, "bitwidth") else 4
         reorders[(v, want)] = (value_name(v), have, want, reorder_cost(shape, itemsize, have, want, chip))
@@ -416,6 +419,8 @@ def plan_formats(model, chip: Chip) -> FormatPlan:
         if isinstance(op, (top.Weight, top.NoneOp)):
             continue
         want = chip.io_format if isinstance(op, top.Input) else chip.format_for(op.name)
+        if want.kind != "lane_blocked" and "layout" in op.attributes:
+            want = NHWC if op.attributes["layout"].data == "NHWC" else NCHW
         if not isinstance(op, top.Input):
             for v in op.operands:
                 if _is_4d(v):
