@@ -95,11 +95,17 @@ def _signature(specs, input_shapes):
     return sig
 
 
+def _keras_input_name(tensor, i: int) -> str:
+    """The Input layer's name (what users call the input), else the tensor's name."""
+    history = getattr(tensor, "_keras_history", None)
+    name = history[0].name if history else getattr(tensor, "name", None)
+    return name or f"input_{i}"
+
+
 def keras_to_onnx(model, input_shapes=None, opset: int = DEFAULT_OPSET):
     """ONNX ModelProto of a Keras model (static shapes: batch 1 unless `input_shapes`)."""
     import tensorflow as tf
-    specs = [tf.TensorSpec(t.shape, t.dtype, name=getattr(t, "name", None) or f"input_{i}")
-             for i, t in enumerate(model.inputs)]
+    specs = [tf.TensorSpec(t.shape, t.dtype, name=_keras_input_name(t, i)) for i, t in enumerate(model.inputs)]
     sig = _signature(specs, input_shapes)
 
     @tf.function(input_signature=sig)
