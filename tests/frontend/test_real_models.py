@@ -83,6 +83,9 @@ def test_mediapipe_tflite(name, size):
     check(proto, top, {"x": x}, [src[n] for n in top.output_names], min_shared=50)
     if name.startswith("selfie"):
         assert "Deconv" in {op.op_name for op in top.ops}   # mediapipe's Convolution2DTransposeBias
+    from tftpu import ir
+    text = top.text()
+    assert ir.TopModel(ir.parse_module(text), top.weights).text() == text
 
 
 def small_keras():
