@@ -160,4 +160,7 @@ def test_nested_backbone_outputs_and_checkpoints(tmp_path, kind, fmt):
     np.testing.assert_allclose(s2d(tftpu.data.transform(images, 2)), original(images), rtol=1e-5, atol=1e-5)
     _fit(original, images, labels, steps=2)  # and back
     _load(s2d, _save(original, tmp_path / "b", fmt), fmt)
-    np.testing.assert_allclose(s2d(tftpu.data.transform(images, 2)), original(images), rtol=1e-5, atol=1e-5)
+    x = tftpu.data.transform(images, 2)
+    np.testing.assert_allclose(s2d(x), original(images), rtol=1e-5, atol=1e-5)
+    s2d.save(tmp_path / "m.keras")
+    np.testing.assert_array_equal(keras.models.load_model(tmp_path / "m.keras")(x), s2d(x))

@@ -20,7 +20,7 @@ from typing import Sequence
 
 import keras
 import numpy as np
-from keras.src.models.functional import Functional
+from keras.src.models.functional import Functional as KerasFunctional
 from keras.src.ops.function import Function
 
 from tftpu.errors import ShapeError, UnsupportedOpError, UsageError
@@ -35,7 +35,7 @@ _INPUT_LAYOUTS = ("NHWC", "NCHW")
 
 
 @keras.saving.register_keras_serializable(package="tftpu", name="SpaceToDepthModel")
-class SpaceToDepthModel(Functional):
+class SpaceToDepthModel(KerasFunctional):
     """A functional model on S2D input whose TF checkpoints have its original model's layout.
 
     `tf.train.Checkpoint` addresses layers by position in the functional graph; the rewrite
