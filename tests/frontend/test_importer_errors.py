@@ -124,3 +124,9 @@ def test_int64_input_and_cast():
     top = onnx_to_top(m, "m")
     x = np.arange(6, dtype=np.int64).reshape(2, 3)
     np.testing.assert_array_equal(run(top, {"x": x})["y"], x.astype(np.float32))
+
+
+def test_dead_unsupported_node_is_ignored():
+    nodes = [helper.make_node("Relu", ["x"], ["y"]), helper.make_node("Celu", ["x"], ["unused"], name="dead")]
+    top = onnx_to_top(model(nodes, [("x", [2, 3])], [("y", [2, 3])]), "m")
+    assert [op.op_name for op in top.ops] == ["Input", "Relu"]

@@ -169,7 +169,18 @@ def prepare(model, input_shapes=None) -> Prepared:
     for name, arr in consts.items():
         shapes[name] = tuple(arr.shape)
         dtypes[name] = arr.dtype
-    return Prepared(model, opset, inputs, outputs, shapes, dtypes, consts, list(model.graph.node))
+    return Prepared(model, opset, inputs, outputs, shapes, dtypes, consts, _live(model.graph.node, outputs))
+
+
+def _live(nodes, outputs) -> list:
+    """Nodes some graph output depends on, in graph order (dead ones are never imported)."""
+    need = set(outputs)
+    keep = []
+    for node in reversed(list(nodes)):
+        if any(o in need for o in node.output):
+            keep.append(node)
+            need.update(i for i in node.input if i)
+    return keep[::-1]
 
 
 def _fold(node, consts, shapes, opsets):
