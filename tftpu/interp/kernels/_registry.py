@@ -38,6 +38,28 @@ def tf():
     return tensorflow
 
 
+_NCHW_OK: list[bool] = []
+
+
+def nchw_supported() -> bool:
+    """Whether TF's CPU convolutions and pools accept NCHW data (they do with oneDNN, TF's
+    default on x86; stock Eigen kernels are NHWC-only). Probed once per process."""
+    if not _NCHW_OK:
+        t = tf()
+        x = np.zeros((1, 1, 2, 2), np.float32)
+        try:
+            t.raw_ops.DepthwiseConv2dNative(
+                input=x, filter=np.zeros((1, 1, 1, 1), np.float32), strides=[1, 1, 1, 1],
+                padding="VALID", data_format="NCHW")
+            t.nn.max_pool2d(x, 1, 1, "VALID", data_format="NCHW")
+            t.raw_ops.Conv2D(input=x, filter=np.zeros((1, 1, 1, 1), np.float32),
+                             strides=[1, 1, 1, 1], padding="VALID", data_format="NCHW")
+            _NCHW_OK.append(True)
+        except t.errors.OpError:
+            _NCHW_OK.append(False)
+    return _NCHW_OK[0]
+
+
 def to_numpy(t) -> np.ndarray:
     """A TF result as a read-only numpy view of its buffer (no copy; `.numpy()` copies)."""
     return np.asarray(t)

@@ -10,7 +10,7 @@ import numpy as np
 
 from tftpu.interp.kernels._registry import (
     WEIGHTS, as_f32, channels_last, ints, numel, per_channel, post_relu, register, relu,
-    relu_limit, tf, tf_epilogue, bias_const, to_numpy)
+    relu_limit, tf, tf_epilogue, bias_const, to_numpy, nchw_supported)
 
 
 
@@ -77,6 +77,10 @@ def _conv_tf_2d(x, w, b, strides, pads, dil, group, nhwc, fused_relu):
         y = raw.MatMul(a=w2, b=x.reshape(c, h * wd))
         bias = None if b is None else bias_const(b, (o, 1))
         return tf_epilogue(y, bias, fused_relu).reshape(1, o, h, wd)
+    if not nhwc and not nchw_supported():
+        y = _conv_tf_2d(np.ascontiguousarray(x.transpose(0, 2, 3, 1)), w, b, strides, pads, dil,
+                        group, True, fused_relu)
+        return np.ascontiguousarray(y.transpose(0, 3, 1, 2))
     fmt = "NHWC" if nhwc else "NCHW"
     sp = [pads[0], pads[2], pads[1], pads[3]]
     explicit = [0, 0] + sp + [0, 0] if nhwc else [0, 0, 0, 0] + sp
@@ -107,6 +111,11 @@ def _conv_tf_3d(x, w, strides, pads, dil, nhwc):
     return y if nhwc else y.transpose(0, 4, 1, 2, 3)
 
 
+def _TF_LIMITS():
+    errors = tf().errors
+    return (errors.UnimplementedError, errors.InvalidArgumentError)
+
+
 def conv_forward(x, w, b, strides, pads, dil, group, nhwc, fused_relu=None):
     """Conv + bias (or None) + relu (`fused_relu`: None, <0 plain, else the limit):
     x in NC* (or N*C when nhwc), w as [O, I/g, *k]."""
@@ -116,11 +125,18 @@ def conv_forward(x, w, b, strides, pads, dil, group, nhwc, fused_relu=None):
         y = conv_forward(x2, w[:, :, None], b, [1, strides[0]], [0, pads[0], 0, pads[1]],
                          [1, dil[0]], group, nhwc, fused_relu)
         return y[:, 0] if nhwc else y[:, :, 0]
+    y = None
     if nsp == 2:
-        return _conv_tf_2d(x, w, b, strides, pads, dil, group, nhwc, fused_relu)
-    if nsp == 3 and group == 1:
-        y = _conv_tf_3d(x, w, strides, pads, dil, nhwc)
-    else:
+        try:
+            return _conv_tf_2d(x, w, b, strides, pads, dil, group, nhwc, fused_relu)
+        except _TF_LIMITS():  # a geometry this TF build's CPU kernels do not take
+            pass
+    elif nsp == 3 and group == 1:
+        try:
+            y = _conv_tf_3d(x, w, strides, pads, dil, nhwc)
+        except _TF_LIMITS():
+            pass
+    if y is None:
         if nhwc:
             x = np.moveaxis(x, -1, 1)
         y = _conv_numpy(x, w, strides, pads, dil, group)
@@ -193,18 +209,23 @@ def _deconv_tf_2d(x, w, strides, dil):
     n, _, h, wd = x.shape
     o = w.shape[1]
     shape = [n, o, (h - 1) * strides[0] + kh, (wd - 1) * strides[1] + kw]
-    return t.nn.conv2d_transpose(x, f, shape, [1, 1, *strides], "VALID",
-                                 data_format="NCHW").numpy()
+    return to_numpy(t.nn.conv2d_transpose(x, f, shape, [1, 1, *strides], "VALID",
+                                          data_format="NCHW"))
 
 
 def deconv_forward(x, w, strides, pads, dil, group, output_padding):
     """ConvTranspose without bias, NC* layout, weight [I, O/g, *k]."""
     nsp = x.ndim - 2
-    if nsp == 2 and group == 1:
-        full = _deconv_tf_2d(x, w, strides, dil)
-    elif nsp == 1 and group == 1:
-        full = _deconv_tf_2d(x[:, :, None], w[:, :, None], [1, strides[0]], [1, dil[0]])[:, :, 0]
-    else:
+    full = None
+    try:
+        if nsp == 2 and group == 1:
+            full = _deconv_tf_2d(x, w, strides, dil)
+        elif nsp == 1 and group == 1:
+            full = _deconv_tf_2d(x[:, :, None], w[:, :, None], [1, strides[0]],
+                                 [1, dil[0]])[:, :, 0]
+    except _TF_LIMITS():
+        full = None
+    if full is None:
         full = _deconv_numpy(x, w, strides, dil, group)
     extra = [(0, 0), (0, 0)] + [(0, max(0, output_padding[i] - pads[nsp + i]))
                                 for i in range(nsp)]

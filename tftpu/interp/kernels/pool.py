@@ -11,7 +11,8 @@ import math
 import numpy as np
 
 from tftpu.interp.kernels._registry import (
-    as_f32, channels_last, ints, numel, post_relu, register, spatial_axes, tf, to_numpy)
+    as_f32, channels_last, ints, numel, nchw_supported, post_relu, register, spatial_axes, tf,
+    to_numpy)
 
 
 def pool_geometry(in_size, k, s, pb, pe, d, ceil_mode):
@@ -54,6 +55,9 @@ def _tf_pool(xp, kind, k, s, nhwc):
     nsp = len(k)
     if nsp == 2:
         fn = t.nn.max_pool2d if kind == "max" else t.nn.avg_pool2d
+        if not nhwc and not nchw_supported():
+            y = to_numpy(fn(np.ascontiguousarray(xp.transpose(0, 2, 3, 1)), k, s, "VALID"))
+            return np.ascontiguousarray(y.transpose(0, 3, 1, 2))
         return to_numpy(fn(xp, k, s, "VALID", data_format="NHWC" if nhwc else "NCHW"))
     if nsp == 3:
         fn = t.nn.max_pool3d if kind == "max" else t.nn.avg_pool3d
