@@ -37,17 +37,13 @@ class LayoutReport:
     permutes_after: int = 0
     at_inputs: int = 0
     at_outputs: int = 0
+    inside: int = 0  # neither right after a model input nor right before an output
     absorbed: int = 0
     inserted: int = 0
     permute_bytes: int = 0  # bytes the remaining Permutes write at run time
     weights_transformed: int = 0
     layouts: Counter = field(default_factory=Counter)
     notes: list[str] = field(default_factory=list)
-
-    @property
-    def inside(self) -> int:
-        """Permutes neither right after a model input nor right before an output."""
-        return self.permutes_after - self.at_inputs - self.at_outputs
 
     def __str__(self) -> str:
         lay = ", ".join(f"{k}: {v}" for k, v in sorted(self.layouts.items()))
@@ -119,18 +115,19 @@ def convert_layout(model, weights=None, layout: str = "NHWC", kernel_layout: str
     return ConvertLayout(desired_for(layout, kernel_layout)).apply(model, weights)
 
 
-def count_permutes(model: TopModel) -> tuple[int, int, int]:
-    """(all top.Permute ops, those reading a model input, those feeding a model output)."""
+def count_permutes(model: TopModel) -> tuple[int, int, int, int]:
+    """(top.Permute ops, those reading a model input, those feeding a model output, the others)."""
     outs = set(model.return_op.operands)
-    total = at_in = at_out = 0
+    total = at_in = at_out = inside = 0
     for op in model.ops:
         if isinstance(op, top.Permute):
             total += 1
             src = op.operands[0].owner
-            at_in += isinstance(src, top.Input) or (
+            a = isinstance(src, top.Input) or (
                 isinstance(src, top.Reshape) and isinstance(src.operands[0].owner, top.Input))
-            at_out += op.results[0] in outs
-    return total, at_in, at_out
+            b = op.results[0] in outs
+            at_in, at_out, inside = at_in + a, at_out + b, inside + (not a and not b)
+    return total, at_in, at_out, inside
 
 
 def _nbytes(v) -> int:
@@ -319,7 +316,7 @@ class _Run(R.Context):
         self._dead_code()
         self.model.verify()
         r = self.report
-        r.permutes_after, r.at_inputs, r.at_outputs = count_permutes(self.model)
+        r.permutes_after, r.at_inputs, r.at_outputs, r.inside = count_permutes(self.model)
         r.permute_bytes = sum(_nbytes(op.results[0]) for op in self.model.ops if isinstance(op, top.Permute))
         return r
 
