@@ -60,6 +60,20 @@ def nchw_supported() -> bool:
     return _NCHW_OK[0]
 
 
+ALIGN = 64
+
+
+def aligned_empty(shape, dtype=np.float32) -> np.ndarray:
+    """An uninitialised array whose data is 64-byte aligned: TF takes such arrays as op inputs
+    without copying them (an unaligned one is copied first), so numpy-made results feed the
+    next TF kernel for free."""
+    dtype = np.dtype(dtype)
+    n = int(math.prod(shape)) * dtype.itemsize
+    buf = np.empty(n + ALIGN, np.uint8)
+    off = (-buf.ctypes.data) % ALIGN
+    return buf[off:off + n].view(dtype).reshape(shape)
+
+
 def to_numpy(t) -> np.ndarray:
     """A TF result as a read-only numpy view of its buffer (no copy; `.numpy()` copies)."""
     return np.asarray(t)

@@ -7,7 +7,8 @@ import math
 import numpy as np
 
 from tftpu.interp.kernels._registry import (
-    as_f32, channel_axis, is_float, numel, post_relu, register, relu, relu_limit, tf)
+    aligned_empty, as_f32, channel_axis, is_float, numel, post_relu, register, relu, relu_limit,
+    tf)
 
 
 def _out_flops(mult: int = 1, fused_relu: bool = False):
@@ -22,7 +23,11 @@ def _binary(fn, name):
         a, b = operands[0], operands[1]
         if is_float(a) or is_float(b):
             a, b = as_f32(np.asarray(a)), as_f32(np.asarray(b))
-        y = np.asarray(fn(a, b))
+        if isinstance(fn, np.ufunc):
+            shape = np.broadcast_shapes(np.shape(a), np.shape(b))
+            y = fn(a, b, out=aligned_empty(shape, np.result_type(a, b)))
+        else:
+            y = np.asarray(fn(a, b))
         return [post_relu(y, attrs, inplace=y.ndim > 0)]
     kernel.__name__ = name
     kernel.__doc__ = f"top.{name}: element-wise with numpy broadcasting (then the fused relu)."

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from tftpu.interp.kernels._registry import (
-    as_f32, channel_axis, numel, per_channel, post_relu, register)
+    aligned_empty, as_f32, channel_axis, numel, per_channel, post_relu, register)
 
 
 def _n_flops(mult, fused_relu=False):
@@ -22,7 +22,7 @@ def batch_norm(operands, attrs):
     ax = channel_axis(x.ndim, attrs) if x.ndim > 1 else 0
     eps = np.float32(attrs.get("epsilon", 1e-5))
     inv = scale / np.sqrt(var + eps)
-    y = x * per_channel(inv, x.ndim, ax)
+    y = np.multiply(x, per_channel(inv, x.ndim, ax), out=aligned_empty(x.shape))
     y += per_channel(bias - mean * inv, x.ndim, ax)
     return [y.astype(np.float32, copy=False)]
 
@@ -33,7 +33,7 @@ def scale(operands, attrs):
     x, s = as_f32(operands[0]), as_f32(operands[1])
     b = operands[2] if len(operands) > 2 else None
     ax = channel_axis(x.ndim, attrs) if x.ndim > 1 else 0
-    y = x * per_channel(s, x.ndim, ax)
+    y = np.multiply(x, per_channel(s, x.ndim, ax), out=aligned_empty(x.shape))
     if b is not None:
         y += per_channel(as_f32(b), x.ndim, ax)
     return [post_relu(y.astype(np.float32, copy=False), attrs, inplace=True)]

@@ -11,8 +11,8 @@ import math
 import numpy as np
 
 from tftpu.interp.kernels._registry import (
-    as_f32, channels_last, ints, numel, nchw_supported, post_relu, register, spatial_axes, tf,
-    to_numpy)
+    aligned_empty, as_f32, channels_last, ints, numel, nchw_supported, post_relu, register,
+    spatial_axes, tf, to_numpy)
 
 
 def pool_geometry(in_size, k, s, pb, pe, d, ceil_mode):
@@ -31,7 +31,8 @@ def pool_geometry(in_size, k, s, pb, pe, d, ceil_mode):
 
 def _pad_const(x, widths, fill):
     """Pad with a constant: fill a new array and copy `x` in (cheaper than np.pad)."""
-    out = np.full([d + b + e for d, (b, e) in zip(x.shape, widths)], fill, x.dtype)
+    out = aligned_empty([d + b + e for d, (b, e) in zip(x.shape, widths)], x.dtype)
+    out.fill(fill)
     out[tuple(slice(b, b + d) for d, (b, _) in zip(x.shape, widths))] = x
     return out
 

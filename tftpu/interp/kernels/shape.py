@@ -8,7 +8,8 @@ import math
 import ml_dtypes
 import numpy as np
 
-from tftpu.interp.kernels._registry import channels_last, numel, post_relu, register
+from tftpu.interp.kernels._registry import (
+    aligned_empty, channels_last, numel, post_relu, register)
 
 
 def _zero(ins, outs, attrs):
@@ -27,8 +28,11 @@ def _common_dtype(xs):
 def concat(operands, attrs):
     """top.Concat: join along `axis` (+ fused relu)."""
     xs = [np.asarray(x) for x in operands]
-    y = np.concatenate(xs, axis=int(attrs.get("axis", 0))).astype(_common_dtype(xs), copy=False)
-    return [post_relu(y, attrs)]
+    axis = int(attrs.get("axis", 0)) % max(xs[0].ndim, 1)
+    shape = list(xs[0].shape)
+    shape[axis] = sum(x.shape[axis] for x in xs)
+    y = np.concatenate(xs, axis=axis, out=aligned_empty(shape, _common_dtype(xs)))
+    return [post_relu(y, attrs, inplace=True)]
 
 
 @register("Reshape", flops=_zero)
@@ -53,8 +57,10 @@ def flatten(operands, attrs):
 def permute(operands, attrs):
     """top.Permute: transpose to `order` (ONNX Transpose perm)."""
     order = attrs.get("order")
-    return [np.ascontiguousarray(np.transpose(operands[0], None if order is None else
-                                              [int(o) for o in order]))]
+    view = np.transpose(operands[0], None if order is None else [int(o) for o in order])
+    out = aligned_empty(view.shape, view.dtype)
+    np.copyto(out, view)
+    return [out]
 
 
 @register("Pad", flops=_zero)
