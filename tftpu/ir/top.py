@@ -3,7 +3,7 @@
 Each op declares its operands and results with IRDL, its attributes as `ATTRS = {name: (kind,
 default)}` (`REQUIRED` for no default; see `tftpu.ir.attrs` for kinds), and a shape function
 `infer`. The verifier checks operand kinds, attribute values and that every result type equals
-the inferred one. Op semantics are those of docs in `prompts/top_spec.md`; inference kernels
+the inferred one. Op semantics follow the ONNX op of the same name (see the table in DESIGN/top_spec); kernels
 and FLOPs counts live in `tftpu.interp.kernels` under the op name without `top.`.
 
 >>> Conv.name, Conv.ATTRS["group"]
@@ -27,7 +27,7 @@ from xdsl.dialects.builtin import (
     StringAttr,
     TensorType,
 )
-from xdsl.ir import Attribute, Dialect
+from xdsl.ir import Dialect
 from xdsl.irdl import (
     IRDLOperation,
     attr_def,
