@@ -8,8 +8,8 @@ print -> parse -> print is byte-identical.
 >>> x = b.input("x", (1, 4))
 >>> y = b.op("Relu", [x], {}, "y")
 >>> model = b.finish([y])
->>> print(model.text().splitlines()[3].strip())
-%1 = "top.Relu"(%0) : (tensor<1x4xf32>) -> tensor<1x4xf32> loc("y")
+>>> print(model.text().splitlines()[4].strip())
+%2 = "top.Relu"(%1) : (tensor<1x4xf32>) -> tensor<1x4xf32> loc("y")
 """
 
 from __future__ import annotations
