@@ -85,6 +85,17 @@ def test_conv_fused_relu(limit):
     assert got.min() >= 0 and (limit < 0 or got.max() <= limit)
 
 
+def test_conv_weight_cache_sees_in_place_edits():
+    x = _rand(1, 2, 5, 5)
+    w, b = _rand(3, 2, 3, 3), _rand(3)
+    attrs = dict(kernel_shape=[3, 3])
+    KERNELS["Conv"]([x, w, b], attrs)
+    w *= 2.0
+    b += 1.0
+    assert_close(KERNELS["Conv"]([x, w, b], attrs)[0], run_node("Conv", [x, w, b], attrs)[0],
+                 rtol=1e-4, atol=2e-5)
+
+
 def test_conv_weight_cache_follows_identity():
     x = _rand(1, 2, 5, 5)
     w1, w2 = _rand(3, 2, 3, 3), _rand(3, 2, 3, 3)

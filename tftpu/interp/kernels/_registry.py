@@ -152,11 +152,19 @@ def ints(attrs: dict, name: str, n: int, default: int) -> list[int]:
     return v
 
 
+def _fingerprint(arr: np.ndarray) -> bytes:
+    """Up to 64 evenly spaced elements of `arr`: catches a weight rewritten in place."""
+    flat = arr.reshape(-1)
+    step = max(1, flat.size // 64)
+    return flat[::step][:64].tobytes()
+
+
 class IdentityCache:
     """Memo of a derived value per source array, keyed by identity (weights are constant).
 
     Weight arrays are re-laid-out once per array object, not once per call; an entry dies with
-    its array. A weight must not be modified in place once a kernel has seen it.
+    its array, and a sample of the array's values is re-checked on every hit, so an array edited
+    in place as a whole (e.g. `w *= s`) is re-derived; `clear()` forgets everything.
     """
 
     def __init__(self):
@@ -165,14 +173,14 @@ class IdentityCache:
     def get(self, arr: np.ndarray, key: tuple, make: Callable[[], object]):
         k = (id(arr), arr.shape, arr.dtype.str, key)
         hit = self._store.get(k)
-        if hit is not None and hit[0]() is arr:
-            return hit[1]
+        if hit is not None and hit[0]() is arr and hit[1] == _fingerprint(arr):
+            return hit[2]
         value = make()
         try:
             ref = weakref.ref(arr, lambda _r, k=k: self._store.pop(k, None))
         except TypeError:
             return value
-        self._store[k] = (ref, value)
+        self._store[k] = (ref, _fingerprint(arr), value)
         return value
 
     def clear(self):
