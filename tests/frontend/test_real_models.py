@@ -43,6 +43,7 @@ KERAS_APPS = [
     pytest.param("ResNet50", 64, marks=pytest.mark.slow),
     pytest.param("MobileNetV2", 96, marks=pytest.mark.slow),
     pytest.param("EfficientNetB0", 64, marks=pytest.mark.slow),
+    pytest.param("MobileNetV3Small", 64, marks=pytest.mark.slow),
 ]
 
 
@@ -56,6 +57,8 @@ def test_keras_applications(name, size):
     check(proto, top, {"x": x}, [np.asarray(km(x, training=False))], min_shared=50)
     names = {op.op_name for op in top.ops}
     assert "BatchNorm" not in names and "Clip" not in names
+    fused = {"EfficientNetB0": "SiLU", "MobileNetV3Small": "HardSwish"}.get(name)
+    assert fused is None or fused in names
 
 
 @pytest.mark.parametrize("net,size", [("rnet", 24), ("onet", 48)])

@@ -345,3 +345,29 @@ def test_prelu_not_fused_when_inputs_differ():
     m_ = b.op("Mul", [neg, b.weight("c", rand(4))], {}, "scaled")
     m = b.finish([b.op("Add", [pos, m_], {}, "out")])
     check(m, {"x": rand(2, 4), "y": rand(2, 4)}, [C.FusePRelu, C.DeadCode], ["Relu", "Neg", "Relu", "Mul", "Add"])
+
+
+@pytest.mark.parametrize("div", [False, True])
+@pytest.mark.parametrize("swap", [False, True])
+def test_fuse_hardsigmoid_and_hardswish(div, swap):
+    """x * (relu6(x + 3) / 6), as tf2onnx writes Keras hard_swish: Add, Clip(0,6), Mul|Div, Mul."""
+    b = TopBuilder("m")
+    x = b.input("x", (2, 4, 5))
+    t = b.op("Add", [b.weight("three", np.float32(3.0)), x] if swap else [x, b.weight("three", np.float32(3.0))],
+             {}, "t")
+    r6 = b.op("Clip", [t], {"min": 0.0, "max": 6.0}, "r6")
+    k = b.weight("k", np.float32(6.0) if div else np.float32(1.0 / 6.0))
+    hsig = b.op("Div" if div else "Mul", [r6, k] if div or not swap else [k, r6], {}, "hsig")
+    m = b.finish([b.op("Mul", [hsig, x] if swap else [x, hsig], {}, "hswish")])
+    rep = check(m, {"x": rand(2, 4, 5) * 4},
+                [C.ClipToRelu, C.FuseRelu, C.FuseHardSigmoid, C.FuseHardSwish, C.DeadCode], ["HardSwish"])
+    assert rep.counts["fuse-hardsigmoid"] == 1 and rep.counts["fuse-hardswish"] == 1
+    assert m.output_names == ["hswish"]
+
+
+def test_hardsigmoid_needs_relu6_and_three():
+    b = TopBuilder("m")
+    x = b.input("x", (2, 4))
+    t = b.op("Add", [x, b.weight("two", np.float32(2.0))], {"do_relu": True, "relu_limit": 6.0}, "t")
+    m = b.finish([b.op("Mul", [t, b.weight("k", np.float32(1 / 6))], {}, "h")])
+    check(m, {"x": rand(2, 4) * 4}, [C.FuseHardSigmoid], ["Add", "Mul"])

@@ -352,6 +352,59 @@ class FusePRelu(TopPattern):
                 return
 
 
+def _scalar(w: Weights, value):
+    """The float value of a one-element constant, else None."""
+    arr = w.get(value)
+    if arr is None or arr.size != 1 or arr.dtype.kind != "f":
+        return None
+    return float(arr.reshape(()))
+
+
+class FuseHardSigmoid(TopPattern):
+    """relu6(x + 3) * (1/6) (or / 6), as tf2onnx writes Keras hard_sigmoid -> HardSigmoid(x, 1/6, 0.5)."""
+
+    NAME = "fuse-hardsigmoid"
+
+    def match_and_rewrite(self, op, rewriter: PatternRewriter) -> None:
+        if not isinstance(op, (top.Mul, top.Div)):
+            return
+        if isinstance(op, top.Mul) and op.attrs()["do_relu"]:
+            return
+        pairs = ((op.input, op.other),) if isinstance(op, top.Div) else ((op.input, op.other), (op.other, op.input))
+        for add_v, k_v in pairs:
+            k = _scalar(self.w, k_v)
+            add = add_v.owner
+            if k is None or not isinstance(add, top.Add) or not _single_use(add_v):
+                continue
+            scale = 1.0 / k if isinstance(op, top.Div) else k
+            a = add.attrs()
+            if not (a["do_relu"] and a["relu_limit"] == 6.0 and abs(scale * 6.0 - 1.0) < 1e-6):
+                continue
+            for x, three in ((add.input, add.other), (add.other, add.input)):
+                if _scalar(self.w, three) == 3.0 and A.shape_of(x.type) == A.shape_of(op.output.type):
+                    _replace(rewriter, op, make_op("HardSigmoid", [x], {"alpha": 1.0 / 6.0, "beta": 0.5}, op.loc))
+                    self.fired()
+                    return
+
+
+class FuseHardSwish(TopPattern):
+    """x * HardSigmoid(x, 1/6, 0.5) -> HardSwish(x)."""
+
+    NAME = "fuse-hardswish"
+
+    def match_and_rewrite(self, op, rewriter: PatternRewriter) -> None:
+        if not isinstance(op, top.Mul) or op.attrs()["do_relu"]:
+            return
+        for x, h in ((op.input, op.other), (op.other, op.input)):
+            hs = h.owner
+            if isinstance(hs, top.HardSigmoid) and hs.input is x and \
+                    abs(hs.attrs()["alpha"] * 6.0 - 1.0) < 1e-6 and hs.attrs()["beta"] == 0.5 and \
+                    A.shape_of(x.type) == A.shape_of(op.output.type):
+                _replace(rewriter, op, make_op("HardSwish", [x], {}, op.loc))
+                self.fired()
+                return
+
+
 class FoldConstants(TopPattern):
     """An op whose operands are all constants -> `top.Weight`(s) holding its result."""
 
@@ -464,7 +517,7 @@ class DeadCode(TopPattern):
 
 
 PATTERNS = [DeadCode, FoldConstants, ClipToRelu, FoldBatchNorm, FoldScaleIntoConv, FoldMulAddIntoConv, FuseRelu,
-            FuseSiLU, FusePRelu, FoldPadIntoConv,
+            FuseSiLU, FusePRelu, FuseHardSigmoid, FuseHardSwish, FoldPadIntoConv,
             DropNoOps, MergePermutes, MergeReshapes]
 
 
