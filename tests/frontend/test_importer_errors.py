@@ -130,3 +130,9 @@ def test_dead_unsupported_node_is_ignored():
     nodes = [helper.make_node("Relu", ["x"], ["y"]), helper.make_node("Celu", ["x"], ["unused"], name="dead")]
     top = onnx_to_top(model(nodes, [("x", [2, 3])], [("y", [2, 3])]), "m")
     assert [op.op_name for op in top.ops] == ["Input", "Relu"]
+
+
+def test_load_unpacks_to_module_and_weights():
+    from xdsl.dialects.builtin import ModuleOp
+    module, weights = frontend.load(conv_bn_relu_net())
+    assert isinstance(module, ModuleOp) and set(weights) == {"bn1_filter", "bn1_bias", "w2", "fc_w", "fc_b"}

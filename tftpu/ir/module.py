@@ -83,6 +83,10 @@ class TopModel:
     module: ModuleOp
     weights: dict[str, np.ndarray] = field(default_factory=dict)
 
+    def __iter__(self):
+        """`module, weights = model` unpacks like a pair."""
+        return iter((self.module, self.weights))
+
     @property
     def name(self) -> str:
         return self.module.attributes["module.name"].data
