@@ -173,6 +173,7 @@ class _Run(R.Context):
         self.cache: dict = {}
         self.names = {n for op in self.old_ops for n in top.loc_names(op)} | set(model.weights)
         self.report = LayoutReport()
+        self._consumer = ""
 
     # ------------------------------------------------------------ Context for the rules
     def shape(self, v):
@@ -239,6 +240,7 @@ class _Run(R.Context):
             out = self._emit("Permute", [new], {"order": list(order)},
                              self._unique(f"{value_name(new)}_p{L.perm_name(order)}")).results[0]
             self.report.inserted += 1
+            self.report.notes.append(f"{self._consumer}: {value_name(new)!r} transposed by {list(order)}")
         self.cache[key] = out
         return out
 
@@ -285,6 +287,7 @@ class _Run(R.Context):
                 return
         fn = R.RULES.get(op.op_name, R.keep_all)
         plan = fn(op, attrs, self)
+        self._consumer = f"{op.name} at {op.loc!r} needs another layout"
         operands = [self._deliver(v, s) for v, s in zip(op.operands, plan.operands)]
         names = top.loc_names(op) or [op.loc]
         names = [n if st.plain else self._unique(f"{n}_{_suffix(st)}") for n, st in zip(names, plan.outs)] \
@@ -305,6 +308,7 @@ class _Run(R.Context):
         self.report.permutes_before = count_permutes(self.model)[0]
         for op in self.old_ops:
             self._visit(op)
+        self._consumer = "model output keeps its layout"
         outs = [self._deliver(v, R.Want(L.identity(len(self.shape(v))))) for v in self.ret.operands]
         taken: set = set()
         self.ret.operands = [self._keep_output_name(old, new, taken)
