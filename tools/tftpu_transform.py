@@ -62,7 +62,7 @@ def main(args):
         canonicalize(model)
     _, weight_path = model.save(mlir)
     print(f"{mlir}: {len(model.ops)} ops ({n_before} before canonicalize: {report}); "
-          f"weights {weight_path}; {time.perf_counter() - t0:.2f} s")
+          f"{model.flops() / 1e9:.3f} GFLOPs; weights {weight_path}; {time.perf_counter() - t0:.2f} s")
     if inputs is None:
         return 0
 
