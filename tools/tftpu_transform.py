@@ -62,7 +62,7 @@ def main(args):
         canonicalize(model)
     _, weight_path = model.save(mlir)
     print(f"{mlir}: {len(model.ops)} ops ({n_before} before canonicalize: {report}); "
-          f"{model.flops() / 1e9:.3f} GFLOPs; weights {weight_path}; {time.perf_counter() - t0:.2f} s")
+          f"{_flops(model.flops())}; weights {weight_path}; {time.perf_counter() - t0:.2f} s")
     if inputs is None:
         return 0
 
@@ -89,6 +89,10 @@ def main(args):
                                     f"worst {worst.name!r}: cosine {worst.cosine:.6f}, euclidean {worst.euclid:.6f}")
     print(f"all {len(rows)} tensors within tolerance; min cosine {worst.cosine:.9f} ({worst.name})")
     return 0
+
+
+def _flops(n: int) -> str:
+    return f"{n / 1e9:.2f} GFLOPs" if n >= 1e9 else f"{n / 1e6:.2f} MFLOPs"
 
 
 def run():
