@@ -183,3 +183,21 @@ def test_deconv_random_fuzz(seed):
         pb = [min(pads[i], span[i] - 1) for i in range(nsp)]
         pads = pb + [min(pads[nsp + i], span[i] - 1 - pb[i]) for i in range(nsp)]
         _deconv_case(c, o, k, s, pads, d, g, op, bool(rng.integers(0, 2)), size)
+
+
+@pytest.mark.parametrize("op,make", [
+    ("Conv", lambda: ([_rand(1, 16, 28, 28), _rand(32, 16, 3, 3), _rand(32)],
+                      dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1], do_relu=True))),
+    ("Conv", lambda: ([_rand(1, 32, 14, 14), _rand(32, 1, 3, 3), None],
+                      dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1], group=32))),
+    ("Conv", lambda: ([_rand(1, 64, 14, 14), _rand(128, 64, 1, 1), _rand(128)], {})),
+    ("Deconv", lambda: ([_rand(1, 8, 7, 7), _rand(8, 4, 4, 4), _rand(4)],
+                        dict(kernel_shape=[4, 4], strides=[2, 2], pads=[1, 1, 1, 1]))),
+    ("MatMul", lambda: ([_rand(3, 512), _rand(512, 100), _rand(100)], {})),
+])
+def test_deterministic(op, make):
+    """Same inputs, byte-identical results, run after run."""
+    operands, attrs = make()
+    first = KERNELS[op](operands, attrs)[0].tobytes()
+    for _ in range(3):
+        assert KERNELS[op](operands, attrs)[0].tobytes() == first
