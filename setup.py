@@ -36,6 +36,8 @@ setup(
     extras_require={
         # joblib + lz4 read the mtcnn weight pickles once, in tests/material.py, to write .npz
         "test": ["pytest==9.2.0", "pytest-xdist==3.8.0", "joblib==1.6.0", "lz4==4.4.5"],
+        # benchmarks/transposes.py compares against onnxsim
+        "bench": ["onnxsim==0.8.1"],
     },
     entry_points={
         "console_scripts": [f"tftpu-{t} = tftpu_tools.tftpu_{t}:run" for t in TOOLS],
