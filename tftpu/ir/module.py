@@ -76,12 +76,17 @@ def main_func(module: ModuleOp) -> func.FuncOp:
     raise ShapeError("module has no func.func")
 
 
-@dataclass
+@dataclass(repr=False)
 class TopModel:
     """A TOP module and the weight arrays of its `top.Weight` ops (keyed by location)."""
 
     module: ModuleOp
     weights: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        n = sum(1 for op in self.ops if not isinstance(op, (top.Weight, top.NoneOp)))
+        return (f"TopModel({self.name!r}, {n} ops, {len(self.weights)} weights, "
+                f"inputs={self.input_names}, outputs={self.output_names})")
 
     def __iter__(self):
         """`module, weights = model` unpacks like a pair."""
