@@ -117,7 +117,10 @@ def test_keras_file_savedmodel_and_tf_function(tmp_path):
 
     km.save(tmp_path / "m.keras")
     top = frontend.load(tmp_path / "m.keras", input_shapes=[[2, 16, 16, 3]])
+    assert top.input_names == ["image"]
     np.testing.assert_allclose(run(top, {"x": x})[top.output_names[0]], want, rtol=1e-5, atol=1e-6)
+    src = tf_outputs(tmp_path / "m.keras", "keras", {"image": x}, top.output_names)
+    np.testing.assert_allclose(src[top.output_names[0]], want, rtol=1e-6, atol=1e-7)
 
     export = tmp_path / "saved"
     km.export(str(export), verbose=False)
