@@ -77,6 +77,13 @@ def _conv_tf_2d(x, w, b, strides, pads, dil, group, nhwc, fused_relu):
         y = raw.MatMul(a=w2, b=x.reshape(c, h * wd))
         bias = None if b is None else bias_const(b, (o, 1))
         return tf_epilogue(y, bias, fused_relu).reshape(1, o, h, wd)
+    if group == 1 and nhwc and (kh, kw) == (1, 1) and not any(pads) and strides == [1, 1]:
+        # 1x1 conv on NHWC data: one [N*H*W, C] x [C, O] matmul
+        lead = x.shape[:3]
+        w2 = WEIGHTS.get(w, ("pointwise_t",), lambda: t.constant(w.reshape(o, c).T))
+        y = raw.MatMul(a=x.reshape(-1, c), b=w2)
+        bias = None if b is None else bias_const(b, (o,))
+        return tf_epilogue(y, bias, fused_relu).reshape(*lead, o)
     if not nhwc and not nchw_supported():
         y = _conv_tf_2d(np.ascontiguousarray(x.transpose(0, 2, 3, 1)), w, b, strides, pads, dil,
                         group, True, fused_relu)
