@@ -5,7 +5,10 @@
     n = FLOPS["Conv"]([x.shape, w.shape, b.shape], [y.shape], attrs)
 
 Each kernel follows onnxruntime's semantics for the matching ONNX op (tests compare them);
-float kernels compute in float32 and call TensorFlow's optimized ops where that is faster.
+float kernels compute in float32 and call TensorFlow's optimized ops where that is faster
+(TF is imported on first use). Results may be read-only views of TF buffers: treat them as
+immutable, as kernels treat their operands. NHWC modules (`layout="NHWC"`) run fastest, TF's
+CPU kernels being channels-last at heart.
 """
 
 from tftpu.interp.kernels import _registry
