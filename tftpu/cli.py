@@ -52,8 +52,11 @@ def parse(argv: Sequence[str], doc: str, positional: bool = False) -> list[str]:
 
 
 def run(main: Callable[[list[str]], int | None], doc: str,
-        argv: Sequence[str] | None = None, positional: bool = False) -> None:
-    """Run a tool's `main(args)` and exit with its status."""
+        argv: Sequence[str] | None = None, positional: bool = False, tensorflow: bool = False) -> None:
+    """Run a tool's `main(args)` and exit with its status.
+
+    `tensorflow=True` imports TensorFlow (quietly) once the flags are good, for tools that use it.
+    """
     argv = list(sys.argv if argv is None else argv)
     prog = _prog(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ start-up chatter
@@ -61,6 +64,10 @@ def run(main: Callable[[list[str]], int | None], doc: str,
         args = parse(argv, doc, positional)
         logging.use_absl_handler()
         logging.set_verbosity(logging.INFO if os.environ.get("TFTPU_VERBOSE") else logging.WARNING)
+        if tensorflow:
+            from tftpu import compat
+
+            compat.import_tensorflow_quietly()
         code = main(args)
     except errors.TftpuError as e:
         code = fail(prog, e, e.exit_code)

@@ -48,7 +48,7 @@ def main(args):
 
 
 def run():
-    cli.run(main, __doc__)
+    cli.run(main, __doc__, tensorflow=True)
 
 
 if __name__ == "__main__":

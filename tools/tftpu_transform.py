@@ -96,7 +96,7 @@ def _flops(n: int) -> str:
 
 
 def run():
-    cli.run(main, __doc__)
+    cli.run(main, __doc__, tensorflow=True)
 
 
 if __name__ == "__main__":
