@@ -69,8 +69,12 @@ def tf_outputs(model_def, kind: str, inputs: dict, onnx_outputs: list[str]) -> d
     """The source framework's own outputs (TFLite interpreter, Keras, SavedModel), keyed by ONNX output name."""
     arrays = list(inputs.values())
     if kind == "tflite":
+        import warnings
+
         import tensorflow as tf
-        interp = tf.lite.Interpreter(model_path=str(model_def))
+        with warnings.catch_warnings():  # tf.lite.Interpreter's deprecation notice: it is still the reference
+            warnings.simplefilter("ignore", UserWarning)
+            interp = tf.lite.Interpreter(model_path=str(model_def))
         interp.allocate_tensors()
         for det, arr in zip(interp.get_input_details(), arrays):
             interp.set_tensor(det["index"], np.asarray(arr).astype(det["dtype"]))
