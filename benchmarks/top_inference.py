@@ -1,9 +1,13 @@
 """TOP F32 inference throughput against onnxruntime, batch 1, 224x224 (issue 4 target: >= 0.5x).
 
-    python benchmarks/top_inference.py [--models ResNet50,MobileNetV2] [--runs 10]
+    python benchmarks/top_inference.py [--models ResNet50,MobileNetV2] [--runs 10] [--jit]
 
-Both sides run the same ONNX export of keras.applications (weights=None) in one process; the
-ratio is TOP images/s over onnxruntime images/s (default session options, all cores).
+Both sides run the same ONNX export of keras.applications (weights=None) in one process, timed
+in alternation; the ratio is TOP images/s over onnxruntime images/s. onnxruntime flushes
+denormals to zero (`session.set_denormal_as_zero`) as TF does, else random-weight models crawl
+through denormal arithmetic there. TOP paths: "eager" (numpy/TF kernel per op) and "compiled"
+(the whole module as one TF graph), each on the imported NCHW module and after
+convert_layout(NHWC).
 """
 
 from __future__ import annotations
@@ -38,29 +42,46 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--size", type=int, default=224)
     ap.add_argument("--layout", default="NCHW,NHWC", help="TOP layouts to time (NHWC via convert_layout)")
+    ap.add_argument("--backends", default="eager,compiled")
+    ap.add_argument("--jit", action="store_true", help="also time the compiled graph under XLA")
     args = ap.parse_args()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import keras
     import onnxruntime as ort
 
     from tftpu import frontend
+    from tftpu.interp.tf_executor import CompiledTop
     from tftpu.interp.top_interpreter import TopInterpreter
 
-    print(f"{'model':<14} {'layout':<6} {'ops':>5} {'onnxruntime img/s':>18} {'TOP img/s':>10} {'ratio':>7}")
+    print(f"{'model':<12} {'layout':<6} {'path':<9} {'ops':>5} {'onnxruntime img/s':>18} "
+          f"{'TOP img/s':>10} {'ratio':>7}")
     for name in args.models.split(","):
         km = getattr(keras.applications, name)(weights=None, input_shape=(args.size, args.size, 3))
         proto = frontend.to_onnx(km)
         x = np.random.default_rng(0).uniform(-1, 1, (1, args.size, args.size, 3)).astype(np.float32)
-        sess = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+        so = ort.SessionOptions()
+        so.add_session_config_entry("session.set_denormal_as_zero", "1")
+        sess = ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"])
         feed = {sess.get_inputs()[0].name: x}
         for layout in args.layout.split(","):
             top = frontend.load(proto, name=name)
             if layout == "NHWC":
                 from tftpu.transforms.convert_layout import convert_layout
                 convert_layout(top, "NHWC")
-            interp = TopInterpreter(top)
-            ort_tp, top_tp = throughputs([lambda: sess.run(None, feed), lambda: interp.run({"x": x})], args.runs)
-            print(f"{name:<14} {layout:<6} {len(top.ops):>5} {ort_tp:>18.2f} {top_tp:>10.2f} {top_tp / ort_tp:>6.2f}x")
+            paths = []
+            for backend in args.backends.split(","):
+                if backend == "eager":
+                    paths.append(("eager", TopInterpreter(top).run))
+                else:
+                    paths.append(("compiled", CompiledTop(top).run))
+                    if args.jit:
+                        paths.append(("xla", CompiledTop(top, jit_compile=True).run))
+            for label, run in paths:
+                ort_tp, top_tp = throughputs([lambda: sess.run(None, feed), lambda: run({"x": x})],
+                                             args.runs)
+                print(f"{name:<12} {layout:<6} {label:<9} {len(top.ops):>5} {ort_tp:>18.2f} "
+                      f"{top_tp:>10.2f} {top_tp / ort_tp:>6.2f}x", flush=True)
+
 
 if __name__ == "__main__":
     main()

@@ -24,12 +24,24 @@ class KernelError(TftpuError):
 
 
 class TopInterpreter:
-    """A compiled plan for running one TOP model many times."""
+    """A compiled plan for running one TOP model many times.
 
-    def __init__(self, model: TopModel):
+    `backend="eager"` calls the numpy/TF kernels op by op; `"compiled"` lowers the whole model
+    once into one TensorFlow graph (`tftpu.interp.tf_executor`), much faster on small-tensor
+    models. `run(..., dump_all=True)` always takes the per-op path (it keeps every tensor).
+    """
+
+    BACKENDS = ("eager", "compiled")
+
+    def __init__(self, model: TopModel, backend: str = "eager"):
         from tftpu.interp.kernels import KERNELS
 
+        if backend not in self.BACKENDS:
+            from tftpu.errors import UsageError
+            raise UsageError(f"backend must be one of {', '.join(self.BACKENDS)}, not {backend!r}")
         self.model = model
+        self.backend = backend
+        self._compiled = None
         slot: dict = {}
         self.inputs: list[tuple[str, int, tuple, np.dtype]] = []
         self.consts: dict[int, np.ndarray] = {}
@@ -89,6 +101,11 @@ class TopInterpreter:
 
     def run(self, inputs: dict, dump_all: bool = False) -> dict[str, np.ndarray]:
         """Outputs by name (every tensor by location name when `dump_all`)."""
+        if self.backend == "compiled" and not dump_all:
+            if self._compiled is None:
+                from tftpu.interp.tf_executor import CompiledTop
+                self._compiled = CompiledTop(self.model)
+            return self._compiled.run(inputs)
         env = dict(self.consts)
         env.update(self._bind(inputs))
         dump = {}
@@ -113,6 +130,7 @@ class TopInterpreter:
         return {name: env[s] for name, s in self.outputs}
 
 
-def run(model: TopModel, inputs: dict, dump_all: bool = False) -> dict[str, np.ndarray]:
+def run(model: TopModel, inputs: dict, dump_all: bool = False,
+        backend: str = "eager") -> dict[str, np.ndarray]:
     """Run `model` on `inputs` (name -> array, or in input order when names differ)."""
-    return TopInterpreter(model).run(inputs, dump_all)
+    return TopInterpreter(model, backend).run(inputs, dump_all)
