@@ -269,7 +269,7 @@ class Weight(TopOp):
 
     @classmethod
     def infer(cls, shapes, attrs):
-        raise NotImplementedError
+        raise ShapeError("top.Weight takes its shape from the weight file, not from operands")
 
     def verify_(self) -> None:
         if not self.loc:
