@@ -40,6 +40,7 @@ from xdsl.irdl import (
 )
 from xdsl.utils.exceptions import VerifyException
 
+from tftpu.errors import ShapeError
 from tftpu.ir import attrs as A
 
 REQUIRED = object()
