@@ -17,13 +17,13 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from xdsl.dialects.builtin import IntAttr, StringAttr, TensorType
 from xdsl.ir import Dialect, ParametrizedAttribute
 from xdsl.irdl import IRDLOperation, attr_def, irdl_attr_definition, irdl_op_definition, operand_def, result_def
 
 from tftpu.errors import ConfigError
+from tftpu.utils import config
 
 Perm = tuple[int, ...]
 
@@ -305,25 +305,14 @@ class Chip:
         return self.resolve(self.formats.get("io", "NCHW"))
 
 
-CHIP_DIR = Path(__file__).resolve().parents[2] / "configs" / "chips"
+CHIP_DIR = config.DEFAULT_ROOT / "chips"  # the bundled chips; $TFTPU_CONFIGS may point elsewhere
 _CHIP_KEYS = ("name", "npu_lanes", "eu_bytes", "local_mem_bytes", "ddr_bandwidth", "dtypes")
 
 
 def load_chip(name_or_path) -> Chip:
     """A chip from `configs/chips/NAME.yaml` or a YAML path; ConfigError naming the file if bad."""
-    import yaml
-    p = Path(name_or_path)
-    if not p.suffix:
-        p = CHIP_DIR / f"{name_or_path}.yaml"
-    if not p.is_file():
-        known = sorted(f.stem for f in CHIP_DIR.glob("*.yaml"))
-        raise ConfigError(f"{p}: no such chip config (known chips: {', '.join(known) or 'none'})")
-    try:
-        raw = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{p}: not valid YAML ({' '.join(str(e).split())[:200]})") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{p}: expected a mapping at the top level")
+    p = config.resolve("chips", name_or_path, "chip config")
+    raw = config.load_yaml(p, "chip config")
     missing = [k for k in _CHIP_KEYS if k not in raw]
     if missing:
         raise ConfigError(f"{p}: missing key(s) {', '.join(missing)}")

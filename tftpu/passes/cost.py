@@ -14,12 +14,12 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from pathlib import Path
 from typing import Sequence
 
 from tftpu.errors import ConfigError
+from tftpu.utils import config
 
-TARGET_DIR = Path(__file__).resolve().parents[2] / "configs" / "targets"
+TARGET_DIR = config.DEFAULT_ROOT / "targets"  # the bundled targets; $TFTPU_CONFIGS may point elsewhere
 _FIELDS = {"name": str, "description": str, "contraction": str, "matrix_rows": int,
            "matrix_cols": int, "peak_flops": float, "memory_bandwidth": float,
            "dtype_bytes": int, "host_bandwidth": float, "host_overlap": float,
@@ -58,23 +58,10 @@ class Target:
     @classmethod
     def load(cls, name_or_path: str | os.PathLike) -> "Target":
         """Load `configs/targets/NAME.yaml`, or a yaml file at a path."""
-        import yaml
-
         if isinstance(name_or_path, Target):
             return name_or_path
-        text = str(name_or_path)
-        path = Path(text)
-        if not (text.endswith((".yaml", ".yml")) or os.sep in text):
-            path = TARGET_DIR / f"{text}.yaml"
-        if not path.is_file():
-            known = sorted(p.stem for p in TARGET_DIR.glob("*.yaml"))
-            raise ConfigError(f"{path}: no such target file (known targets: {', '.join(known)})")
-        try:
-            data = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{path}: not valid YAML: {str(e).splitlines()[0]}") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"{path}: expected a mapping of target fields")
+        path = config.resolve("targets", name_or_path, "target file")
+        data = config.load_yaml(path, "target file")
         missing = sorted(set(_FIELDS) - {"description"} - set(data))
         unknown = sorted(set(data) - set(_FIELDS))
         if missing or unknown:

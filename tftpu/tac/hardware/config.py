@@ -4,10 +4,10 @@ quantize/dequantize costs, supported ops), checked on load so a bad file fails w
 from __future__ import annotations
 
 import functools
-import os
 from pathlib import Path
 
 from tftpu import errors
+from tftpu.utils import config as shared
 
 _REQUIRED = {"name": str, "inference_types": list, "supported_ops": (list, str), "cost": dict,
              "transfer": dict, "quant": dict}
@@ -17,33 +17,20 @@ _QUANT = ("quant_us_per_element", "dequant_us_per_element", "requant_us_per_elem
 
 
 def config_dir() -> Path:
-    """`$TFTPU_HARDWARE_CONFIGS`, else `configs/hardware` of the source tree."""
-    env = os.environ.get("TFTPU_HARDWARE_CONFIGS")
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parents[3] / "configs" / "hardware"
+    """`$TFTPU_HARDWARE_CONFIGS`, else `$TFTPU_CONFIGS/hardware`, else `configs/hardware` of the source tree."""
+    return shared.config_dir("hardware")
 
 
 def find(name: str) -> Path | None:
     """The YAML file describing device `name` (case-insensitive file stem), or None."""
-    path = config_dir() / f"{name.lower()}.yaml"
-    return path if path.is_file() else None
+    return shared.find("hardware", name.lower())
 
 
 @functools.lru_cache(maxsize=None)
 def load(path) -> dict:
     """Load and check one hardware YAML file; raise ConfigError naming the file and key."""
-    import yaml
-
     path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise errors.ConfigError(f"{path}: no such hardware config") from None
-    except yaml.YAMLError as e:
-        raise errors.ConfigError(f"{path}: not valid YAML ({' '.join(str(e).split())})") from None
-    if not isinstance(data, dict):
-        raise errors.ConfigError(f"{path}: expected a mapping at the top level")
+    data = shared.load_yaml(path, "hardware config")
     for key, kind in _REQUIRED.items():
         if key not in data:
             raise errors.ConfigError(f"{path}: missing key '{key}'")
