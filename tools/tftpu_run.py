@@ -38,7 +38,9 @@ def main(args):
     elif suffix == ".mlir":
         from tftpu.interp.top_interpreter import run as run_top
         from tftpu.ir.module import load
-        outputs = run_top(load(model_path), inputs, dump_all=FLAGS.dump_all_tensors)
+        # one compiled TF graph is fastest; dumping every tensor needs the per-op path
+        outputs = run_top(load(model_path), inputs, dump_all=FLAGS.dump_all_tensors,
+                          backend="eager" if FLAGS.dump_all_tensors else "compiled")
     else:
         raise errors.ModelFileError(model_path, f"cannot run a {suffix or 'suffix-less'} file; "
                                                 "expected .onnx or .mlir")

@@ -237,7 +237,7 @@ def _binary(ins, attrs, out_shapes, op_name):
     elif at.dtype != bt.dtype:
         raise NotLowered("mixed integer types")
     if op_name == "Div":
-        y = t.math.truncatediv(at, bt) if at.dtype.is_integer else t.math.divide(at, bt)
+        y = t.truncatediv(at, bt) if at.dtype.is_integer else t.math.divide(at, bt)
     else:
         y = _BINARY[op_name](t, at, bt)
     lim = fused_relu(attrs) if op_name in ("Add", "Sub", "Mul") else None

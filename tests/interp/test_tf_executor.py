@@ -1,0 +1,370 @@
+"""The compiled TOP path (one TF graph per module) against the per-op interpreter: every op
+family swept over its attributes, NCHW data kept channels-last inside, numpy fallbacks, real
+models."""
+
+from __future__ import annotations
+
+import itertools
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tftpu import errors
+from tftpu.interp.tf_executor import CompiledTop
+from tftpu.interp.top_interpreter import TopInterpreter, run
+from tftpu.ir import TopBuilder
+
+RNG = np.random.default_rng(7)
+
+
+def rand(*shape, lo=-1.0, hi=1.0):
+    return RNG.uniform(lo, hi, shape).astype(np.float32)
+
+
+def check(model, inputs, fallbacks=(), cos_min=0.99999, tol=2e-5):
+    """Compiled outputs equal the per-op ones to float32 round-off; `fallbacks`: the op names
+    expected to run their numpy kernel inside the graph (none else may)."""
+    want = TopInterpreter(model).run(inputs)
+    ex = CompiledTop(model)
+    got = ex.run(inputs)
+    assert sorted(set(ex.fallbacks)) == sorted(set(fallbacks)), ex.fallbacks
+    assert list(got) == list(want)
+    for name in want:
+        w, g = np.asarray(want[name]), got[name]
+        assert g.shape == w.shape and g.dtype == w.dtype, (name, g.shape, w.shape, g.dtype, w.dtype)
+        if w.dtype.kind != "f" and w.dtype.name != "bfloat16":
+            np.testing.assert_array_equal(g, w, err_msg=name)
+            continue
+        w64, g64 = w.astype(np.float64).ravel(), g.astype(np.float64).ravel()
+        scale = max(1.0, float(np.abs(w64).max(initial=0)))
+        err = float(np.abs(w64 - g64).max(initial=0))
+        assert err <= tol * scale, f"{name}: max abs error {err:.3g} (scale {scale:.3g})"
+        nw, ng = np.linalg.norm(w64), np.linalg.norm(g64)
+        if nw > 1e-6:
+            cos = float(w64 @ g64 / (nw * ng))
+            assert cos >= cos_min, f"{name}: cosine {cos}"
+    return got
+
+
+# ----------------------------------------------------------------------------- Conv
+
+@pytest.mark.parametrize("c,o,g", [(4, 6, 1), (4, 6, 2), (6, 6, 6), (4, 8, 4), (3, 3, 3)])
+def test_conv_sweep_all_layouts(c, o, g):
+    b = TopBuilder("conv")
+    x = b.input("x", (1, c, 9, 10))
+    xn = b.input("xn", (1, 9, 10, c))
+    outs = []
+    i = 0
+    for k, s, d, (pads, bias, relu) in itertools.product(
+            [(1, 1), (3, 3), (2, 3), (5, 5)], [(1, 1), (2, 2), (1, 2)], [(1, 1), (2, 2)],
+            [((0, 0, 0, 0), True, None), ((1, 1, 1, 1), False, -1.0), ((0, 1, 2, 0), True, 6.0)]):
+        wn = rand(o, c // g, *k)
+        attrs = dict(kernel_shape=list(k), strides=list(s), pads=list(pads), dilations=list(d),
+                     group=g, do_relu=relu is not None, relu_limit=-1.0 if relu is None else relu)
+        w = b.weight(f"w{i}", wn)
+        bb = b.weight(f"b{i}", rand(o)) if bias else b.none()
+        outs.append(b.op("Conv", [x, w, bb], attrs, f"nchw{i}"))
+        outs.append(b.op("Conv", [xn, w, bb], dict(attrs, layout="NHWC"), f"nhwc{i}"))
+        whwio = b.weight(f"h{i}", np.ascontiguousarray(wn.transpose(2, 3, 1, 0)))
+        outs.append(b.op("Conv", [xn, whwio, bb], dict(attrs, layout="NHWC", kernel_layout="HWIO"),
+                         f"hwio{i}"))
+        i += 1
+    check(b.finish(outs), {"x": rand(1, c, 9, 10), "xn": rand(1, 9, 10, c)})
+
+
+def test_conv_1d_and_3d_fall_back_to_the_kernels():
+    b = TopBuilder("conv13")
+    x1 = b.input("x1", (2, 4, 11))
+    x3 = b.input("x3", (1, 2, 5, 6, 7))
+    y1 = b.op("Conv", [x1, b.weight("w1", rand(6, 2, 3)), b.weight("b1", rand(6))],
+              dict(kernel_shape=[3], strides=[2], pads=[1, 2], group=2), "c1")
+    y3 = b.op("Conv", [x3, b.weight("w3", rand(3, 2, 3, 3, 3)), b.none()],
+              dict(kernel_shape=[3, 3, 3], pads=[1, 1, 1, 1, 1, 1]), "c3")
+    check(b.finish([y1, y3]), {"x1": rand(2, 4, 11), "x3": rand(1, 2, 5, 6, 7)},
+          fallbacks=["Conv"])
+
+
+def test_deconv_falls_back_inside_a_lowered_chain():
+    b = TopBuilder("deconv")
+    x = b.input("x", (1, 4, 6, 7))
+    c = b.op("Conv", [x, b.weight("w", rand(4, 4, 3, 3)), b.none()],
+             dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1]), "c")
+    d = b.op("Deconv", [c, b.weight("wd", rand(4, 3, 3, 3)), b.weight("bd", rand(3))],
+             dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1], output_padding=[1, 1]),
+             "d")
+    r = b.op("Relu", [d], {}, "r")
+    check(b.finish([r]), {"x": rand(1, 4, 6, 7)}, fallbacks=["Deconv"])
+
+
+# ----------------------------------------------------------------------------- element-wise
+
+BROADCAST = [((2, 3, 4, 5), (2, 3, 4, 5)), ((2, 3, 4, 5), (3, 1, 1)), ((2, 3, 4, 5), (5,)),
+             ((2, 3, 4, 5), ()), ((1, 3, 1, 5), (2, 1, 4, 1)), ((4, 5), (3, 1, 5))]
+
+
+@pytest.mark.parametrize("sa,sb", BROADCAST)
+def test_binary_broadcast_inputs_and_weights(sa, sb):
+    b = TopBuilder("bin")
+    a = b.input("a", sa)
+    bi = b.input("b", sb)
+    bw = b.weight("bw", rand(*sb, lo=0.5, hi=2.0))
+    outs = []
+    for op in ("Add", "Sub", "Mul", "Div", "Max", "Min"):
+        outs.append(b.op(op, [a, bi], {}, f"{op}_in"))
+        outs.append(b.op(op, [bw, a], {}, f"{op}_w"))
+    for op, lim in itertools.product(("Add", "Sub", "Mul"), (-1.0, 0.5)):
+        outs.append(b.op(op, [a, bw], dict(do_relu=True, relu_limit=lim), f"{op}_relu{lim}"))
+    check(b.finish(outs), {"a": rand(*sa), "b": rand(*sb, lo=0.5, hi=2.0)})
+
+
+def test_binary_int64_keeps_dtype():
+    b = TopBuilder("int")
+    a = b.input("a", (3, 4), "i64")
+    c = b.input("c", (4,), "i64")
+    outs = [b.op(op, [a, c], {}, op) for op in ("Add", "Sub", "Mul", "Div", "Max", "Min")]
+    outs.append(b.op("Neg", [a], {}, "neg"))
+    outs.append(b.op("Abs", [a], {}, "abs"))
+    check(b.finish(outs), {"a": RNG.integers(-20, 20, (3, 4)),
+                           "c": np.array([3, -2, 5, 7], np.int64)})
+
+
+UNARY = [("Relu", {}), ("Relu", {"relu_limit": 6.0}), ("Relu", {"relu_limit": 0.3}),
+         ("Clip", {"min": -0.5, "max": 0.5}), ("Clip", {"min": 0.0, "max": 6.0}),
+         ("LeakyRelu", {"alpha": 0.1}), ("Sigmoid", {}), ("HardSigmoid", {"alpha": 0.3, "beta": 0.4}),
+         ("HardSwish", {}), ("SiLU", {}), ("Tanh", {}), ("Exp", {}), ("Erf", {}), ("Abs", {}),
+         ("Neg", {}), ("GELU", {}), ("GELU", {"approximate": "tanh"})]
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 4, 5), (3, 7)])
+def test_unary_ops(shape):
+    b = TopBuilder("unary")
+    x = b.input("x", shape)
+    pos = b.input("pos", shape)
+    outs = [b.op(op, [x], attrs, f"{op}{i}") for i, (op, attrs) in enumerate(UNARY)]
+    outs += [b.op(op, [pos], {}, op) for op in ("Log", "Sqrt")]
+    check(b.finish(outs), {"x": rand(*shape, lo=-4, hi=4), "pos": rand(*shape, lo=0.1, hi=5)})
+
+
+def test_prelu_softmax_reduce():
+    b = TopBuilder("misc")
+    x = b.input("x", (2, 3, 4, 5))
+    m = b.input("m", (2, 10))
+    outs = [b.op("PRelu", [x, b.weight("s1", rand(3, 1, 1))], {}, "prelu_bcast"),
+            b.op("PRelu", [x, b.weight("s2", rand(3))], {}, "prelu_vec"),
+            b.op("PRelu", [m, b.weight("s3", rand(10))], {}, "prelu_2d")]
+    for axis, log in itertools.product((-1, 1, 0), (False, True)):
+        outs.append(b.op("Softmax", [x], dict(axis=axis, log=log), f"sm{axis}{log}"))
+    for op, axes, keep in itertools.product(("ReduceMean", "ReduceMax", "ReduceMin", "ReduceSum"),
+                                            ([1], [2, 3], [], [-1]), (True, False)):
+        outs.append(b.op(op, [x], dict(axes=axes, keepdims=keep), f"{op}{axes}{keep}"))
+    check(b.finish(outs), {"x": rand(2, 3, 4, 5), "m": rand(2, 10)})
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 4, 5), (2, 3), (2, 3, 7)])
+def test_batchnorm_scale(shape):
+    b = TopBuilder("bn")
+    x = b.input("x", shape)
+    c = shape[1]
+    stats = [b.weight("mean", rand(c)), b.weight("var", rand(c, lo=0.1, hi=2)),
+             b.weight("gamma", rand(c)), b.weight("beta", rand(c))]
+    outs = [b.op("BatchNorm", [x, *stats], dict(epsilon=eps), f"bn{eps}") for eps in (1e-5, 1e-3)]
+    for relu in (False, True):
+        outs.append(b.op("Scale", [x, b.weight("s", rand(c)), b.weight("t", rand(c))],
+                         dict(do_relu=relu), f"scale{relu}"))
+    check(b.finish(outs), {"x": rand(*shape)})
+
+
+def test_matmul():
+    b = TopBuilder("mm")
+    a = b.input("a", (4, 8))
+    a3 = b.input("a3", (2, 3, 4, 8))
+    outs = [b.op("MatMul", [a, b.weight("w", rand(8, 5)), b.none()], {}, "mm"),
+            b.op("MatMul", [a, b.weight("wt", rand(5, 8)), b.weight("bias", rand(5))],
+                 dict(right_transpose=True, do_relu=True, relu_limit=0.5), "gemm"),
+            b.op("MatMul", [a3, b.weight("w3", rand(3, 8, 6)), b.none()], {}, "batched"),
+            b.op("MatMul", [a3, a3, b.none()], dict(right_transpose=True), "dynamic")]
+    check(b.finish(outs), {"a": rand(4, 8), "a3": rand(2, 3, 4, 8)})
+
+
+# ----------------------------------------------------------------------------- pools
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_pool_sweep(layout):
+    b = TopBuilder("pool")
+    shape = (1, 3, 8, 9) if layout == "NCHW" else (1, 8, 9, 3)
+    x = b.input("x", shape)
+    outs = []
+    for kind, k, s, pads, ceil, cip in itertools.product(
+            ("MaxPool", "AvgPool"), ((2, 2), (3, 3), (2, 3)), ((1, 1), (2, 2), (2, 1)),
+            ((0, 0, 0, 0), (1, 1, 1, 1), (0, 1, 1, 0)), (False, True), (False, True)):
+        if kind == "MaxPool" and cip:
+            continue
+        attrs = dict(kernel_shape=list(k), strides=list(s), pads=list(pads), ceil_mode=ceil,
+                     count_include_pad=cip, layout=layout)
+        outs.append(b.op(kind, [x], attrs, f"{kind}{k}{s}{pads}{ceil}{cip}"))
+    outs.append(b.op("MaxPool", [x], dict(kernel_shape=[2, 2], do_relu=True, relu_limit=0.3,
+                                          layout=layout), "relu"))
+    for kind, keep in itertools.product(("GlobalAvgPool", "GlobalMaxPool"), (True, False)):
+        outs.append(b.op(kind, [x], dict(keepdims=keep, layout=layout), f"{kind}{keep}"))
+    check(b.finish(outs), {"x": rand(*shape)})
+
+
+def test_pool_1d_and_3d_fall_back():
+    b = TopBuilder("pool1")
+    x = b.input("x", (2, 3, 10))
+    x3 = b.input("x3", (1, 2, 5, 6, 7))
+    outs = [b.op("AvgPool", [x], dict(kernel_shape=[3], strides=[2], pads=[1, 1]), "a1"),
+            b.op("MaxPool", [x3], dict(kernel_shape=[2, 2, 2], pads=[1, 0, 1, 0, 1, 0]), "m3")]
+    check(b.finish(outs), {"x": rand(2, 3, 10), "x3": rand(1, 2, 5, 6, 7)},
+          fallbacks=["AvgPool", "MaxPool"])
+
+
+# ----------------------------------------------------------------------------- data movement
+
+def test_shape_ops():
+    b = TopBuilder("shape")
+    x = b.input("x", (2, 8, 4, 6))
+    xn = b.input("xn", (2, 4, 6, 8))
+    outs = [
+        b.op("Reshape", [x], dict(shape=[2, 8, 24]), "reshape"),
+        b.op("Flatten", [x], dict(start_dim=1, end_dim=2), "flatten"),
+        b.op("Permute", [x], dict(order=[0, 2, 3, 1]), "perm_nhwc"),
+        b.op("Permute", [x], dict(order=[3, 1, 0, 2]), "perm_other"),
+        b.op("Pad", [x], dict(paddings=[0, 1, 2, 0, 0, 0, 1, 3], mode="constant", val=0.5), "pad_c"),
+        b.op("Pad", [x], dict(paddings=[0, 0, 1, 2, 0, 0, 2, 1], mode="reflect"), "pad_r"),
+        b.op("Slice", [x], dict(starts=[1, -1, 0], ends=[7, -100, 100], steps=[2, -1, 3],
+                                axes=[1, 2, 3]), "slice"),
+        b.op("Squeeze", [b.op("Unsqueeze", [x], dict(axes=[0, 3]), "unsq")], dict(axes=[0, 3]),
+             "sq"),
+        b.op("Gather", [x, b.weight("idx", np.array([[0, -1], [2, 1]], np.int64))], dict(axis=3),
+             "gather"),
+        b.op("Cast", [x], dict(to="f16"), "f16"),
+        b.op("Cast", [b.op("Cast", [x], dict(to="bf16"), "bf16")], dict(to="f32"), "bf16_f32"),
+        b.op("Concat", [x, x], dict(axis=2, do_relu=True), "concat"),
+    ]
+    outs += b.op("Split", [x], dict(axis=1, split_size=[3, 5]), ["s0", "s1"])
+    for op, mode, layout in itertools.product(("DepthToSpace", "SpaceToDepth"), ("DCR", "CRD"),
+                                              ("NCHW", "NHWC")):
+        outs.append(b.op(op, [x if layout == "NCHW" else xn],
+                         dict(block_size=2, mode=mode, layout=layout), f"{op}{mode}{layout}"))
+    check(b.finish(outs), {"x": rand(2, 8, 4, 6), "xn": rand(2, 4, 6, 8)})
+
+
+def test_integer_casts_and_edge_pad_fall_back():
+    b = TopBuilder("cast")
+    x = b.input("x", (3, 5))
+    outs = [b.op("Cast", [x], dict(to="i32"), "i32"),
+            b.op("Pad", [x], dict(paddings=[1, 0, 0, 2], mode="edge"), "edge")]
+    check(b.finish(outs), {"x": rand(3, 5, lo=-9, hi=9)}, fallbacks=["Cast", "Pad"])
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_resize_sweep(layout):
+    b = TopBuilder("resize")
+    shape = (1, 3, 5, 7) if layout == "NCHW" else (1, 5, 7, 3)
+    x = b.input("x", shape)
+    outs = []
+    for target, coord in itertools.product(((10, 14), (3, 2), (11, 13), (5, 7)),
+                                           ("half_pixel", "align_corners", "asymmetric",
+                                            "pytorch_half_pixel")):
+        outs.append(b.op("Resize", [x], dict(mode="linear", coord_mode=coord, layout=layout,
+                                             target_shape=list(target)), f"lin{target}{coord}"))
+        for nearest in ("round_prefer_floor", "round_prefer_ceil", "floor", "ceil"):
+            outs.append(b.op("Resize", [x], dict(mode="nearest", coord_mode=coord, layout=layout,
+                                                 nearest_mode=nearest, target_shape=list(target)),
+                             f"near{target}{coord}{nearest}"))
+    check(b.finish(outs), {"x": rand(*shape)})
+
+
+# ----------------------------------------------------------------------------- layouts inside
+
+def test_channels_last_chain_from_nhwc_input():
+    """tf2onnx's shape: NHWC input -> Permute -> NCHW convs and friends -> Permute back; the
+    compiled graph keeps the data channels-last throughout."""
+    b = TopBuilder("chain")
+    x = b.input("x", (1, 12, 10, 3))
+    t = b.op("Permute", [x], dict(order=[0, 3, 1, 2]), "to_nchw")
+    c = b.op("Conv", [t, b.weight("w1", rand(8, 3, 3, 3)), b.weight("b1", rand(8))],
+             dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1], do_relu=True,
+                  relu_limit=6.0), "c1")
+    bn = b.op("BatchNorm", [c, b.weight("m", rand(8)), b.weight("v", rand(8, lo=0.5)),
+                            b.weight("g", rand(8)), b.weight("be", rand(8))], {}, "bn")
+    a = b.op("Add", [bn, b.weight("cb", rand(8, 1, 1))], {}, "add_c")
+    dw = b.op("Conv", [a, b.weight("wd", rand(8, 1, 3, 3)), b.none()],
+              dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1], group=8), "dw")
+    r = b.op("Add", [dw, a], dict(do_relu=True), "residual")
+    cat = b.op("Concat", [r, c], dict(axis=1), "cat")
+    hs = b.op("HardSwish", [cat], {}, "hs")
+    mp = b.op("MaxPool", [hs], dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]), "mp")
+    s0, s1 = b.op("Split", [mp], dict(axis=1, split_size=[10, 6]), ["s0", "s1"])
+    sl = b.op("Slice", [s0], dict(starts=[1], ends=[3], axes=[2]), "sl")
+    rs = b.op("Resize", [s1], dict(mode="linear", target_shape=[6, 6]), "rs")
+    gp = b.op("GlobalAvgPool", [s0], {}, "gp")
+    fl = b.op("Flatten", [gp], dict(start_dim=1), "fl")
+    fc = b.op("MatMul", [fl, b.weight("fw", rand(10, 4)), b.weight("fb", rand(4))], {}, "fc")
+    sm = b.op("Softmax", [fc], dict(axis=1), "sm")
+    back = b.op("Permute", [rs], dict(order=[0, 2, 3, 1]), "to_nhwc")
+    got = check(b.finish([sm, back, sl]), {"x": rand(1, 12, 10, 3)})
+    assert got["sm"].shape == (1, 4)
+
+
+# ----------------------------------------------------------------------------- the interpreter
+
+def _tiny():
+    b = TopBuilder("tiny")
+    x = b.input("x", (1, 2, 5, 5))
+    c = b.op("Conv", [x, b.weight("w", rand(4, 2, 3, 3)), b.weight("b", rand(4))],
+             dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1], do_relu=True), "c")
+    return b.finish([b.op("GlobalAvgPool", [c], {}, "gp")])
+
+
+def test_interpreter_backends_agree_and_dump_all_uses_the_per_op_path():
+    model = _tiny()
+    x = rand(1, 2, 5, 5)
+    interp = TopInterpreter(model, backend="compiled")
+    got = interp.run({"x": x})
+    want = run(model, {"x": x})
+    np.testing.assert_allclose(got["gp"], want["gp"], rtol=1e-5, atol=1e-6)
+    dump = interp.run({"x": x}, dump_all=True)
+    assert set(dump) == {"x", "c", "gp"}
+    np.testing.assert_allclose(run(model, {"anything": x}, backend="compiled")["gp"], want["gp"],
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_interpreter_errors():
+    with pytest.raises(errors.UsageError, match="backend"):
+        TopInterpreter(_tiny(), backend="fast")
+    interp = TopInterpreter(_tiny(), backend="compiled")
+    with pytest.raises(errors.ShapeError, match="shape"):
+        interp.run({"x": rand(1, 2, 5, 6)})
+    with pytest.raises(errors.ShapeError, match="do not match"):
+        interp.run({"a": rand(1, 2, 5, 5), "b": rand(1)})
+
+
+def test_compiled_runs_are_deterministic():
+    ex = CompiledTop(_tiny())
+    x = rand(1, 2, 5, 5)
+    a, b = ex.run({"x": x}), ex.run({"x": x})
+    assert a["gp"].tobytes() == b["gp"].tobytes()
+
+
+def test_tftpu_run_uses_the_compiled_path(tmp_path):
+    from tftpu.ir.weights import load_npz, save_npz
+
+    model = _tiny()
+    mlir, _ = model.save(tmp_path / "tiny.top.mlir")
+    x = rand(1, 2, 5, 5)
+    save_npz(tmp_path / "in.npz", {"x": x})
+    repo = Path(__file__).resolve().parents[2]
+    for extra, names in (([], {"gp"}), (["--dump_all_tensors"], {"x", "c", "gp"})):
+        res = subprocess.run([sys.executable, str(repo / "tools" / "tftpu_run.py"),
+                              f"--model={mlir}", f"--input={tmp_path / 'in.npz'}",
+                              f"--output={tmp_path / 'out.npz'}", *extra],
+                             capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, res.stderr
+        out = load_npz(tmp_path / "out.npz")
+        assert set(out) == names
+        np.testing.assert_allclose(out["gp"], run(model, {"x": x})["gp"], rtol=1e-5, atol=1e-6)
