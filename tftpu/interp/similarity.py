@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import zipfile
 from typing import Mapping, Sequence
 
 import numpy as np
 
 from tftpu import errors
+from tftpu.utils import npz as _npz
 
 EUCLID_EPS = 1e-7
 
@@ -157,24 +157,9 @@ def compare_tensors(a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray],
 
 
 def load_npz(path) -> dict[str, np.ndarray]:
-    """All arrays of an .npz file, read without pickle; a ModelFileError names what is wrong."""
-    try:
-        with open(path, "rb") as f:
-            magic = f.read(4)
-        if magic not in (b"PK\x03\x04", b"PK\x05\x06"):
-            what = "a single .npy array" if magic.startswith(b"\x93NUM") else "not a zip archive"
-            raise errors.ModelFileError(path, f"not an .npz archive ({what})")
-        with np.load(path, allow_pickle=False) as data:
-            return {k: data[k] for k in data.files}
-    except errors.TftpuError:
-        raise
-    except FileNotFoundError:
-        raise errors.ModelFileError(path, "no such file") from None
-    except IsADirectoryError:
-        raise errors.ModelFileError(path, "is a directory, not an .npz file") from None
-    except (zipfile.BadZipFile, ValueError, OSError, EOFError, KeyError) as e:
-        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise errors.ModelFileError(path, f"not a readable .npz archive ({reason})") from None
+    """All arrays of an .npz file, read without pickle; a ModelFileError names what is wrong
+    (a lone .npy is refused: a comparison needs named tensors)."""
+    return _npz.load_npz(path, allow_npy=False)
 
 
 def _fmt_shape(shape) -> str:

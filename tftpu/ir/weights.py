@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import io
 import zipfile
-from pathlib import Path
 
 import numpy as np
 
-from tftpu.errors import ModelFileError
+from tftpu.utils import npz as _npz
 from tftpu.utils.files import atomic_write
 
 _EPOCH = (1980, 1, 1, 0, 0, 0)
@@ -40,13 +39,4 @@ def save_npz(path, arrays: dict[str, np.ndarray]) -> None:
 
 def load_npz(path) -> dict[str, np.ndarray]:
     """Read every array of an `.npz` (or a single `.npy`); ModelFileError if it is not one."""
-    path = Path(path)
-    if not path.is_file():
-        raise ModelFileError(path, "no such file")
-    try:
-        if path.suffix == ".npy":
-            return {path.stem: np.load(path, allow_pickle=False)}
-        with np.load(path, allow_pickle=False) as z:
-            return {k: z[k] for k in z.files}
-    except (ValueError, OSError, zipfile.BadZipFile, EOFError) as e:
-        raise ModelFileError(path, f"not a readable .npz/.npy file ({e})") from None
+    return _npz.load_npz(path, allow_npy=True)
