@@ -16,6 +16,7 @@ each operand must arrive, the op's rewritten attributes, and the states of its r
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import Counter
 from dataclasses import dataclass
@@ -120,15 +121,28 @@ def _in_perm(op, ctx, i: int = 0) -> Perm | None:
     return st.perm
 
 
+def _follows_input(fn):
+    """A rule `fn(op, attrs, ctx, p)` for an op that follows the layout `p` of its first operand;
+    it runs only when that layout is a plain permutation, else every layout is kept."""
+    @functools.wraps(fn)
+    def wrapped(op, attrs, ctx):
+        p = _in_perm(op, ctx)
+        return keep_all(op, attrs, ctx) if p is None else fn(op, attrs, ctx, p)
+    return wrapped
+
+
+def _as_input(p: Perm, attrs: dict, n_out: int = 1) -> Plan:
+    """Operand 0 and every result laid out by `p`, with the (rewritten) `attrs`."""
+    return Plan([Want(p)], attrs, [State(p) for _ in range(n_out)])
+
+
 # ---------------------------------------------------------------- layout-agnostic
 
 @rule(AGNOSTIC, "Relu", "Clip", "LeakyRelu", "Sigmoid", "HardSigmoid", "HardSwish", "SiLU", "Tanh",
       "Exp", "Log", "Sqrt", "Erf", "Abs", "Neg", "GELU", "Cast")
-def unary(op, attrs, ctx):
-    p = _in_perm(op, ctx)
-    if p is None:
-        return keep_all(op, attrs, ctx)
-    return Plan([Want(p)], attrs, [State(p)])
+@_follows_input
+def unary(op, attrs, ctx, p):
+    return _as_input(p, attrs)
 
 
 def _majority(perms: list[Perm], rank: int) -> Perm:
@@ -181,6 +195,11 @@ def _axis(a: int, rank: int) -> int:
     return a % rank if rank else 0
 
 
+def _phys_axis(p: Perm, a: int) -> int:
+    """Where logical axis `a` (may be negative) sits in a tensor laid out by `p`."""
+    return p.index(_axis(a, len(p)))
+
+
 @rule(LIGHT, "Concat")
 def concat(op, attrs, ctx):
     rank = len(ctx.shape(op.results[0]))
@@ -197,11 +216,9 @@ def concat(op, attrs, ctx):
 
 
 @rule(LIGHT, "Softmax")
-def softmax(op, attrs, ctx):
-    p = _in_perm(op, ctx)
-    if p is None:
-        return keep_all(op, attrs, ctx)
-    return Plan([Want(p)], {**attrs, "axis": p.index(_axis(attrs["axis"], len(p)))}, [State(p)])
+@_follows_input
+def softmax(op, attrs, ctx, p):
+    return _as_input(p, {**attrs, "axis": _phys_axis(p, attrs["axis"])})
 
 
 def _drop_axes(p: Perm, axes: set[int]) -> Perm:
@@ -211,30 +228,27 @@ def _drop_axes(p: Perm, axes: set[int]) -> Perm:
 
 
 @rule(LIGHT, "ReduceMean", "ReduceMax", "ReduceMin", "ReduceSum")
-def reduce(op, attrs, ctx):
-    p = _in_perm(op, ctx)
-    if p is None:
-        return keep_all(op, attrs, ctx)
-    axes = {_axis(a, len(p)) for a in attrs["axes"]}
-    new = sorted(p.index(a) for a in axes)
-    out = p if attrs["keepdims"] else _drop_axes(p, axes)
-    return Plan([Want(p)], {**attrs, "axes": new}, [State(out)])
+@_follows_input
+def reduce(op, attrs, ctx, p):
+    return _over_axes(p, attrs, attrs["keepdims"])
 
 
 @rule(LIGHT, "Squeeze")
-def squeeze(op, attrs, ctx):
-    p = _in_perm(op, ctx)
-    if p is None:
-        return keep_all(op, attrs, ctx)
+@_follows_input
+def squeeze(op, attrs, ctx, p):
+    return _over_axes(p, attrs, keepdims=False)
+
+
+def _over_axes(p: Perm, attrs: dict, keepdims: bool) -> Plan:
+    """An op over logical `attrs["axes"]` that keeps them (size 1) or drops them from its result."""
     axes = {_axis(a, len(p)) for a in attrs["axes"]}
-    return Plan([Want(p)], {**attrs, "axes": sorted(p.index(a) for a in axes)}, [State(_drop_axes(p, axes))])
+    out = p if keepdims else _drop_axes(p, axes)
+    return Plan([Want(p)], {**attrs, "axes": sorted(p.index(a) for a in axes)}, [State(out)])
 
 
 @rule(LIGHT, "Unsqueeze")
-def unsqueeze(op, attrs, ctx):
-    p = _in_perm(op, ctx)
-    if p is None:
-        return keep_all(op, attrs, ctx)
+@_follows_input
+def unsqueeze(op, attrs, ctx, p):
     rank = len(p) + len(attrs["axes"])
     new_axes = sorted({_axis(a, rank) for a in attrs["axes"]})
     old_to_new = [a for a in range(rank) if a not in new_axes]  # logical input axis -> output axis
@@ -244,31 +258,22 @@ def unsqueeze(op, attrs, ctx):
 
 
 @rule(LIGHT, "Pad")
-def pad(op, attrs, ctx):
-    p = _in_perm(op, ctx)
-    if p is None:
-        return keep_all(op, attrs, ctx)
+@_follows_input
+def pad(op, attrs, ctx, p):
     n, pads = len(p), attrs["paddings"]
-    new = [pads[a] for a in p] + [pads[a + n] for a in p]
-    return Plan([Want(p)], {**attrs, "paddings": new}, [State(p)])
+    return _as_input(p, {**attrs, "paddings": [pads[a] for a in p] + [pads[a + n] for a in p]})
 
 
 @rule(LIGHT, "Slice")
-def slice_(op, attrs, ctx):
-    p = _in_perm(op, ctx)
-    if p is None:
-        return keep_all(op, attrs, ctx)
-    axes = [p.index(_axis(a, len(p))) for a in attrs["axes"]]
-    return Plan([Want(p)], {**attrs, "axes": axes}, [State(p)])
+@_follows_input
+def slice_(op, attrs, ctx, p):
+    return _as_input(p, {**attrs, "axes": [_phys_axis(p, a) for a in attrs["axes"]]})
 
 
 @rule(LIGHT, "Split")
-def split(op, attrs, ctx):
-    p = _in_perm(op, ctx)
-    if p is None:
-        return keep_all(op, attrs, ctx)
-    return Plan([Want(p)], {**attrs, "axis": p.index(_axis(attrs["axis"], len(p)))},
-                [State(p) for _ in op.results])
+@_follows_input
+def split(op, attrs, ctx, p):
+    return _as_input(p, {**attrs, "axis": _phys_axis(p, attrs["axis"])}, len(op.results))
 
 
 @rule(LIGHT, "Gather")
