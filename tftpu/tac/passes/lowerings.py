@@ -102,23 +102,22 @@ def _slices(node: Node, g: Graph, x, dim: int):
 def unroll_split(node: Node, g: Graph):
     if node.name != "SPLIT" or len(node.inputs) != 2:
         return None
-    axis = _int_const(g, node.inputs[0])
-    if axis is None or axis.size != 1:
-        return None
-    x = node.inputs[1]
-    dim = int(axis.reshape(-1)[0]) % len(g.shape(x))
-    return _slices(node, g, x, dim)
+    return _split_to_slices(node, g, axis_input=0, data_input=1)
 
 
 def unroll_splitv(node: Node, g: Graph):
     if node.name != "SPLIT_V" or len(node.inputs) != 3:
         return None
-    axis = _int_const(g, node.inputs[2])
+    return _split_to_slices(node, g, axis_input=2, data_input=0)
+
+
+def _split_to_slices(node: Node, g: Graph, axis_input: int, data_input: int):
+    """SLICE ops for a SPLIT/SPLIT_V whose axis is a constant scalar, else None."""
+    axis = _int_const(g, node.inputs[axis_input])
     if axis is None or axis.size != 1:
         return None
-    x = node.inputs[0]
-    dim = int(axis.reshape(-1)[0]) % len(g.shape(x))
-    return _slices(node, g, x, dim)
+    x = node.inputs[data_input]
+    return _slices(node, g, x, int(axis.reshape(-1)[0]) % len(g.shape(x)))
 
 
 def sub_to_add(node: Node, g: Graph):
