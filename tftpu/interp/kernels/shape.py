@@ -148,38 +148,43 @@ def _block_mode(attrs):
     return mode
 
 
-@register("DepthToSpace", flops=_zero)
-def depth_to_space(operands, attrs):
-    """top.DepthToSpace: ONNX DepthToSpace (DCR: depth-column-row, CRD: column-row-depth)."""
+def _block_rearrange(operands, attrs, fn):
+    """Shared by DepthToSpace/SpaceToDepth: `fn(x_nchw, block, mode)` on an NCHW view of the
+    input (NHWC when the op's layout says so), the result back in the op's layout."""
     x = operands[0]
     b = int(attrs["block_size"])
     mode = _block_mode(attrs)
     nhwc = channels_last(attrs)
-    if nhwc:
-        x = x.transpose(0, 3, 1, 2)
+    y = fn(x.transpose(0, 3, 1, 2) if nhwc else x, b, mode)
+    return [np.ascontiguousarray(y.transpose(0, 2, 3, 1) if nhwc else y)]
+
+
+def _d2s(x, b, mode):
     n, c, h, w = x.shape
     if mode == "DCR":
         y = x.reshape(n, b, b, c // (b * b), h, w).transpose(0, 3, 4, 1, 5, 2)
     else:
         y = x.reshape(n, c // (b * b), b, b, h, w).transpose(0, 1, 4, 2, 5, 3)
-    y = y.reshape(n, c // (b * b), h * b, w * b)
-    return [np.ascontiguousarray(y.transpose(0, 2, 3, 1) if nhwc else y)]
+    return y.reshape(n, c // (b * b), h * b, w * b)
+
+
+def _s2d(x, b, mode):
+    n, c, h, w = x.shape
+    y = x.reshape(n, c, h // b, b, w // b, b)
+    y = y.transpose(0, 3, 5, 1, 2, 4) if mode == "DCR" else y.transpose(0, 1, 3, 5, 2, 4)
+    return y.reshape(n, c * b * b, h // b, w // b)
+
+
+@register("DepthToSpace", flops=_zero)
+def depth_to_space(operands, attrs):
+    """top.DepthToSpace: ONNX DepthToSpace (DCR: depth-column-row, CRD: column-row-depth)."""
+    return _block_rearrange(operands, attrs, _d2s)
 
 
 @register("SpaceToDepth", flops=_zero)
 def space_to_depth(operands, attrs):
     """top.SpaceToDepth: ONNX SpaceToDepth (DCR channel order, the ONNX/TF one) or CRD."""
-    x = operands[0]
-    b = int(attrs["block_size"])
-    mode = _block_mode(attrs)
-    nhwc = channels_last(attrs)
-    if nhwc:
-        x = x.transpose(0, 3, 1, 2)
-    n, c, h, w = x.shape
-    y = x.reshape(n, c, h // b, b, w // b, b)
-    y = y.transpose(0, 3, 5, 1, 2, 4) if mode == "DCR" else y.transpose(0, 1, 3, 5, 2, 4)
-    y = y.reshape(n, c * b * b, h // b, w // b)
-    return [np.ascontiguousarray(y.transpose(0, 2, 3, 1) if nhwc else y)]
+    return _block_rearrange(operands, attrs, _s2d)
 
 
 CAST_TYPES = {"f32": np.float32, "f16": np.float16, "bf16": ml_dtypes.bfloat16,
