@@ -8,7 +8,7 @@ A NoOp named like the call keeps `^call` control edges meaningful.
 
 from __future__ import annotations
 
-from tftpu.graph.surgery import GraphEditor, parse, ref
+from tftpu.graph.surgery import GraphEditor, parse, rebind, ref
 
 CALL_OPS = ("PartitionedCall", "StatefulPartitionedCall")
 MAX_ROUNDS = 16
@@ -59,12 +59,7 @@ def _inline_one(ed: GraphEditor, call, fdef) -> None:
     body_names = {n.name for n in body.node if n.name not in args}
 
     def remap(t: str) -> str:
-        name, idx = parse(t)
-        if name in args:
-            if idx < 0:
-                return "^" + parse(args[name])[0]
-            return args[name]
-        return ("^" if idx < 0 else "") + ref(f"{prefix}/{name}", max(idx, 0))
+        return rebind(t, args, lambda name: f"{prefix}/{name}")
 
     ed.remove([call_name])
     added = []

@@ -11,7 +11,7 @@ subgraphs written with ordinary TF ops (`splice`), and removes dead nodes.
 from __future__ import annotations
 
 import collections
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 from tftpu.errors import ShapeError
 
@@ -29,6 +29,17 @@ def parse(tensor: str) -> tuple[str, int]:
 def ref(node: str, index: int = 0) -> str:
     """The GraphDef spelling of output `index` of `node` ('node' for output 0)."""
     return node if index == 0 else f"{node}:{index}"
+
+
+def rebind(tensor: str, bound: Mapping[str, str], rename: Callable[[str], str]) -> str:
+    """A tensor reference of a spliced-in body as the outer graph spells it: a node in `bound` (a
+    placeholder or function argument) becomes the outer tensor bound to it, any other node is
+    renamed by `rename`; control edges stay control edges."""
+    name, idx = parse(tensor)
+    if name in bound:
+        return "^" + parse(bound[name])[0] if idx < 0 else bound[name]
+    new = rename(name)
+    return "^" + new if idx < 0 else ref(new, idx)
 
 
 def canonical(tensor: str) -> str:
@@ -231,14 +242,7 @@ class GraphEditor:
             rename[n.name] = new
 
         def remap(tensor: str) -> str:
-            name, idx = parse(tensor)
-            if name in ph_map:
-                if idx < 0:
-                    return "^" + parse(ph_map[name])[0]
-                return ph_map[name]
-            if idx < 0:
-                return "^" + rename[name]
-            return ref(rename[name], idx)
+            return rebind(tensor, ph_map, rename.__getitem__)
 
         for n in sub.node:
             if n.name in ph_map:
