@@ -220,6 +220,14 @@ def _check_window(attrs: dict, n: int) -> None:
         raise ValueError(f"pads {attrs['pads']} must be non-negative")
 
 
+def _check_per_channel(shapes, attrs: dict) -> None:
+    """Every operand after the data input holds one value per channel of the data input."""
+    _, c = _spatial(shapes[0], attrs["layout"])
+    for s in shapes[1:]:
+        if math.prod(s) != c:
+            raise ValueError(f"per-channel operand {s} must have {c} values")
+
+
 def conv_out(size: int, k: int, s: int, d: int, pb: int, pe: int) -> int:
     """Output length of a convolution window along one axis."""
     return (size + pb + pe - d * (k - 1) - 1) // s + 1
@@ -614,10 +622,7 @@ class BatchNorm(TopOp):
 
     def check(self, shapes, attrs):
         super().check(shapes, attrs)
-        _, c = _spatial(shapes[0], attrs["layout"])
-        for s in shapes[1:]:
-            if math.prod(s) != c:
-                raise ValueError(f"per-channel operand {s} must have {c} values")
+        _check_per_channel(shapes, attrs)
 
 
 @top_op
@@ -633,10 +638,7 @@ class Scale(TopOp):
 
     def check(self, shapes, attrs):
         super().check(shapes, attrs)
-        _, c = _spatial(shapes[0], attrs["layout"])
-        for s in shapes[1:]:
-            if math.prod(s) != c:
-                raise ValueError(f"per-channel operand {s} must have {c} values")
+        _check_per_channel(shapes, attrs)
 
 
 # ---------------------------------------------------------------- data movement
