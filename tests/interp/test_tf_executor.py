@@ -4,6 +4,7 @@ models."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 import subprocess
 import sys
@@ -368,3 +369,53 @@ def test_tftpu_run_uses_the_compiled_path(tmp_path):
         out = load_npz(tmp_path / "out.npz")
         assert set(out) == names
         np.testing.assert_allclose(out["gp"], run(model, {"x": x})["gp"], rtol=1e-5, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- real models
+
+@functools.lru_cache(maxsize=None)
+def _keras_onnx(name, size):
+    """keras.applications `name` (random weights, logits out) exported to ONNX once."""
+    import keras
+
+    from tftpu import frontend
+
+    km = getattr(keras.applications, name)(weights=None, input_shape=(size, size, 3),
+                                           classifier_activation=None)
+    return frontend.to_onnx(km)
+
+
+def test_keras_model_loads_directly():
+    import keras
+
+    from tftpu import frontend
+
+    km = keras.applications.MobileNetV2(weights=None, input_shape=(32, 32, 3), alpha=0.35)
+    top = frontend.load(km, input_shapes=[[1, 32, 32, 3]])
+    check(top, {top.input_names[0]: rand(1, 32, 32, 3)})
+
+
+@pytest.mark.parametrize("name,size", [("MobileNetV2", 64), ("ResNet50", 32)])
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_keras_applications(name, size, layout):
+    from tftpu import frontend
+
+    top = frontend.load(_keras_onnx(name, size), name=name)
+    if layout == "NHWC":
+        from tftpu.transforms.convert_layout import convert_layout
+        convert_layout(top, "NHWC")
+    x = np.random.default_rng(1).uniform(-1, 1, (1, size, size, 3)).astype(np.float32)
+    check(top, {top.input_names[0]: x}, tol=1e-5)   # logits: no softmax to hide errors
+
+
+def test_selfie_segmentation_tflite():
+    from tests import material
+    from tftpu import frontend
+
+    top = frontend.load(material.get("selfie_segmentation.tflite"))
+    x = material.image("astronaut.png")
+    import tensorflow as tf
+    x = tf.image.resize(x[None].astype(np.float32) / 255.0, (256, 256)).numpy()
+    got = check(top, {top.input_names[0]: x}, fallbacks=["Deconv"], tol=5e-5)
+    mask = next(iter(got.values()))
+    assert 0.05 < float((mask > 0.5).mean()) < 0.95   # a person is found, not everything

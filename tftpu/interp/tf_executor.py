@@ -137,7 +137,7 @@ def lowering(*names):
 def _conv(ins, attrs, out_shapes):
     t = _tf()
     x, w, b = ins[0], ins[1], ins[2] if len(ins) > 2 else None
-    if len(x.shape) != 4 or w.np is None or (b is not None and b.np is None):
+    if len(x.shape) != 4 or w.np is None:
         raise NotLowered("only constant-weight 2-D conv")
     kl = attrs.get("kernel_layout") or "OIHW"
     wn = w.np.astype(np.float32)
@@ -179,7 +179,9 @@ def _conv(ins, attrs, out_shapes):
             f[..., i * og:(i + 1) * og])), [1, *s, 1], pads, dilations=[1, *d, 1])
             for i in range(g)], axis=3)
     if b is not None:
-        y = t.nn.bias_add(y, t.constant(b.np.astype(np.float32).reshape(-1)))
+        bt = (t.constant(b.np.astype(np.float32).reshape(-1)) if b.np is not None
+              else t.reshape(f32(logical(b)), [-1]))
+        y = t.nn.bias_add(y, bt)
     return [Val(_relu(y, fused_relu(attrs)), perm, out_shapes[0])]
 
 
@@ -715,6 +717,14 @@ class CompiledTop:
             name = op.op_name
             vals = None
             low = LOWERINGS.get(name)
+            if all(v is None or v.np is not None for v in ins) and name in self._kernels:
+                # constant subgraph (e.g. a reshaped bias): fold it with the numpy kernel
+                res = self._kernels[name]([None if v is None else v.np for v in ins], attrs)
+                vals = []
+                for r, (shape, dtype) in zip(res, out_types):
+                    r = np.ascontiguousarray(np.asarray(r).astype(dtype, copy=False))
+                    vals.append(Val(t.constant(r), None, shape, r))
+                low = None
             if low is not None:
                 trimmed = ins
                 while trimmed and trimmed[-1] is None:
