@@ -31,7 +31,7 @@ def check(model, inputs, fallbacks=(), cos_min=0.99999, tol=2e-5):
     want = TopInterpreter(model).run(inputs)
     ex = CompiledTop(model)
     got = ex.run(inputs)
-    assert sorted(set(ex.fallbacks)) == sorted(set(fallbacks)), ex.fallbacks
+    assert sorted(set(ex.fallbacks)) == sorted(set(fallbacks)), ex.fallback_notes
     assert list(got) == list(want)
     for name in want:
         w, g = np.asarray(want[name]), got[name]
@@ -252,6 +252,15 @@ def test_shape_ops():
         outs.append(b.op(op, [x if layout == "NCHW" else xn],
                          dict(block_size=2, mode=mode, layout=layout), f"{op}{mode}{layout}"))
     check(b.finish(outs), {"x": rand(2, 8, 4, 6), "xn": rand(2, 4, 6, 8)})
+
+
+def test_constant_subgraphs_fold():
+    b = TopBuilder("fold")
+    x = b.input("x", (2, 6))
+    w = b.op("Reshape", [b.weight("w", rand(3, 2))], dict(shape=[6]), "w6")
+    e = b.op("Exp", [w], {}, "e")
+    y = b.op("Add", [x, b.op("Mul", [w, e], {}, "we")], {}, "y")
+    check(b.finish([y, e]), {"x": rand(2, 6)})
 
 
 def test_integer_casts_and_edge_pad_fall_back():

@@ -22,6 +22,7 @@ from tftpu.ir import attrs as A
 from tftpu.ir import top
 from tftpu.ir.module import TopModel, value_name
 
+POINTWISE_AS_MATMUL = True  # 1x1 convs as one [NHW, C] x [C, O] matmul
 NHWC = (0, 2, 3, 1)  # physical = transpose(logical NCHW, NHWC)
 
 
@@ -133,6 +134,21 @@ def lowering(*names):
     return wrap
 
 
+def _tf_padding(in_hw, k, s, d, p):
+    """"VALID" or "SAME" when ONNX pads [t, l, b, r] are what TF's mode pads (its fused
+    kernels are fastest so), else explicit NHWC paddings."""
+    if not any(p):
+        return "VALID"
+    same = []
+    for i in range(2):
+        span = d[i] * (k[i] - 1) + 1
+        total = max((-(-in_hw[i] // s[i]) - 1) * s[i] + span - in_hw[i], 0)
+        same += [total // 2, total - total // 2]
+    if same == [p[0], p[2], p[1], p[3]]:
+        return "SAME"
+    return [[0, 0], [p[0], p[2]], [p[1], p[3]], [0, 0]]
+
+
 @lowering("Conv")
 def _conv(ins, attrs, out_shapes):
     t = _tf()
@@ -156,9 +172,9 @@ def _conv(ins, attrs, out_shapes):
     xt, perm = _channels_last_input(x, attrs)
     xt = f32(xt)
     c = int(xt.shape[3])
-    pads = [[0, 0], [p[0], p[2]], [p[1], p[3]], [0, 0]]
+    pads = _tf_padding([int(xt.shape[1]), int(xt.shape[2])], [kh, kw], s, d, p)
     if g == 1:
-        if (kh, kw) == (1, 1) and s == [1, 1] and not any(p):
+        if (kh, kw) == (1, 1) and s == [1, 1] and not any(p) and POINTWISE_AS_MATMUL:
             n, h, wd = (int(v) for v in xt.shape[:3])
             y = t.reshape(t.matmul(t.reshape(xt, [-1, c]), t.constant(
                 np.ascontiguousarray(wn.reshape(o, c).T))), [n, h, wd, o])
@@ -167,10 +183,10 @@ def _conv(ins, attrs, out_shapes):
                             [1, *s, 1], pads, dilations=[1, *d, 1])
     elif g == c and ig == 1 and o % c == 0 and s[0] == s[1] and (s == [1, 1] or d == [1, 1]):
         f = wn.reshape(c, o // c, kh, kw).transpose(2, 3, 0, 1)
-        if any(p):
+        if not isinstance(pads, str):
             xt = t.pad(xt, pads)
-        y = t.nn.depthwise_conv2d(xt, t.constant(np.ascontiguousarray(f)), [1, *s, 1], "VALID",
-                                  dilations=d)
+        y = t.nn.depthwise_conv2d(xt, t.constant(np.ascontiguousarray(f)), [1, *s, 1],
+                                  pads if isinstance(pads, str) else "VALID", dilations=d)
     else:
         og = o // g
         f = wn.transpose(2, 3, 1, 0)
@@ -666,7 +682,8 @@ class CompiledTop:
         t = _tf()
         self.model = model
         self.inputs: list[tuple[str, tuple, np.dtype]] = []
-        self.fallbacks: list[str] = []
+        self.fallbacks: list[str] = []  # names of the ops that run their numpy kernel
+        self.fallback_notes: list[str] = []  # and why, one line each
         missing = []
         for op in model.ops:
             if isinstance(op, top.Input):
@@ -697,6 +714,7 @@ class CompiledTop:
         env: dict = {}
         it = iter(args)
         self.fallbacks = []
+        self.fallback_notes = []
         for op in self.model.ops:
             if isinstance(op, top.NoneOp):
                 continue
@@ -719,7 +737,14 @@ class CompiledTop:
             low = LOWERINGS.get(name)
             if all(v is None or v.np is not None for v in ins) and name in self._kernels:
                 # constant subgraph (e.g. a reshaped bias): fold it with the numpy kernel
-                res = self._kernels[name]([None if v is None else v.np for v in ins], attrs)
+                try:
+                    res = self._kernels[name]([None if v is None else v.np for v in ins], attrs)
+                except TftpuError:
+                    raise
+                except Exception as e:
+                    from tftpu.interp.top_interpreter import KernelError
+                    raise KernelError(f"{op.name} at {op.loc!r}: kernel failed: "
+                                      f"{type(e).__name__}: {e}") from e
                 vals = []
                 for r, (shape, dtype) in zip(res, out_types):
                     r = np.ascontiguousarray(np.asarray(r).astype(dtype, copy=False))
@@ -736,10 +761,15 @@ class CompiledTop:
                         vals = low(trimmed, attrs, out_shapes, op_name=name)
                     else:
                         vals = low(trimmed, attrs, out_shapes)
-                except NotLowered:
-                    vals = None
+                except NotLowered as e:
+                    vals, why = None, str(e)
+                except Exception as e:  # a lowering that cannot take this op: the kernel can
+                    vals, why = None, f"{type(e).__name__}: {e}"
+            else:
+                why = "no TF lowering"
             if vals is None:
                 self.fallbacks.append(name)
+                self.fallback_notes.append(f"{name} at {op.loc!r}: {why}")
                 vals = _fallback(self._kernels[name], ins, attrs, out_types, op.loc, name)
             for r, v in zip(op.results, vals):
                 env[r] = v
