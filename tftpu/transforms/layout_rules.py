@@ -153,6 +153,19 @@ def _majority(perms: list[Perm], rank: int) -> Perm:
     return next(p for p in perms if counts[p] == best)
 
 
+def _majority_of_operands(op, ctx, rank: int, votes: Callable) -> Perm | None:
+    """The most common layout among the operands for which `votes(v)` holds (identity if none
+    votes); None when some operand has no plain layout."""
+    cands = []
+    for v in op.operands:
+        st = ctx.state(v)
+        if st is None or st.sigma is not None:
+            return None
+        if votes(v):
+            cands.append(st.perm)
+    return _majority(cands, rank)
+
+
 def _broadcast_spec(ctx, v, rank: int, p: Perm):
     """How a broadcasting operand follows the chosen layout `p` of a rank-`rank` result."""
     shape = ctx.shape(v)
@@ -170,14 +183,10 @@ def _broadcast_spec(ctx, v, rank: int, p: Perm):
 @rule(AGNOSTIC, "Add", "Sub", "Mul", "Div", "Max", "Min")
 def binary(op, attrs, ctx):
     rank = len(ctx.shape(op.results[0]))
-    cands = []
-    for v in op.operands:
-        st = ctx.state(v)
-        if st is None or st.sigma is not None:
-            return keep_all(op, attrs, ctx)
-        if len(ctx.shape(v)) == rank and not ctx.is_const(v) and not all(d == 1 for d in ctx.shape(v)):
-            cands.append(st.perm)
-    p = _majority(cands, rank)
+    p = _majority_of_operands(op, ctx, rank, lambda v: len(ctx.shape(v)) == rank and not ctx.is_const(v)
+                              and not all(d == 1 for d in ctx.shape(v)))
+    if p is None:
+        return keep_all(op, attrs, ctx)
     return Plan([_broadcast_spec(ctx, v, rank, p) for v in op.operands], attrs, [State(p)])
 
 
@@ -203,14 +212,9 @@ def _phys_axis(p: Perm, a: int) -> int:
 @rule(LIGHT, "Concat")
 def concat(op, attrs, ctx):
     rank = len(ctx.shape(op.results[0]))
-    cands = []
-    for v in op.operands:
-        st = ctx.state(v)
-        if st is None or st.sigma is not None:
-            return keep_all(op, attrs, ctx)
-        if not ctx.is_const(v):
-            cands.append(st.perm)
-    p = _majority(cands, rank)
+    p = _majority_of_operands(op, ctx, rank, lambda v: not ctx.is_const(v))
+    if p is None:
+        return keep_all(op, attrs, ctx)
     ax = _axis(attrs["axis"], rank)
     return Plan([Want(p) for _ in op.operands], {**attrs, "axis": p.index(ax)}, [State(p)])
 
