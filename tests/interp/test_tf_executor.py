@@ -361,7 +361,22 @@ def test_compiled_runs_are_deterministic():
     assert a["gp"].tobytes() == b["gp"].tobytes()
 
 
-def test_tftpu_run_uses_the_compiled_path(tmp_path):
+def test_xla_option_same_outputs_and_off_with_fallbacks():
+    model = _tiny()
+    x = rand(1, 2, 5, 5)
+    ex = CompiledTop(model, jit_compile=True)
+    assert ex.jit
+    np.testing.assert_allclose(ex.run({"x": x})["gp"], run(model, {"x": x})["gp"],
+                               rtol=1e-5, atol=1e-6)
+    b = TopBuilder("fb")
+    y = b.input("y", (3, 5))
+    m = b.finish([b.op("Pad", [y], dict(paddings=[1, 0, 0, 2], mode="edge"), "edge")])
+    ex = CompiledTop(m, jit_compile=True)
+    assert not ex.jit and ex.fallbacks == ["Pad"]
+    np.testing.assert_array_equal(ex.run({"y": rand(3, 5)})["edge"].shape, (4, 7))
+
+
+def test_tftpu_run_uses_the_compiled_path_unless_dumping(tmp_path):
     from tftpu.ir.weights import load_npz, save_npz
 
     model = _tiny()
@@ -369,12 +384,22 @@ def test_tftpu_run_uses_the_compiled_path(tmp_path):
     x = rand(1, 2, 5, 5)
     save_npz(tmp_path / "in.npz", {"x": x})
     repo = Path(__file__).resolve().parents[2]
+    spy = ("import sys\n"
+           "import tftpu.interp.tf_executor as te\n"
+           "orig = te.CompiledTop.run\n"
+           "def run(self, inputs):\n"
+           "    print('COMPILED PATH')\n"
+           "    return orig(self, inputs)\n"
+           "te.CompiledTop.run = run\n"
+           "sys.argv = ['tftpu-run'] + sys.argv[1:]\n"
+           "from tools import tftpu_run\n"
+           "tftpu_run.run()\n")
     for extra, names in (([], {"gp"}), (["--dump_all_tensors"], {"x", "c", "gp"})):
-        res = subprocess.run([sys.executable, str(repo / "tools" / "tftpu_run.py"),
-                              f"--model={mlir}", f"--input={tmp_path / 'in.npz'}",
-                              f"--output={tmp_path / 'out.npz'}", *extra],
-                             capture_output=True, text=True, timeout=300)
+        res = subprocess.run([sys.executable, "-c", spy, f"--model={mlir}",
+                              f"--input={tmp_path / 'in.npz'}", f"--output={tmp_path / 'out.npz'}",
+                              *extra], capture_output=True, text=True, timeout=300, cwd=repo)
         assert res.returncode == 0, res.stderr
+        assert ("COMPILED PATH" in res.stdout) == (not extra), res.stdout
         out = load_npz(tmp_path / "out.npz")
         assert set(out) == names
         np.testing.assert_allclose(out["gp"], run(model, {"x": x})["gp"], rtol=1e-5, atol=1e-6)
