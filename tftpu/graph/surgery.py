@@ -14,6 +14,7 @@ import collections
 from typing import Callable, Iterable, Mapping, Sequence
 
 from tftpu.errors import ShapeError
+from tftpu.utils.names import unique_name
 
 
 def parse(tensor: str) -> tuple[str, int]:
@@ -125,13 +126,8 @@ class GraphEditor:
         return tf.make_ndarray(node.attr["value"].tensor)
 
     def unique_name(self, base: str) -> str:
-        names = self._by_name()
-        if base not in names:
-            return base
-        i = 1
-        while f"{base}_{i}" in names:
-            i += 1
-        return f"{base}_{i}"
+        """`base`, or `base_<i>` with the smallest i >= 1 that no node is named yet."""
+        return unique_name(base, self._by_name())
 
     # --- edits ---------------------------------------------------------------------------
     def _added(self, node):

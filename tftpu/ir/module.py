@@ -32,6 +32,7 @@ from tftpu.ir import attrs as A
 from tftpu.ir import top
 from tftpu.ir.weights import load_npz, save_npz
 from tftpu.utils.files import write_text
+from tftpu.utils.names import unique_name
 
 _EXTRA_DIALECTS: list = []
 
@@ -251,11 +252,8 @@ class TopBuilder:
         return op.results[0]
 
     def unique_weight_name(self, name: str) -> str:
-        base, i = name, 1
-        while name in self.weights:
-            name = f"{base}_{i}"
-            i += 1
-        return name
+        """`name`, or `name_<i>` with the smallest i >= 1 that no weight has yet."""
+        return unique_name(name, self.weights)
 
     def none(self) -> SSAValue:
         """The shared `top.None` value."""

@@ -30,6 +30,7 @@ from xdsl.rewriter import InsertPoint
 from tftpu.ir import attrs as A
 from tftpu.ir import top
 from tftpu.ir.module import TopModel, make_op
+from tftpu.utils.names import unique_name
 
 F32_MAX = float(np.finfo(np.float32).max)
 
@@ -59,10 +60,7 @@ class Weights:
 
     def add(self, rewriter: PatternRewriter, before, name: str, array: np.ndarray):
         """Insert a new `top.Weight` (unique name derived from `name`) before `before`."""
-        base, i = name, 1
-        while name in self.model.weights:
-            name = f"{base}_{i}"
-            i += 1
+        name = unique_name(name, self.model.weights)
         array = np.asarray(array, order="C")
         self.model.weights[name] = array
         op = top.Weight.create(result_types=[A.tensor_type(array.shape, A.dtype_of_numpy(array.dtype))])

@@ -27,6 +27,7 @@ from tftpu.ir import layout as L
 from tftpu.ir import top
 from tftpu.ir.module import TopModel, make_op, value_name
 from tftpu.transforms import layout_rules as R
+from tftpu.utils.names import unique_name
 
 
 @dataclass
@@ -200,10 +201,7 @@ class _Run(R.Context):
 
     # ------------------------------------------------------------ emitting
     def _unique(self, name: str) -> str:
-        base, i = name, 1
-        while name in self.names:
-            name = f"{base}_{i}"
-            i += 1
+        name = unique_name(name, self.names)
         self.names.add(name)
         return name
 
