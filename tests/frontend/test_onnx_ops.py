@@ -127,17 +127,26 @@ CASES = [
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 @pytest.mark.parametrize("canon", [False, True], ids=["raw", "canon"])
 def test_single_op_matches_onnxruntime(case, canon):
+    model, feeds, want, _ = case_model(case)
+    top = onnx_to_top(model, "m")
+    if canon:
+        canonicalize(top)
+    assert_matches(run(top, feeds), want)
+
+
+def case_model(case):
+    """(one-node model, input feeds, onnxruntime outputs, number of outputs) of a CASES entry."""
     _, op_type, inputs, consts, attrs = case
     attrs = dict(attrs)
     n_out = attrs.pop("_n", 1)
     opset = attrs.pop("_opset", 17)
     model = single(op_type, inputs, consts, attrs, n_out, opset)
     feeds = {n: rand(*s, seed=k + 1) for k, (n, s) in enumerate(inputs.items())}
-    want = run_ort(model, feeds)
-    top = onnx_to_top(model, "m")
-    if canon:
-        canonicalize(top)
-    got = run(top, feeds)
+    return model, feeds, run_ort(model, feeds), n_out
+
+
+def assert_matches(got: dict, want: dict) -> None:
+    """Same output names and shapes as onnxruntime, values within 2e-5 (relative to each output's scale)."""
     assert sorted(got) == sorted(want)
     for k in want:
         assert got[k].shape == want[k].shape, k
