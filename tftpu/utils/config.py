@@ -38,14 +38,11 @@ def find(kind: str, name: str) -> Path | None:
 
 
 def resolve(kind: str, name_or_path, what: str = "config") -> Path:
-    """A config file given as a name (`tpu`) or a path (a PathLike, or text ending .yaml/.yml or
-    holding a path separator); ConfigError listing the known names if it does not exist."""
-    if isinstance(name_or_path, os.PathLike):
-        path = Path(name_or_path)
-    else:
-        text = str(name_or_path)
-        is_path = text.endswith((".yaml", ".yml")) or os.sep in text or (os.altsep or os.sep) in text
-        path = Path(text) if is_path else config_dir(kind) / f"{text}.yaml"
+    """A config file given as a name (`tpu`) or a path (ending .yaml/.yml or holding a path
+    separator; str or PathLike); ConfigError listing the known names if it does not exist."""
+    text = os.fspath(name_or_path)
+    is_path = text.endswith((".yaml", ".yml")) or os.sep in text or (os.altsep or os.sep) in text
+    path = Path(text) if is_path else config_dir(kind) / f"{text}.yaml"
     if not path.is_file():
         raise ConfigError(f"{path}: no such {what} (known {kind}: {', '.join(known(kind)) or 'none'})")
     return path
