@@ -84,14 +84,33 @@ def test_conv_1d_and_3d_fall_back_to_the_kernels():
           fallbacks=["Conv"])
 
 
-def test_deconv_falls_back_inside_a_lowered_chain():
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_deconv_sweep(layout):
+    b = TopBuilder("deconv")
+    shape = (1, 4, 5, 6) if layout == "NCHW" else (1, 5, 6, 4)
+    x = b.input("x", shape)
+    outs = []
+    for i, (k, s, d, pads, op_pad, bias, relu) in enumerate(itertools.product(
+            [(1, 1), (3, 3), (2, 3)], [(1, 1), (2, 2), (1, 2)], [(1, 1), (2, 1)],
+            [(0, 0, 0, 0), (1, 1, 1, 1), (0, 1, 2, 0)], [(0, 0), (1, 1)], [True], [None, 6.0])):
+        if any(op_pad[j] >= max(s[j], d[j]) for j in range(2)):
+            continue
+        attrs = dict(kernel_shape=list(k), strides=list(s), pads=list(pads), dilations=list(d),
+                     output_padding=list(op_pad), layout=layout, do_relu=relu is not None,
+                     relu_limit=-1.0 if relu is None else relu)
+        bb = b.weight(f"b{i}", rand(3)) if (bias and i % 2) else b.none()
+        outs.append(b.op("Deconv", [x, b.weight(f"w{i}", rand(4, 3, *k)), bb], attrs, f"d{i}"))
+    check(b.finish(outs), {"x": rand(*shape)})
+
+
+def test_grouped_deconv_falls_back_inside_a_lowered_chain():
     b = TopBuilder("deconv")
     x = b.input("x", (1, 4, 6, 7))
     c = b.op("Conv", [x, b.weight("w", rand(4, 4, 3, 3)), b.none()],
              dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1]), "c")
-    d = b.op("Deconv", [c, b.weight("wd", rand(4, 3, 3, 3)), b.weight("bd", rand(3))],
-             dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1], output_padding=[1, 1]),
-             "d")
+    d = b.op("Deconv", [c, b.weight("wd", rand(4, 3, 3, 3)), b.weight("bd", rand(6))],
+             dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1], output_padding=[1, 1],
+                  group=2), "d")
     r = b.op("Relu", [d], {}, "r")
     check(b.finish([r]), {"x": rand(1, 4, 6, 7)}, fallbacks=["Deconv"])
 
@@ -424,6 +443,6 @@ def test_selfie_segmentation_tflite():
     x = material.image("astronaut.png")
     import tensorflow as tf
     x = tf.image.resize(x[None].astype(np.float32) / 255.0, (256, 256)).numpy()
-    got = check(top, {top.input_names[0]: x}, fallbacks=["Deconv"], tol=5e-5)
+    got = check(top, {top.input_names[0]: x}, tol=5e-5)
     mask = next(iter(got.values()))
     assert 0.05 < float((mask > 0.5).mean()) < 0.95   # a person is found, not everything

@@ -221,6 +221,44 @@ def _conv(ins, attrs, out_shapes):
     return [Val(_relu(y, fused_relu(attrs)), perm, out_shapes[0])]
 
 
+@lowering("Deconv")
+def _deconv(ins, attrs, out_shapes):
+    t = _tf()
+    x, w, b = ins[0], ins[1], ins[2] if len(ins) > 2 else None
+    if len(x.shape) != 4 or w.np is None or int(attrs.get("group", 1) or 1) != 1:
+        raise NotLowered("only constant-weight 2-D deconv, group 1")
+    wn = w.np.astype(np.float32)  # [I, O, kh, kw]
+    k = _ints(attrs, "kernel_shape", 2, 0)
+    if any(k) and tuple(k) != tuple(wn.shape[2:]):
+        raise NotLowered("kernel_shape differs from the weight")
+    s = _ints(attrs, "strides", 2, 1)
+    p = _ints(attrs, "pads", 4, 0)
+    d = _ints(attrs, "dilations", 2, 1)
+    op_ = _ints(attrs, "output_padding", 2, 0)
+    if d != [1, 1]:  # a dilated kernel as a plain one with zeros between the taps
+        dk = [d[i] * (wn.shape[2 + i] - 1) + 1 for i in range(2)]
+        full_w = np.zeros(wn.shape[:2] + tuple(dk), np.float32)
+        full_w[:, :, ::d[0], ::d[1]] = wn
+        wn = full_w
+    kh, kw = wn.shape[2:]
+    xt, perm = _channels_last_input(x, attrs)
+    xt = f32(xt)
+    n, h, wd = (int(v) for v in xt.shape[:3])
+    o = wn.shape[1]
+    full = [(h - 1) * s[0] + kh, (wd - 1) * s[1] + kw]
+    y = t.nn.conv2d_transpose(xt, const(np.ascontiguousarray(wn.transpose(2, 3, 1, 0))),
+                              [n, *full, o], [1, *s, 1], "VALID")
+    extra = [max(0, op_[i] - p[2 + i]) for i in range(2)]
+    if any(extra):
+        y = t.pad(y, [[0, 0], [0, extra[0]], [0, extra[1]], [0, 0]])
+    ends = [full[i] + extra[i] - max(0, p[2 + i] - op_[i]) for i in range(2)]
+    y = y[:, p[0]:ends[0], p[1]:ends[1], :]
+    if b is not None:
+        y = y + (const(b.np.astype(np.float32).reshape(-1)) if b.np is not None
+                 else t.reshape(f32(logical(b)), [-1]))
+    return [Val(_relu(y, fused_relu(attrs)), perm, out_shapes[0])]
+
+
 @lowering("MatMul")
 def _matmul(ins, attrs, out_shapes):
     t = _tf()
