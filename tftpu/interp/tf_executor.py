@@ -90,10 +90,12 @@ def const(arr):
 
 
 def logical(v: Val):
+    """`v`'s tensor in logical axis order."""
     return transposed(v, None)
 
 
 def f32(x):
+    """A float tensor as float32 (kernels compute floats in float32)."""
     t = _tf()
     return x if x.dtype == t.float32 or not x.dtype.is_floating else t.cast(x, t.float32)
 
@@ -147,6 +149,9 @@ LOWERINGS: dict = {}
 
 
 def lowering(*names):
+    """Register the decorated `(operand Vals, attrs, result shapes[, op_name]) -> [Val]`
+    lowering for each TOP op name; it raises NotLowered for what it does not take."""
+
     def wrap(fn):
         for n in names:
             LOWERINGS[n] = fn
@@ -392,7 +397,7 @@ def _softmax(ins, attrs, out_shapes):
     return [Val(fn(f32(x.t), axis=axis), None, out_shapes[0])]
 
 
-def _pool_count(in_hw, k, s, p, extra, include_pad, out):
+def _pool_count(in_hw, k, s, p, include_pad, out):
     """How many counted elements each output window of an average pool covers."""
     counts = []
     for i in range(2):
@@ -433,7 +438,7 @@ def _pool(ins, attrs, out_shapes, op_name):
         y = t.nn.avg_pool2d(xt, k, s, "VALID")
         include_pad = bool(attrs.get("count_include_pad", False))
         if padded and not (include_pad and not any(g[1] for g in geo)):
-            cnt = _pool_count(in_hw, k, s, p, None, include_pad, out)
+            cnt = _pool_count(in_hw, k, s, p, include_pad, out)
             y = y * const((np.float32(math.prod(k)) / cnt).reshape(1, *out, 1))
     return [Val(_relu(y, fused_relu(attrs)), perm, out_shapes[0])]
 
@@ -533,8 +538,6 @@ def _permute(ins, attrs, out_shapes):
 
 @lowering("Pad")
 def _pad(ins, attrs, out_shapes):
-    from tftpu.interp.kernels.shape import onnx_slice  # noqa: F401  (same module as Slice)
-
     t = _tf()
     x = ins[0]
     p = [int(v) for v in attrs["paddings"]]
