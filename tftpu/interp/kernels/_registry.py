@@ -84,6 +84,15 @@ def numel(shape: Sequence[int]) -> int:
     return int(math.prod(shape))
 
 
+def per_output_flops(mult: int = 1, fused_relu: bool = False) -> FlopsFn:
+    """FLOPs counter of an op doing `mult` operations per output element (+1 for a fused ReLU
+    when `fused_relu` and the op's `do_relu` is set)."""
+    def flops(ins, outs, attrs):
+        n = numel(outs[0])
+        return n * mult + (n if fused_relu and attrs.get("do_relu") else 0)
+    return flops
+
+
 def as_f32(x: np.ndarray) -> np.ndarray:
     """`x` as float32 (no copy when it already is)."""
     return x if x.dtype == np.float32 else x.astype(np.float32)

@@ -7,15 +7,8 @@ import math
 import numpy as np
 
 from tftpu.interp.kernels._registry import (
-    aligned_empty, as_f32, channel_axis, is_float, numel, post_relu, register, relu, relu_limit,
-    tf)
-
-
-def _out_flops(mult: int = 1, fused_relu: bool = False):
-    def flops(ins, outs, attrs):
-        n = numel(outs[0])
-        return n * mult + (n if fused_relu and attrs.get("do_relu") else 0)
-    return flops
+    aligned_empty, as_f32, channel_axis, is_float, per_output_flops, post_relu, register, relu,
+    relu_limit, tf)
 
 
 def _binary(fn, name):
@@ -44,7 +37,7 @@ def _div(a, b):
 
 for _name, _fn in (("Add", np.add), ("Sub", np.subtract), ("Mul", np.multiply),
                    ("Div", _div), ("Max", np.maximum), ("Min", np.minimum)):
-    register(_name, flops=_out_flops(1, fused_relu=True))(_binary(_fn, _name))
+    register(_name, flops=per_output_flops(1, fused_relu=True))(_binary(_fn, _name))
 
 
 def _unary(name, fn, mult=1):
@@ -53,7 +46,7 @@ def _unary(name, fn, mult=1):
         with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
             return [np.asarray(fn(x, attrs)).astype(x.dtype, copy=False)]
     kernel.__name__ = name
-    register(name, flops=_out_flops(mult))(kernel)
+    register(name, flops=per_output_flops(mult))(kernel)
     return kernel
 
 
@@ -93,7 +86,7 @@ def _gelu(x, attrs):
 _unary("GELU", _gelu, 8)
 
 
-@register("PRelu", flops=_out_flops(2))
+@register("PRelu", flops=per_output_flops(2))
 def prelu(operands, attrs):
     """top.PRelu: x where x >= 0 else slope * x; slope broadcasts like numpy (ONNX), or a
     1-D slope of C values on the channel axis."""
