@@ -14,6 +14,7 @@ import re
 import numpy as np
 
 from tftpu.tac.graph import Graph, NewTensor, Node
+from tftpu.tac.passes.raise_subgraphs import producers
 from tftpu.tac.schema import schema
 
 _ELEM = {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "float64": "f64", "int32": "i32",
@@ -217,11 +218,7 @@ def _func_io(part) -> list[tuple[list[int], list[int]]]:
     (tensors used by later functions or returned), in first-use order."""
     g = part.graph
     subs = part.subgraphs
-    produced_in = {}
-    for s, sub in enumerate(subs):
-        for i in sub.nodes:
-            for t in g.nodes[i].outputs:
-                produced_in[t] = s
+    produced_in = producers(g, subs)
     used_outside: dict[int, None] = {}
     io_args = []
     for s, sub in enumerate(subs):

@@ -32,6 +32,11 @@ class Subgraph:
         return f"func_{self.index}_{self.device}_{self.inference_type}"
 
 
+def producers(graph: Graph, subgraphs: list[Subgraph]) -> dict:
+    """{tensor: position in `subgraphs` of the subgraph whose op writes it}."""
+    return {t: s for s, sub in enumerate(subgraphs) for i in sub.nodes for t in graph.nodes[i].outputs}
+
+
 def raise_subgraphs(graph: Graph, annotation: list[Annotation]) -> list[Subgraph]:
     """Group the annotated ops of `graph` into `Subgraph`s, in a valid execution order."""
     n = len(graph.nodes)

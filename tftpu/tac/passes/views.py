@@ -11,7 +11,7 @@ import dataclasses
 
 from tftpu.tac.graph import Graph, Node
 from tftpu.tac.passes import lowerings
-from tftpu.tac.passes.raise_subgraphs import Subgraph
+from tftpu.tac.passes.raise_subgraphs import Subgraph, producers
 
 
 @dataclasses.dataclass
@@ -77,11 +77,7 @@ def alternative_views(graph: Graph, subgraphs: list[Subgraph], devices) -> tuple
 def boundaries(graph: Graph, subgraphs: list[Subgraph]):
     """Data crossing subgraph borders: {(producer, consumer): [bytes, elements]} plus per-subgraph
     [bytes, elements] read from and written to the host (model inputs and outputs)."""
-    owner = {}
-    for s, sub in enumerate(subgraphs):
-        for i in sub.nodes:
-            for t in graph.nodes[i].outputs:
-                owner[t] = s
+    owner = producers(graph, subgraphs)
     graph_inputs = set(graph.inputs)
     edges: dict = {}
     host_in = [[0, 0] for _ in subgraphs]
