@@ -61,7 +61,9 @@ def convert_and_compare(model: TopModel, desired=None, layout: str | None = None
     assert list(got) == list(ref), (list(got), list(ref))
     for k in ref:
         assert got[k].shape == ref[k].shape, k
-        np.testing.assert_allclose(got[k], ref[k], rtol=1e-4, atol=atol, err_msg=k)
+        # float32 round-off grows with the magnitudes summed: scale atol by the output's range
+        scale = max(1.0, float(np.abs(ref[k]).max())) if ref[k].size else 1.0
+        np.testing.assert_allclose(got[k], ref[k], rtol=1e-4, atol=atol * scale, err_msg=k)
         assert cosine(got[k], ref[k]) >= 0.99999
     for op in permutes(new):
         assert not isinstance(op.operands[0].owner, top.Weight), "a weight is transposed at run time"
