@@ -182,3 +182,20 @@ def test_registering_plugin_file_twice(tmp_path, model_bytes):
     bad.write_text("raise RuntimeError('boom')\n")
     with pytest.raises(errors.UsageError, match="failed to load: RuntimeError: boom"):
         tac.load_plugin(f"{bad}:X")
+
+
+def test_plugin_missing_abstract_method_is_a_usage_error():
+    """A SimpleHardware plug-in without advantage_over_cpu is refused with one clear error."""
+    import pytest as _pytest
+
+    from tftpu import errors as _errors
+    from tftpu.tac import SimpleHardware, register
+    from tftpu.tac.hardware import registry as _registry
+
+    @register("HALFDONE")
+    class HalfDone(SimpleHardware):
+        def is_not_supported_op(self, op):
+            return False
+
+    with _pytest.raises(_errors.UsageError, match="advantage_over_cpu"):
+        _registry.get("HALFDONE")

@@ -9,6 +9,7 @@ Costs are in microseconds.
 
 from __future__ import annotations
 
+import abc
 from typing import ClassVar, Sequence
 
 from tftpu import errors
@@ -19,7 +20,7 @@ _FLOATISH = (FLOAT, HYBRID)
 _QUANTIZED = (QUANTIZED_INT8, QUANTIZED_UINT8, QUANTIZED_INT16)
 
 
-class TargetHardware:
+class TargetHardware(abc.ABC):
     """A device TAC can place ops on; subclass, set `name`, register it (see `registry`)."""
 
     name: ClassVar[str] = ""
@@ -28,13 +29,13 @@ class TargetHardware:
     transfer_us_per_byte: float = 0.0
     transfer_fixed_us: float = 0.0
 
+    @abc.abstractmethod
     def is_op_supported(self, op) -> bool:
         """Whether `op` (a `tftpu.tac.graph.Node`) can run on this device as it is."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def get_op_cost(self, op) -> float:
         """Estimated time of `op` on this device, µs."""
-        raise NotImplementedError
 
     def get_hardware_switching_cost(self, from_hardware: "TargetHardware", buffer_size: int) -> float:
         """Cost of bringing `buffer_size` bytes produced on `from_hardware` to this device, µs."""
@@ -88,9 +89,9 @@ class SimpleHardware(TargetHardware):
         """True for ops this device cannot run."""
         return False
 
+    @abc.abstractmethod
     def advantage_over_cpu(self) -> float:
         """How many times faster than the CPU this device runs a supported op."""
-        raise NotImplementedError
 
     def is_op_supported(self, op) -> bool:
         return not self.is_not_supported_op(op)

@@ -55,7 +55,10 @@ def get(name: str):
         if factory is None:
             hw = _from_yaml(key)
         else:
-            hw = factory()
+            try:
+                hw = factory()
+            except TypeError as e:  # e.g. a plug-in that leaves an abstract method undefined
+                raise errors.UsageError(f"hardware '{key}' cannot be created: {e}") from None
         if not getattr(hw, "name", ""):
             hw.name = key
         if hw.name.upper() != key:
