@@ -24,70 +24,36 @@ FLAGS = flags.FLAGS
 
 
 def main(args):
-    import os
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    import time
-    from pathlib import Path
-
     from tftpu import errors
-    from tftpu.frontend import source_kind, to_onnx
-    from tftpu.frontend.check import compare, onnx_tensors, table, tf_outputs
-    from tftpu.interp.similarity import parse_tolerance
+    from tftpu.frontend.check import table
     from tftpu.frontend.onnx_load import parse_shapes
-    from tftpu.frontend.onnx_to_top import onnx_to_top
-    from tftpu.ir.weights import load_npz, save_npz
-    from tftpu.transforms.canonicalize import canonicalize
+    from tftpu.frontend.transform import transform
+    from tftpu.interp.similarity import parse_tolerance
+    from tftpu.ir.weights import load_npz
 
     if not FLAGS.model_def:
         raise errors.UsageError("--model_def is required")
-    if FLAGS.layout and FLAGS.layout not in ("NCHW", "NHWC"):
-        raise errors.UsageError(f"--layout must be NCHW or NHWC, not {FLAGS.layout!r}")
     tolerance = parse_tolerance(FLAGS.tolerance)
-    shapes = parse_shapes(FLAGS.input_shapes)
-    kind = source_kind(FLAGS.model_def)
-    if kind == "mlir":
-        raise errors.UsageError("--model_def is already a TOP .mlir; use tftpu-run to run it")
-    name = FLAGS.model_name or Path(FLAGS.model_def).stem
-    mlir = Path(FLAGS.mlir or f"{name}.top.mlir")
-    inputs = load_npz(FLAGS.test_input) if FLAGS.test_input else None
-
-    t0 = time.perf_counter()
-    proto = to_onnx(FLAGS.model_def, shapes)
-    model = onnx_to_top(proto, name, shapes if kind == "onnx" else None)
-    n_before = len(model.ops)
-    report = canonicalize(model)
-    if FLAGS.layout:
-        from tftpu.transforms.convert_layout import convert_layout
-        print(f"convert layout to {FLAGS.layout}: {convert_layout(model, FLAGS.layout)}")
-        canonicalize(model)
-    _, weight_path = model.save(mlir)
-    print(f"{mlir}: {len(model.ops)} ops ({n_before} before canonicalize: {report}); "
-          f"{_flops(model.flops())}; weights {weight_path}; {time.perf_counter() - t0:.2f} s")
-    if inputs is None:
+    r = transform(FLAGS.model_def, name=FLAGS.model_name, input_shapes=parse_shapes(FLAGS.input_shapes),
+                  layout=FLAGS.layout, mlir=FLAGS.mlir,
+                  test_input=load_npz(FLAGS.test_input) if FLAGS.test_input else None,
+                  test_result=FLAGS.test_result, tolerance=tolerance)
+    if r.layout_report is not None:
+        print(f"convert layout to {FLAGS.layout}: {r.layout_report}")
+    print(f"{r.mlir}: {len(r.model.ops)} ops ({r.ops_before} before canonicalize: {r.canonicalize_report}); "
+          f"{_flops(r.model.flops())}; weights {r.weights}; {r.seconds:.2f} s")
+    if not FLAGS.test_input:
         return 0
-
-    from tftpu.interp.top_interpreter import run
-    got = run(model, inputs, dump_all=True)
-    if FLAGS.test_result:
-        save_npz(FLAGS.test_result, got)
-    ref = onnx_tensors(proto, inputs)
-    results = [("onnxruntime", compare(ref, got, tolerance))]
-    if kind != "onnx":
-        src = tf_outputs(FLAGS.model_def, kind, inputs, [o.name for o in proto.graph.output])
-        results.append((kind, compare(src, {k: got[k] for k in model.output_names if k in got}, tolerance)))
-    rows = []
-    for ref_name, result in results:
+    for ref_name, result in r.checks:
         print(f"TOP vs {ref_name}:")
         print(table(result, (ref_name, "TOP")), end="")
-        rows += result.rows
-    if not rows:
+    if not r.rows:
         raise errors.CheckFailed("no tensor is shared between TOP and the reference; nothing was checked")
-    bad = [r for r in rows if not r.passed]
-    worst = min(rows, key=lambda r: (r.cosine, r.euclid))
-    if bad:
-        raise errors.ToleranceError(f"{len(bad)} of {len(rows)} tensors below tolerance {FLAGS.tolerance}; "
+    worst = r.worst
+    if r.failed:
+        raise errors.ToleranceError(f"{len(r.failed)} of {len(r.rows)} tensors below tolerance {FLAGS.tolerance}; "
                                     f"worst {worst.name!r}: cosine {worst.cosine:.6f}, euclidean {worst.euclid:.6f}")
-    print(f"all {len(rows)} tensors within tolerance; min cosine {worst.cosine:.9f} ({worst.name})")
+    print(f"all {len(r.rows)} tensors within tolerance; min cosine {worst.cosine:.9f} ({worst.name})")
     return 0
 
 
