@@ -31,6 +31,8 @@ setup(
         "numpy==2.4.6",
         "ml_dtypes==0.6.0",
         "tqdm==4.70.1",
+        "flatbuffers==25.12.19",   # TFLite models, read with TF's own schema (tftpu.tac)
+        "protobuf==7.36.2",
         "PyYAML==6.0.3",
     ],
     extras_require={
