@@ -2,8 +2,10 @@
 
     python benchmarks/s2d_host_pipeline.py [--batches 120] [--rounds 3] [--only memory|jpeg]
 
-Two pipelines, each without S2D, with the naive S2D placements of PEERS.md, with
-`tftpu.data.space_to_depth`, and fused with the device's input layout:
+Two pipelines, each without S2D, with the naive S2D placements of PEERS.md, with other
+placements of the permutation (uint8 S2D per image inside the parallel crop map, then the float
+conversion fused after `batch()`), with `tftpu.data.space_to_depth`, and fused with the device's
+input layout:
   memory: 256x256 uint8 images in memory -> random crop 224 -> flip -> scale to float -> batch 32
   jpeg:   the same images (real photos) encoded as JPEG in memory -> decode -> crop -> flip ->
           per-channel normalize -> batch 32
@@ -47,6 +49,8 @@ def _photos(n):
 
 
 def _variants(tf, images, jpegs):
+    import numpy as np
+
     import tftpu.data
 
     A = tf.data.AUTOTUNE
@@ -69,6 +73,13 @@ def _variants(tf, images, jpegs):
         return tf.reshape(tf.transpose(x, [0, 2, 1, 3, 4]), [SIZE // 2, SIZE // 2, 12])
 
     per_image_s2d = lambda x: tf.nn.space_to_depth(x[None], 2)[0]  # noqa: E731
+    xla_naive_transpose = tf.function(naive_transpose, jit_compile=True)
+
+    def blocked_convert(scale, offset):
+        """XLA float conversion of uint8 S2D batches: per-channel constants tiled over the b*b block."""
+        s = tf.constant(np.tile(np.asarray(scale, np.float32), 4))
+        o = tf.constant(np.tile(np.asarray(offset, np.float32), 4))
+        return tf.function(lambda x: tf.cast(x, tf.float32) * s + o, jit_compile=True)
     batch_s2d = lambda x: tf.nn.space_to_depth(x, 2)  # noqa: E731
     hwcn = lambda x: tf.transpose(x, [1, 2, 3, 0])  # noqa: E731
 
@@ -90,6 +101,19 @@ def _variants(tf, images, jpegs):
     s2d_scale = dict(dtype=tf.float32, scale=1 / 255)
     s2d_norm = dict(dtype=tf.float32, scale=[1 / (255 * s) for s in STD], offset=[-m / s for m, s in zip(MEAN, STD)])
     u8 = lambda src: src().map(crop_flip, num_parallel_calls=A).batch(BATCH)  # noqa: E731
+    scale_blocked = blocked_convert([1 / 255] * 3, [0.0] * 3)
+    norm_blocked = blocked_convert(s2d_norm["scale"], s2d_norm["offset"])
+
+    def u8_per_image(src, s2d, convert):  # uint8 S2D in the parallel crop map, float after batch
+        return src().map(lambda x: s2d(crop_flip(x)), num_parallel_calls=A).batch(BATCH).map(
+            convert, num_parallel_calls=A)
+
+    def placements(src, convert):
+        return {
+            "placement: uint8 transpose per image, float after batch": u8_per_image(src, naive_transpose, convert),
+            "placement: uint8 XLA S2D per image, float after batch": u8_per_image(src, xla_naive_transpose, convert),
+            "placement: uint8 nn.space_to_depth per image, float after": u8_per_image(src, per_image_s2d, convert),
+        }
     return {
         "memory": {
             "baseline: float per image": per_image(mem, scale),
@@ -98,6 +122,7 @@ def _variants(tf, images, jpegs):
             "naive: tf.nn.space_to_depth after batch": per_image(mem, scale).map(batch_s2d, num_parallel_calls=A),
             "naive: tf.nn.space_to_depth per image": per_image(mem, scale, per_image_s2d),
             "naive: reshape+transpose+reshape per image": per_image(mem, scale, naive_transpose),
+            **placements(mem, scale_blocked),
             "tftpu: S2D of the float batches": tftpu.data.space_to_depth(per_image(mem, scale), 2),
             "tftpu: S2D fused with float conversion": tftpu.data.space_to_depth(u8(mem), 2, **s2d_scale),
             "layout only: HWCN transpose (no S2D)": on_batch(mem, lambda x: hwcn(scale(x))),
@@ -113,10 +138,12 @@ def _variants(tf, images, jpegs):
             "baseline: float on uint8 batch, XLA": on_batch(jpg, xla_normalize),
             "naive: tf.nn.space_to_depth after batch": per_image(jpg, normalize).map(batch_s2d, num_parallel_calls=A),
             "naive: tf.nn.space_to_depth per image": per_image(jpg, normalize, per_image_s2d),
+            **placements(jpg, norm_blocked),
             "tftpu: S2D of the float batches": tftpu.data.space_to_depth(per_image(jpg, normalize), 2),
             "tftpu: S2D fused with float conversion": tftpu.data.space_to_depth(u8(jpg), 2, **s2d_norm),
             "tftpu fused: S2D + HWCN double transpose": tftpu.data.space_to_depth(
                 u8(jpg), 2, layout="HWCN", **s2d_norm),
+            "tftpu fused: S2D + NCHW": tftpu.data.space_to_depth(u8(jpg), 2, layout="NCHW", **s2d_norm),
         },
     }
 
@@ -157,9 +184,9 @@ def main():
         bases = [v for v in variants if v.startswith("baseline")]
         bw, bc = max(wall[v] for v in bases), max(cpu[v] for v in bases)
         print(f"\n{name} pipeline ({BATCH}x{SIZE}x{SIZE}x3, median of {args.rounds} rounds x {args.batches} batches)")
-        print(f"  {'variant':46s} {'images/s':>9s} {'ratio':>6s} {'img/CPU-s':>10s} {'ratio':>6s}")
+        print(f"  {'variant':58s} {'images/s':>9s} {'ratio':>6s} {'img/CPU-s':>10s} {'ratio':>6s}")
         for v in variants:
-            print(f"  {v:46s} {wall[v]:9.0f} {wall[v] / bw:6.2f}x {cpu[v]:10.0f} {cpu[v] / bc:6.2f}x")
+            print(f"  {v:58s} {wall[v]:9.0f} {wall[v] / bw:6.2f}x {cpu[v]:10.0f} {cpu[v] / bc:6.2f}x")
         if "layout only: HWCN transpose (no S2D)" in wall:
             lay, fused = "layout only: HWCN transpose (no S2D)", "tftpu fused: S2D + HWCN double transpose"
             print(f"  fused S2D+HWCN vs the HWCN transpose alone: {wall[fused] / wall[lay]:.2f}x wall, "
