@@ -132,3 +132,25 @@ def test_dynamic_image_size_pads_at_run_time():
     ds = tf.data.Dataset.from_generator(gen, output_signature=tf.TensorSpec((None, None, 3), tf.float32))
     shapes = [x.shape for x in tftpu.data.space_to_depth(ds, 2)]
     assert shapes == [(2, 3, 12), (4, 3, 12)]
+
+
+def _entry_ops(hlo_text):
+    """Op names of the ENTRY computation of an optimized HLO module."""
+    entry = hlo_text[hlo_text.index("ENTRY"):]
+    return [line.split("=", 1)[1].split("(")[0].split()[-1] for line in entry.splitlines()[1:] if " = " in line]
+
+
+@pytest.mark.parametrize("shape,block,layout", [
+    ((4, 224, 224, 3), 2, "NHWC"), ((4, 224, 224, 3), 2, "NCHW"), ((4, 224, 224, 3), 2, "HWCN"),
+    ((3, 9, 7, 3), 2, "NHWC"), ((3, 9, 7, 3), 3, "HWCN"), ((2, 8, 12, 4), 4, "NCHW")])
+def test_compiled_transform_is_one_pass_and_pads_only_odd_sizes(shape, block, layout):
+    """The host cost rests on XLA compiling conversion + pad + S2D + layout into one loop fusion."""
+    fn = tf.function(lambda x: tftpu.data.transform(x, block, layout=layout, dtype="float32",
+                                                     scale=[0.1, 0.2, 0.3, 0.4][:shape[-1]], offset=-1.0),
+                     jit_compile=True)
+    x = tf.zeros(shape, tf.uint8)
+    hlo = fn.experimental_get_compiler_ir(x)(stage="optimized_hlo")
+    ops = [op for op in _entry_ops(hlo) if op not in ("parameter", "constant", "bitcast")]
+    assert ops == ["fusion"], ops
+    needs_pad = any(s % block for s in shape[1:3])
+    assert (" pad(" in hlo) == needs_pad
