@@ -11,7 +11,11 @@ cheap pipeline 50-70% of its throughput. Here the optional float conversion (`dt
 `scale` and `offset`), the zero padding, the S2D permutation and the device's input layout
 (`layout="NCHW"`, or `"HWCN"`: the TPU "double transpose" layout, batch last) are one reshape
 and one transpose in one XLA-compiled function, so they run as a single pass over the batch
-that reads uint8 and writes the blocked float tensor.
+that reads uint8 and writes the blocked float tensor (one loop fusion; no pad when H and W are
+multiples of b). Other placements measured by `benchmarks/s2d_host_pipeline.py` cost more: a
+uint8 S2D per image inside the parallel crop map (`tf.transpose` or `tf.nn.space_to_depth` move
+1-byte elements one at a time; a per-image XLA call pays its launch per image), or S2D of the
+float batch (a second pass over 4x the bytes).
 """
 
 from __future__ import annotations
