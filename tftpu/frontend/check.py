@@ -49,13 +49,9 @@ _ORT_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tenso
 
 def bind_inputs(specs, inputs: dict) -> dict[str, np.ndarray]:
     """Match `inputs` to (name, shape, type) specs by name, else by order; cast to the input type."""
-    names = [s[0] for s in specs]
-    if set(names) <= set(inputs):
-        arrays = [inputs[n] for n in names]
-    elif len(inputs) == len(names):
-        arrays = list(inputs.values())
-    else:
-        raise ShapeError(f"input file has {sorted(inputs)}, the model wants {names}")
+    from tftpu.utils.inputs import match_inputs
+
+    arrays = match_inputs([s[0] for s in specs], inputs)
     out = {}
     for (name, shape, typ), arr in zip(specs, arrays):
         arr = np.asarray(arr)

@@ -21,6 +21,7 @@ from tftpu.errors import ShapeError, TftpuError
 from tftpu.ir import attrs as A
 from tftpu.ir import top
 from tftpu.ir.module import TopModel, value_name
+from tftpu.utils.inputs import match_inputs
 
 POINTWISE_AS_MATMUL = True  # 1x1 convs as one [NHW, C] x [C, O] matmul
 NHWC = (0, 2, 3, 1)  # physical = transpose(logical NCHW, NHWC)
@@ -848,13 +849,7 @@ class CompiledTop:
 
     def bind(self, inputs: dict) -> list[np.ndarray]:
         """Input arrays in model order (by name, or by position when names differ)."""
-        names = [n for n, _, _ in self.inputs]
-        if set(names) <= set(inputs):
-            arrays = [inputs[n] for n in names]
-        elif len(inputs) == len(names):
-            arrays = list(inputs.values())
-        else:
-            raise ShapeError(f"inputs {sorted(inputs)} do not match the model's inputs {names}")
+        arrays = match_inputs([n for n, _, _ in self.inputs], inputs)
         out = []
         for (name, shape, dtype), arr in zip(self.inputs, arrays):
             arr = np.asarray(arr)

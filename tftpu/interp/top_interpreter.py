@@ -15,6 +15,7 @@ from tftpu.errors import ShapeError, TftpuError
 from tftpu.ir import attrs as A
 from tftpu.ir import top
 from tftpu.ir.module import TopModel, value_name
+from tftpu.utils.inputs import match_inputs
 
 
 class KernelError(TftpuError):
@@ -84,13 +85,7 @@ class TopInterpreter:
         self.free_after = [[s for s, i in last.items() if i == k and s not in keep] for k in range(len(self.steps))]
 
     def _bind(self, inputs: dict) -> dict[int, np.ndarray]:
-        names = [n for n, _, _, _ in self.inputs]
-        if set(names) <= set(inputs):
-            arrays = [inputs[n] for n in names]
-        elif len(inputs) == len(names):
-            arrays = list(inputs.values())
-        else:
-            raise ShapeError(f"inputs {sorted(inputs)} do not match the model's inputs {names}")
+        arrays = match_inputs([n for n, _, _, _ in self.inputs], inputs)
         env = {}
         for (name, s, shape, dtype), arr in zip(self.inputs, arrays):
             arr = np.asarray(arr)
