@@ -1,7 +1,6 @@
 """The numpy 2 / Keras 3 shims that tf2onnx 1.17 needs, checked on the code paths that need them."""
 
 import numpy as np
-import pytest
 
 from tftpu import compat
 

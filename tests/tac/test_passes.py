@@ -9,7 +9,6 @@ import pytest
 import tftpu.tac as tac
 from tftpu.tac import tflite_io
 from tftpu.tac.graph import Graph
-from tftpu.tac.hardware import registry
 from tftpu.tac.passes.annotate import annotate
 from tftpu.tac.passes.pick import brute_force
 from tftpu.tac.passes.raise_subgraphs import raise_subgraphs

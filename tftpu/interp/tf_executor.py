@@ -782,7 +782,6 @@ class CompiledTop:
     def _lower(self, *args):
         import inspect
 
-        t = _tf()
         env: dict = {}
         it = iter(args)
         self.fallbacks = []
