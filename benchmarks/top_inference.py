@@ -3,7 +3,7 @@
     python benchmarks/top_inference.py [--models ResNet50,MobileNetV2] [--runs 10] [--jit]
 
 Both sides run the same ONNX export of keras.applications (weights=None) in one process, timed
-in alternation; the ratio is TOP images/s over onnxruntime images/s. onnxruntime flushes
+in alternating blocks; the ratio is TOP images/s over onnxruntime images/s. onnxruntime flushes
 denormals to zero (`session.set_denormal_as_zero`) as TF does, else random-weight models crawl
 through denormal arithmetic there. TOP paths: "eager" (numpy/TF kernel per op) and "compiled"
 (the whole module as one TF graph), each on the imported NCHW module and after
@@ -25,14 +25,20 @@ def timed(fn) -> float:
     return time.perf_counter() - t0
 
 
-def throughputs(fns, runs: int) -> list[float]:
-    """Images/s of each fn: interleaved runs (the machine is shared and noisy), median time."""
+def throughputs(fns, runs: int, block: int = 5) -> list[float]:
+    """Images/s of each fn: blocks of `block` timed calls, the blocks of the fns interleaved
+    (the machine is shared and noisy), median time per call. Each block starts with one untimed
+    call: onnxruntime's workers spin for a while after a run, which would slow whichever call
+    comes right after it (1.3x on 2 cores) and charge that to the other side."""
     for fn in fns:
-        fn()  # warm up (kernels, TF graph caches, weight re-layouts)
+        for _ in range(3):
+            fn()  # warm up (kernels, TF graph caches, weight re-layouts)
     times = [[] for _ in fns]
-    for _ in range(runs):
+    for _ in range(max(1, -(-runs // block))):
         for i, fn in enumerate(fns):
-            times[i].append(timed(fn))
+            fn()
+            for _ in range(block):
+                times[i].append(timed(fn))
     return [1.0 / float(np.median(t)) for t in times]
 
 
@@ -44,15 +50,25 @@ def main() -> None:
     ap.add_argument("--layout", default="NCHW,NHWC", help="TOP layouts to time (NHWC via convert_layout)")
     ap.add_argument("--backends", default="eager,compiled")
     ap.add_argument("--jit", action="store_true", help="also time the compiled graph under XLA")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="intra-op threads for both onnxruntime and TF (0: each one's default, "
+                         "one per core for both)")
     args = ap.parse_args()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import keras
     import onnxruntime as ort
+    import tensorflow as tf
+
+    if args.threads:
+        tf.config.threading.set_intra_op_parallelism_threads(args.threads)
 
     from tftpu import frontend
     from tftpu.interp.tf_executor import CompiledTop
     from tftpu.interp.top_interpreter import TopInterpreter
 
+    print(f"threads: onnxruntime {args.threads or 'default'}, TF intra-op "
+          f"{tf.config.threading.get_intra_op_parallelism_threads() or 'default'}; "
+          f"{os.cpu_count()} CPUs")
     print(f"{'model':<12} {'layout':<6} {'path':<9} {'ops':>5} {'onnxruntime img/s':>18} "
           f"{'TOP img/s':>10} {'ratio':>7}")
     for name in args.models.split(","):
@@ -61,6 +77,7 @@ def main() -> None:
         x = np.random.default_rng(0).uniform(-1, 1, (1, args.size, args.size, 3)).astype(np.float32)
         so = ort.SessionOptions()
         so.add_session_config_entry("session.set_denormal_as_zero", "1")
+        so.intra_op_num_threads = args.threads
         sess = ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"])
         feed = {sess.get_inputs()[0].name: x}
         for layout in args.layout.split(","):

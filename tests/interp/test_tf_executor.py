@@ -391,6 +391,78 @@ def test_xla_option_same_outputs_and_off_with_fallbacks():
     np.testing.assert_array_equal(ex.run({"y": rand(3, 5)})["edge"].shape, (4, 7))
 
 
+def _optimized_op_types(ex, inputs):
+    """Op types of the graph TF runs for `ex` after grappler and the oneDNN rewrites (reported
+    when the function is first instantiated, i.e. on the first run)."""
+    from tensorflow.python.eager import context
+
+    ctx = context.context()
+    ctx.enable_run_metadata()
+    try:
+        out = ex.run(inputs)
+        md = ctx.export_run_metadata()
+    finally:
+        ctx.disable_run_metadata()
+    return out, [n.op for fg in md.function_graphs for pg in fg.partition_graphs for n in pg.node]
+
+
+def _inverted_residual(bias):
+    """A MobileNetV2 block (BN folded): 1x1 expand + Relu6, depthwise 3x3 + Relu6 (stride 1 and
+    2), 1x1 project, residual Add; `bias`: "none", "zero" or "random" conv biases."""
+    b = TopBuilder(f"block_{bias}")
+    x = b.input("x", (1, 8, 9, 9))
+
+    def bb(n, i):
+        if bias == "none":
+            return b.none()
+        return b.weight(f"b{i}", np.zeros(n, np.float32) if bias == "zero" else rand(n))
+    r6 = dict(do_relu=True, relu_limit=6.0)
+    e = b.op("Conv", [x, b.weight("we", rand(24, 8, 1, 1)), bb(24, 0)],
+             dict(kernel_shape=[1, 1], **r6), "expand")
+    d = b.op("Conv", [e, b.weight("wd", rand(24, 1, 3, 3)), bb(24, 1)],
+             dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1], group=24, **r6), "dw")
+    p = b.op("Conv", [d, b.weight("wp", rand(8, 24, 1, 1)), bb(8, 2)],
+             dict(kernel_shape=[1, 1]), "project")
+    y = b.op("Add", [p, x], {}, "add")
+    d2 = b.op("Conv", [y, b.weight("wd2", rand(8, 1, 3, 3)), bb(8, 3)],
+              dict(kernel_shape=[3, 3], strides=[2, 2], pads=[0, 0, 1, 1], group=8, **r6), "dw2")
+    return b.finish([y, d2])
+
+
+@pytest.mark.parametrize("bias", ["none", "zero", "random"])
+def test_conv_bias_relu6_fuse_even_with_zero_or_no_bias(bias):
+    """Absent and all-zero conv biases still give Conv+BiasAdd+Relu6 (read from a zeros
+    Variable, which grappler cannot fold away), so each conv runs as one fused kernel."""
+    model = _inverted_residual(bias)
+    x = rand(1, 8, 9, 9)
+    want = TopInterpreter(model).run({"x": x})
+    ex = CompiledTop(model)
+    got, types = _optimized_op_types(ex, {"x": x})
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=2e-5)
+    assert ex.fallbacks == []
+    assert "Relu6" not in types and "BiasAdd" not in types, types
+    fused = [o for o in types if "FusedConv2D" in o or "FusedDepthwiseConv2dNative" in o]
+    if any(o.startswith("_Mkl") for o in types):   # oneDNN: the depthwise convs fuse too
+        assert len(fused) == 4, types
+    else:
+        assert len(fused) == 2, types
+    jit = CompiledTop(model, jit_compile=True)     # a second trace reuses the zeros Variables
+    for k, v in jit.run({"x": x}).items():
+        np.testing.assert_allclose(v, want[k], rtol=1e-5, atol=2e-5)
+
+
+def test_conv_bias_from_a_tensor_and_grouped_convs_keep_their_numbers():
+    b = TopBuilder("dynbias")
+    x = b.input("x", (1, 6, 7, 7))
+    bias = b.input("bias", (6,))
+    y = b.op("Conv", [x, b.weight("w", rand(6, 6, 3, 3)), bias],
+             dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1], do_relu=True, relu_limit=6.0), "dyn")
+    g = b.op("Conv", [x, b.weight("wg", rand(6, 3, 1, 1)), b.weight("bg", np.zeros(6, np.float32))],
+             dict(kernel_shape=[1, 1], group=2, do_relu=True, relu_limit=6.0), "grouped")
+    check(b.finish([y, g]), {"x": rand(1, 6, 7, 7, lo=-3, hi=3), "bias": rand(6)})
+
+
 # ----------------------------------------------------------------------------- real models
 
 @functools.lru_cache(maxsize=None)

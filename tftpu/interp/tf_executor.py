@@ -23,7 +23,7 @@ from tftpu.ir import top
 from tftpu.ir.module import TopModel, value_name
 from tftpu.utils.inputs import match_inputs
 
-POINTWISE_AS_MATMUL = True  # 1x1 convs as one [NHW, C] x [C, O] matmul
+POINTWISE_AS_MATMUL = False  # 1x1 convs as one [NHW, C] x [C, O] matmul (fuses nothing)
 NHWC = (0, 2, 3, 1)  # physical = transpose(logical NCHW, NHWC)
 
 
@@ -88,6 +88,29 @@ def const(arr):
         with t.init_scope():
             return t.constant(arr)
     return t.constant(arr)
+
+
+_ZERO_VARS: list = [None, {}]  # while tracing: the model's {length: zeros Variable}, reads
+
+
+def conv_bias(arr):
+    """A conv's bias for `tf.nn.bias_add`. All zeros (or absent: `arr` an int length), it is
+    read from a zeros Variable: grappler folds away a BiasAdd of constant zeros, and without
+    it the remapper cannot fuse Conv2D/DepthwiseConv2dNative + BiasAdd + Relu6/Add into one
+    oneDNN kernel (MobileNetV2 with BN folded into zero biases: 1.2-1.3x faster fused)."""
+    t = _tf()
+    if not isinstance(arr, (int, np.integer)) and arr.any():
+        return const(arr)
+    n = int(arr) if isinstance(arr, (int, np.integer)) else arr.shape[0]
+    vars_, reads = _ZERO_VARS
+    if vars_ is None:  # not tracing a CompiledTop
+        return const(np.zeros([n], np.float32))
+    if n not in reads:
+        if n not in vars_:
+            with t.init_scope():
+                vars_[n] = t.Variable(np.zeros([n], np.float32), trainable=False)
+        reads[n] = vars_[n].read_value()
+    return reads[n]
 
 
 def logical(v: Val):
@@ -199,8 +222,10 @@ def _conv(ins, attrs, out_shapes):
     xt = f32(xt)
     c = int(xt.shape[3])
     pads = _tf_padding([int(xt.shape[1]), int(xt.shape[2])], [kh, kw], s, d, p)
+    fusable = True  # the result is Conv2D / DepthwiseConv2dNative, which oneDNN fuses
     if g == 1:
         if (kh, kw) == (1, 1) and s == [1, 1] and not any(p) and POINTWISE_AS_MATMUL:
+            fusable = False
             n, h, wd = (int(v) for v in xt.shape[:3])
             y = t.reshape(t.matmul(t.reshape(xt, [-1, c]), const(
                 np.ascontiguousarray(wn.reshape(o, c).T))), [n, h, wd, o])
@@ -214,16 +239,18 @@ def _conv(ins, attrs, out_shapes):
         y = t.nn.depthwise_conv2d(xt, const(np.ascontiguousarray(f)), [1, *s, 1],
                                   pads if isinstance(pads, str) else "VALID", dilations=d)
     else:
+        fusable = False
         og = o // g
         f = wn.transpose(2, 3, 1, 0)
         xs = t.split(xt, g, axis=3)
         y = t.concat([t.nn.conv2d(xs[i], const(np.ascontiguousarray(
             f[..., i * og:(i + 1) * og])), [1, *s, 1], pads, dilations=[1, *d, 1])
             for i in range(g)], axis=3)
-    if b is not None:
-        bt = (const(b.np.astype(np.float32).reshape(-1)) if b.np is not None
-              else t.reshape(f32(logical(b)), [-1]))
-        y = t.nn.bias_add(y, bt)
+    if b is not None and b.np is None:
+        y = t.nn.bias_add(y, t.reshape(f32(logical(b)), [-1]))
+    elif b is not None or fusable:  # Conv+BiasAdd(+Relu6/Add) fuses, zeros or not
+        y = t.nn.bias_add(y, conv_bias(int(y.shape[3]) if b is None
+                                       else b.np.astype(np.float32).reshape(-1)))
     return [Val(_relu(y, fused_relu(attrs)), perm, out_shapes[0])]
 
 
@@ -764,20 +791,24 @@ class CompiledTop:
         self.output_names = [value_name(v) for v in model.return_op.operands]
         self.capture_weights = capture_weights
         self._kernels = KERNELS
+        self._zero_vars: dict = {}
         sig = [t.TensorSpec(shape, t.as_dtype(dtype), name=None) for _, shape, dtype in self.inputs]
         self._fn = t.function(self._graph, input_signature=sig, autograph=False)
-        self._fn.get_concrete_function()  # trace now: lowering errors surface here
+        self._call = self._fn.get_concrete_function()  # trace now: lowering errors surface here
         self.jit = jit_compile and not self.fallbacks
         if self.jit:
             self._fn = t.function(self._graph, input_signature=sig, autograph=False,
                                   jit_compile=True)
+            self._call = self._fn.get_concrete_function()
 
     def _graph(self, *args):
         _CAPTURE_MIN_BYTES[0] = 1 << 16 if self.capture_weights else 1 << 62
+        _ZERO_VARS[:] = [self._zero_vars, {}]
         try:
             return self._lower(*args)
         finally:
             _CAPTURE_MIN_BYTES[0] = 1 << 62
+            _ZERO_VARS[:] = [None, {}]
 
     def _lower(self, *args):
         import inspect
@@ -862,7 +893,8 @@ class CompiledTop:
         """Outputs by name."""
         t = _tf()
         try:
-            res = self._fn(*self.bind(inputs))
+            # the concrete function, given tensors: no signature matching per call
+            res = self._call(*[t.constant(a) for a in self.bind(inputs)])
         except t.errors.OpError as e:
             from tftpu.interp.top_interpreter import KernelError
             raise KernelError(f"{self.model.name}: compiled graph failed: "
