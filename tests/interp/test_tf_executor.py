@@ -200,9 +200,17 @@ def test_matmul():
     outs = [b.op("MatMul", [a, b.weight("w", rand(8, 5)), b.none()], {}, "mm"),
             b.op("MatMul", [a, b.weight("wt", rand(5, 8)), b.weight("bias", rand(5))],
                  dict(right_transpose=True, do_relu=True, relu_limit=0.5), "gemm"),
+            b.op("MatMul", [a, b.weight("wz", rand(8, 5)), b.weight("zb", np.zeros(5, np.float32))],
+                 dict(do_relu=True, relu_limit=6.0), "zero_bias"),
+            b.op("MatMul", [a, b.weight("w2", rand(8, 5)), b.weight("b2", rand(1, 5))], {},
+                 "row_bias"),
+            b.op("MatMul", [a, b.weight("w4", rand(8, 5)), b.weight("b4", rand(4, 5))], {},
+                 "full_bias"),
+            b.op("MatMul", [b.input("sq", (5, 8)), b.weight("w5", rand(8, 5)),
+                            b.weight("b5", rand(5, 1))], {}, "column_bias"),
             b.op("MatMul", [a3, b.weight("w3", rand(3, 8, 6)), b.none()], {}, "batched"),
             b.op("MatMul", [a3, a3, b.none()], dict(right_transpose=True), "dynamic")]
-    check(b.finish(outs), {"a": rand(4, 8), "a3": rand(2, 3, 4, 8)})
+    check(b.finish(outs), {"a": rand(4, 8), "a3": rand(2, 3, 4, 8), "sq": rand(5, 8)})
 
 
 # ----------------------------------------------------------------------------- pools

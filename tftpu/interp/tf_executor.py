@@ -303,7 +303,7 @@ def _matmul(ins, attrs, out_shapes):
     bt = const(b.np.astype(np.float32)) if b.np is not None else f32(logical(b))
     y = t.linalg.matmul(f32(logical(a)), bt, transpose_b=rt)
     if bias is not None and bias.np is not None and len(y.shape) == 2 and \
-            bias.np.size == y.shape[1] and bias.np.ndim <= 2:  # MatMul+BiasAdd fuses
+            bias.np.size == bias.np.shape[-1] == y.shape[1]:  # MatMul+BiasAdd fuses
         y = t.nn.bias_add(y, conv_bias(bias.np.astype(np.float32).reshape(-1)))
     elif bias is not None:
         y = y + (const(bias.np.astype(np.float32)) if bias.np is not None
