@@ -5,9 +5,11 @@
 Both sides run the same ONNX export of keras.applications (weights=None) in one process, timed
 in alternating blocks; the ratio is TOP images/s over onnxruntime images/s. onnxruntime flushes
 denormals to zero (`session.set_denormal_as_zero`) as TF does, else random-weight models crawl
-through denormal arithmetic there. TOP paths: "eager" (numpy/TF kernel per op) and "compiled"
-(the whole module as one TF graph), each on the imported NCHW module and after
-convert_layout(NHWC).
+through denormal arithmetic there. Its workers stop spinning when a run ends
+(`session.force_spinning_stop`): left spinning, they took a core from the TOP calls timed after
+them (1.2-1.7x slower on 2 cores); its own time per run changes by under ~5%. TOP paths:
+"eager" (numpy/TF kernel per op) and "compiled" (the whole module as one TF graph), each on the
+imported NCHW module and after convert_layout(NHWC).
 """
 
 from __future__ import annotations
@@ -27,9 +29,8 @@ def timed(fn) -> float:
 
 def throughputs(fns, runs: int, block: int = 5) -> list[float]:
     """Images/s of each fn: blocks of `block` timed calls, the blocks of the fns interleaved
-    (the machine is shared and noisy), median time per call. Each block starts with one untimed
-    call: onnxruntime's workers spin for a while after a run, which would slow whichever call
-    comes right after it (1.3x on 2 cores) and charge that to the other side."""
+    (the machine is shared and noisy), median time per call; each block starts with one
+    untimed call."""
     for fn in fns:
         for _ in range(3):
             fn()  # warm up (kernels, TF graph caches, weight re-layouts)
@@ -77,6 +78,8 @@ def main() -> None:
         x = np.random.default_rng(0).uniform(-1, 1, (1, args.size, args.size, 3)).astype(np.float32)
         so = ort.SessionOptions()
         so.add_session_config_entry("session.set_denormal_as_zero", "1")
+        # its workers still spin while it runs, but stop when a run ends, not into our run
+        so.add_session_config_entry("session.force_spinning_stop", "1")
         so.intra_op_num_threads = args.threads
         sess = ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"])
         feed = {sess.get_inputs()[0].name: x}
