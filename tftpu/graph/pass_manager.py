@@ -9,6 +9,7 @@ and records, per candidate, what it changed or why it declined (with the numbers
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import time
 from typing import Any, Sequence
@@ -104,13 +105,14 @@ class GraphContext:
     options: dict = dataclasses.field(default_factory=dict)
 
 
-class Pass:
+class Pass(abc.ABC):
     """Base of a graph pass: override `name` and `apply`."""
 
     name = "pass"
 
-    def apply(self, ctx: GraphContext) -> PassResult:  # pragma: no cover - interface
-        raise NotImplementedError
+    @abc.abstractmethod
+    def apply(self, ctx: GraphContext) -> PassResult:
+        """Rewrite `ctx.editor`'s graph; return each decision with its reason."""
 
 
 class PassManager:
