@@ -4,8 +4,8 @@
 
 Two pipelines, each without S2D, with the naive S2D placements of PEERS.md, with other
 placements of the permutation (uint8 S2D per image inside the parallel crop map, then the float
-conversion fused after `batch()`), with `tftpu.data.space_to_depth`, and fused with the device's
-input layout:
+conversion fused after `batch()`), with `tftpu.data.space_to_depth` (its native kernel, the default,
+and its XLA fusion), and fused with the device's input layout:
   memory: 256x256 uint8 images in memory -> random crop 224 -> flip -> scale to float -> batch 32
   jpeg:   the same images (real photos) encoded as JPEG in memory -> decode -> crop -> flip ->
           per-channel normalize -> batch 32
@@ -108,6 +108,12 @@ def _variants(tf, images, jpegs):
         return src().map(lambda x: s2d(crop_flip(x)), num_parallel_calls=A).batch(BATCH).map(
             convert, num_parallel_calls=A)
 
+    def tftpu_variants(src, convert):  # the native kernel (the default) and the XLA fusion
+        return {f"tftpu {impl}{' fused' if layout != 'NHWC' else ''}: S2D + float conversion"
+                f"{' + ' + layout if layout != 'NHWC' else ''}": tftpu.data.space_to_depth(
+                    u8(src), 2, layout=layout, implementation=impl, **convert)
+                for layout in ("NHWC", "NCHW") for impl in ("native", "xla")}
+
     def placements(src, convert):
         return {
             "placement: uint8 transpose per image, float after batch": u8_per_image(src, naive_transpose, convert),
@@ -124,13 +130,12 @@ def _variants(tf, images, jpegs):
             "naive: reshape+transpose+reshape per image": per_image(mem, scale, naive_transpose),
             **placements(mem, scale_blocked),
             "tftpu: S2D of the float batches": tftpu.data.space_to_depth(per_image(mem, scale), 2),
-            "tftpu: S2D fused with float conversion": tftpu.data.space_to_depth(u8(mem), 2, **s2d_scale),
+            **tftpu_variants(mem, s2d_scale),
             "layout only: HWCN transpose (no S2D)": on_batch(mem, lambda x: hwcn(scale(x))),
             "two-step: S2D then HWCN transpose": per_image(mem, scale).map(
                 lambda x: hwcn(batch_s2d(x)), num_parallel_calls=A),
-            "tftpu fused: S2D + HWCN double transpose": tftpu.data.space_to_depth(
+            "tftpu xla fused: S2D + HWCN double transpose": tftpu.data.space_to_depth(
                 u8(mem), 2, layout="HWCN", **s2d_scale),
-            "tftpu fused: S2D + NCHW": tftpu.data.space_to_depth(u8(mem), 2, layout="NCHW", **s2d_scale),
         },
         "jpeg": {
             "baseline: float per image": per_image(jpg, normalize),
@@ -140,10 +145,9 @@ def _variants(tf, images, jpegs):
             "naive: tf.nn.space_to_depth per image": per_image(jpg, normalize, per_image_s2d),
             **placements(jpg, norm_blocked),
             "tftpu: S2D of the float batches": tftpu.data.space_to_depth(per_image(jpg, normalize), 2),
-            "tftpu: S2D fused with float conversion": tftpu.data.space_to_depth(u8(jpg), 2, **s2d_norm),
-            "tftpu fused: S2D + HWCN double transpose": tftpu.data.space_to_depth(
+            **tftpu_variants(jpg, s2d_norm),
+            "tftpu xla fused: S2D + HWCN double transpose": tftpu.data.space_to_depth(
                 u8(jpg), 2, layout="HWCN", **s2d_norm),
-            "tftpu fused: S2D + NCHW": tftpu.data.space_to_depth(u8(jpg), 2, layout="NCHW", **s2d_norm),
         },
     }
 
@@ -188,7 +192,7 @@ def main():
         for v in variants:
             print(f"  {v:58s} {wall[v]:9.0f} {wall[v] / bw:6.2f}x {cpu[v]:10.0f} {cpu[v] / bc:6.2f}x")
         if "layout only: HWCN transpose (no S2D)" in wall:
-            lay, fused = "layout only: HWCN transpose (no S2D)", "tftpu fused: S2D + HWCN double transpose"
+            lay, fused = "layout only: HWCN transpose (no S2D)", "tftpu xla fused: S2D + HWCN double transpose"
             print(f"  fused S2D+HWCN vs the HWCN transpose alone: {wall[fused] / wall[lay]:.2f}x wall, "
                   f"{cpu[fused] / cpu[lay]:.2f}x CPU")
 

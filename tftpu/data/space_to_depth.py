@@ -9,28 +9,42 @@ then blocked with the channel order of `tf.nn.space_to_depth`. The input convent
 Why it is fast: a plain S2D is a 6-D transpose whose inner dimension is 3 values, which costs a
 cheap pipeline 50-70% of its throughput. Here the optional float conversion (`dtype`, per-channel
 `scale` and `offset`), the zero padding, the S2D permutation and the device's input layout
-(`layout="NCHW"`, or `"HWCN"`: the TPU "double transpose" layout, batch last) are one reshape
-and one transpose in one XLA-compiled function, so they run as a single pass over the batch
-that reads uint8 and writes the blocked float tensor (one loop fusion; no pad when H and W are
-multiples of b). Other placements measured by `benchmarks/s2d_host_pipeline.py` cost more: a
-uint8 S2D per image inside the parallel crop map (`tf.transpose` or `tf.nn.space_to_depth` move
-1-byte elements one at a time; a per-image XLA call pays its launch per image), or S2D of the
-float batch (a second pass over 4x the bytes).
+(`layout="NCHW"`, or `"HWCN"`: the TPU "double transpose" layout, batch last) run as a single
+pass over the batch that reads uint8 and writes the blocked float tensor. Two implementations:
+
+- `"native"`: a C++ TensorFlow kernel (`kernels/space_to_depth_op.cc`, built once on first use,
+  see `tftpu.utils.native`) that converts each source row with vectorised arithmetic and moves
+  it as whole runs of b*C values. Square blocks, NHWC or NCHW output, uint8 or float32 input.
+  Results equal TensorFlow's `cast(x) * scale + offset` bit for bit.
+- `"xla"`: one reshape and one transpose in one XLA-compiled function (one loop fusion; no pad
+  when H and W are multiples of b). Every case; the permuting loop is not vectorised, so on
+  a realistic JPEG pipeline it costs 7-10% of the throughput where the kernel costs 0-2%.
+
+`implementation="auto"` (the default) takes the kernel where it applies and can be built, else
+XLA. Other placements measured by `benchmarks/s2d_host_pipeline.py` cost more: a uint8 S2D per
+image inside the parallel crop map (`tf.transpose` or `tf.nn.space_to_depth` move 1-byte
+elements one at a time; a per-image XLA call pays its launch per image), or S2D of the float
+batch (a second pass over 4x the bytes).
 """
 
 from __future__ import annotations
 
+import functools
 import math
-from typing import Sequence
+from pathlib import Path
 
 import numpy as np
+from absl import logging
 
 from tftpu.errors import ShapeError, UsageError
+from tftpu.utils import native
 
-__all__ = ["space_to_depth", "transform", "LAYOUTS"]
+__all__ = ["space_to_depth", "transform", "native_transform", "LAYOUTS", "IMPLEMENTATIONS"]
 
 # Output layout -> where the blocked channel axis goes, for batched images.
 LAYOUTS = ("NHWC", "NCHW", "HWCN")
+IMPLEMENTATIONS = ("auto", "native", "xla")
+_KERNEL = Path(__file__).with_name("kernels") / "space_to_depth_op.cc"
 
 
 def _tf():
@@ -125,6 +139,81 @@ def transform(images, block_size=2, *, layout: str = "NHWC", dtype=None, scale=N
     return x if batched else x[0]
 
 
+@functools.cache
+def _native_ops():
+    """(op module, None), or (None, why the kernel cannot be had); tried once per process."""
+    try:
+        return native.load_op_library(_KERNEL), None
+    except native.NativeKernelError as exc:
+        return None, str(exc)
+
+
+def _native_unsupported(shape, in_dtype, blocks, layout, dtype, scale, offset) -> str | None:
+    """Why the native kernel does not cover this case, or None if it does."""
+    tf = _tf()
+    out_dtype = tf.as_dtype(dtype) if dtype is not None else in_dtype
+    if len(blocks) != 2 or blocks[0] != blocks[1]:
+        return f"block {blocks}: the kernel takes square 2-D blocks"
+    if layout not in ("NHWC", "NCHW"):
+        return f"layout {layout}: the kernel writes NHWC or NCHW"
+    if in_dtype not in (tf.uint8, tf.float32):
+        return f"{in_dtype.name} images: the kernel reads uint8 or float32"
+    if out_dtype != tf.float32 and not (out_dtype == in_dtype and scale is None and offset is None):
+        return f"{in_dtype.name} to {out_dtype.name}: the kernel converts to float32 only"
+    if shape[-1] is None:
+        return "unknown channel count"
+    return None
+
+
+def native_transform(images, block_size=2, *, layout: str = "NHWC", dtype=None, scale=None, offset=None):
+    """`transform` by the native kernel (square blocks, NHWC/NCHW, uint8/float32 to float32).
+
+    Bit-equal to `transform` run by TensorFlow without XLA. Raises UsageError for a case the
+    kernel does not cover and `tftpu.utils.native.NativeKernelError` if it cannot be built.
+    """
+    tf = _tf()
+    blocks = _blocks(block_size)
+    images = tf.convert_to_tensor(images)
+    if images.shape.rank not in (3, 4):
+        raise ShapeError(f"images of shape {images.shape}: expected [N, H, W, C] or [H, W, C]")
+    reason = _native_unsupported(images.shape, images.dtype, blocks, layout, dtype, scale, offset)
+    if reason:
+        raise UsageError(f"native space-to-depth: {reason}; use implementation='xla'")
+    ops, why = _native_ops()
+    if ops is None:
+        raise native.NativeKernelError(why)
+    channels = images.shape[-1]
+    out_dtype = tf.as_dtype(dtype) if dtype is not None else images.dtype
+    constants = [np.zeros([0], np.float32) if v is None else
+                 np.asarray(_channel_constant(v, channels, name), np.float32).reshape([-1])
+                 for v, name in ((scale, "scale"), (offset, "offset"))]
+    batched = images.shape.rank == 4
+    x = images if batched else images[None]
+    x = ops.tftpu_space_to_depth(x, *constants, block_size=blocks[0], out_type=out_dtype, data_format=layout)
+    return x if batched else x[0]
+
+
+def _choose(implementation, spec, blocks, layout, dtype, scale, offset) -> str:
+    if implementation not in IMPLEMENTATIONS:
+        raise UsageError(f"implementation {implementation!r}: expected one of {', '.join(IMPLEMENTATIONS)}")
+    if implementation == "xla":
+        return "xla"
+    reason = _native_unsupported(spec.shape, spec.dtype, blocks, layout, dtype, scale, offset)
+    if reason is None:
+        ops, reason = _native_ops()
+        if ops is None:
+            if implementation == "native":
+                raise native.NativeKernelError(reason)
+            logging.warning("tftpu.data.space_to_depth falls back to XLA (slower): %s", reason)
+            return "xla"
+    elif implementation == "native":
+        raise UsageError(f"native space-to-depth: {reason}; use implementation='xla'")
+    if reason is None:
+        return "native"
+    logging.info("tftpu.data.space_to_depth runs on XLA: %s", reason)
+    return "xla"
+
+
 def _locate(spec, image_key):
     """(getter, setter) of the image component of a dataset element."""
     tf = _tf()
@@ -148,15 +237,19 @@ def _locate(spec, image_key):
 
 
 def space_to_depth(dataset, block_size=2, *, layout: str = "NHWC", dtype=None, scale=None, offset=None,
-                   image_key=None, jit_compile: bool | None = None, num_parallel_calls=None,
-                   deterministic=None):
+                   image_key=None, implementation: str = "auto", jit_compile: bool | None = None,
+                   num_parallel_calls=None, deterministic=None):
     """`dataset` with its images turned into S2D input (see `transform`) by one parallel `map`.
 
     Elements: images, `(images, labels, ...)` (images first, or at `image_key`), or a dict with
     key "image"/"images" (or `image_key`); batched `[N, H, W, C]` or unbatched `[H, W, C]`.
     Put it after `batch()` and pass the float conversion here (`dtype=tf.float32, scale=1/255`)
-    so it fuses with the permutation. `jit_compile` (default: when H and W are static) compiles
-    the transform with XLA into one pass; `num_parallel_calls` defaults to AUTOTUNE.
+    so it fuses with the permutation. `implementation`: "auto" (the native kernel where it
+    applies, else XLA), "native" or "xla". On the XLA path `jit_compile` (default: when H and W
+    are static) compiles the transform into one pass. `num_parallel_calls` defaults to AUTOTUNE.
+
+    >>> ds = tf.data.Dataset.from_tensor_slices(images).batch(32)  # doctest: +SKIP
+    >>> ds = tftpu.data.space_to_depth(ds, 2, dtype="float32", scale=1 / 255)  # doctest: +SKIP
     """
     tf = _tf()
     blocks = _blocks(block_size)
@@ -178,7 +271,11 @@ def space_to_depth(dataset, block_size=2, *, layout: str = "NHWC", dtype=None, s
     # Validate the arguments now, with one clear error, not inside the map's trace.
     transform(tf.zeros([1 if d is None else d for d in spec.shape], spec.dtype), blocks, layout=layout,
               dtype=dtype, scale=scale, offset=offset, batched=batched)
-    fn = tf.function(blocked, jit_compile=True) if jit_compile else blocked
+    if _choose(implementation, spec, blocks, layout, dtype, scale, offset) == "native":
+        def fn(images):
+            return native_transform(images, blocks, layout=layout, dtype=dtype, scale=scale, offset=offset)
+    else:
+        fn = tf.function(blocked, jit_compile=True) if jit_compile else blocked
 
     if isinstance(dataset.element_spec, (tuple, list)):
         mapper = lambda *e: put(tuple(e), fn(get(e)))  # noqa: E731
