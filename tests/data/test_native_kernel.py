@@ -13,7 +13,6 @@ from tftpu.utils import native
 
 s2d_module = importlib.import_module("tftpu.data.space_to_depth")  # the module, not the function
 
-TO_LAYOUT = {"NHWC": [0, 1, 2, 3], "NCHW": [0, 3, 1, 2]}
 SIZES = [(1, 1), (2, 2), (3, 5), (8, 8), (9, 13), (16, 15)]
 # (input dtype, conversion): per-channel normalisation, scale only, offset only, plain copies
 CONVERSIONS = [
@@ -57,15 +56,13 @@ def test_kernel_matches_reference_bit_for_bit(block):
             images = images * np.float32(0.37) - np.float32(40)  # fractions and signs, -0.0 kept
             images[0, 0, 0, 0] = -0.0
         convert = _convert(conversion, channels, rng)
-        ref = _reference(images, block, **convert)
-        for layout, perm in TO_LAYOUT.items():
-            got = tftpu.data.native_transform(images, block, layout=layout, **convert)
-            want = tf.transpose(ref, perm)
-            assert got.dtype == want.dtype and got.shape == want.shape, (h, w, channels, layout)
-            np.testing.assert_array_equal(got.numpy().view(np.uint8), want.numpy().view(np.uint8),
-                                          err_msg=f"{(batch, h, w, channels)} {dtype} {conversion} {layout}")
-            checked += 1
-    assert checked == len(SIZES) * 5 * 2 * len(CONVERSIONS) * 2
+        want = _reference(images, block, **convert)
+        got = tftpu.data.native_transform(images, block, **convert)
+        assert got.dtype == want.dtype and got.shape == want.shape, (h, w, channels)
+        np.testing.assert_array_equal(got.numpy().view(np.uint8), want.numpy().view(np.uint8),
+                                      err_msg=f"{(batch, h, w, channels)} {dtype} {conversion}")
+        checked += 1
+    assert checked == len(SIZES) * 5 * 2 * len(CONVERSIONS)
 
 
 def test_unbatched_and_static_shape_inference():
@@ -75,10 +72,10 @@ def test_unbatched_and_static_shape_inference():
 
     @tf.function(input_signature=[tf.TensorSpec([None, 224, 223, 3], tf.uint8)])
     def blocked(x):
-        nhwc = tftpu.data.native_transform(x, 4, dtype="float32")
-        nchw = tftpu.data.native_transform(x, 2, layout="NCHW")
-        assert nhwc.shape.as_list() == [None, 56, 56, 48] and nchw.shape.as_list() == [None, 12, 112, 112]
-        return nhwc
+        by4 = tftpu.data.native_transform(x, 4, dtype="float32")
+        by2 = tftpu.data.native_transform(x, 2)
+        assert by4.shape.as_list() == [None, 56, 56, 48] and by2.shape.as_list() == [None, 112, 112, 12]
+        return by4
 
     blocked.get_concrete_function()
 
@@ -90,19 +87,22 @@ def test_dataset_takes_the_kernel_and_matches_xla():
     std = np.array([0.229, 0.224, 0.225])
     kwargs = dict(dtype="float32", scale=1 / (255 * std), offset=-1.5)
     assert s2d_module._choose("auto", ds.element_spec[0], (2, 2), "NHWC", "float32", 1.0, None) == "native"
-    for layout, perm in TO_LAYOUT.items():
-        by_kernel = list(tftpu.data.space_to_depth(ds, 2, layout=layout, implementation="native", **kwargs))
-        by_xla = list(tftpu.data.space_to_depth(ds, 2, layout=layout, implementation="xla", **kwargs))
-        for (k, kl), (x, xl), start in zip(by_kernel, by_xla, (0, 4)):
-            np.testing.assert_array_equal(kl, xl)
-            ref = _reference(images[start:start + 4], 2, "float32", np.float32(kwargs["scale"]), np.float32(-1.5))
-            np.testing.assert_array_equal(k, tf.transpose(ref, perm))
-            np.testing.assert_allclose(x, k, rtol=0, atol=4 * np.spacing(np.float32(8)))  # XLA's FMA
+    by_kernel = list(tftpu.data.space_to_depth(ds, 2, implementation="native", **kwargs))
+    by_default = list(tftpu.data.space_to_depth(ds, 2, **kwargs))
+    by_xla = list(tftpu.data.space_to_depth(ds, 2, implementation="xla", **kwargs))
+    assert [k.shape for k, _ in by_kernel] == [(4, 15, 11, 12), (2, 15, 11, 12)]
+    for (k, kl), (d, _), (x, xl), start in zip(by_kernel, by_default, by_xla, (0, 4)):
+        np.testing.assert_array_equal(kl, xl)
+        ref = _reference(images[start:start + 4], 2, "float32", np.float32(kwargs["scale"]), np.float32(-1.5))
+        np.testing.assert_array_equal(k, ref)
+        np.testing.assert_array_equal(d, ref)
+        np.testing.assert_allclose(x, k, rtol=0, atol=4 * np.spacing(np.float32(8)))  # XLA's FMA
 
 
 def test_auto_falls_back_to_xla_where_the_kernel_does_not_apply(monkeypatch):
     spec = tf.TensorSpec([None, 8, 8, 3], tf.uint8)
     assert s2d_module._choose("auto", spec, (2, 2), "HWCN", None, None, None) == "xla"
+    assert s2d_module._choose("auto", spec, (2, 2), "NCHW", "float32", None, None) == "xla"
     assert s2d_module._choose("auto", tf.TensorSpec([None, 8, 8, 3], tf.int32), (2, 2), "NHWC",
                               None, None, None) == "xla"
     assert s2d_module._choose("auto", spec, (2, 1), "NHWC", None, None, None) == "xla"

@@ -14,11 +14,13 @@ pass over the batch that reads uint8 and writes the blocked float tensor. Two im
 
 - `"native"`: a C++ TensorFlow kernel (`kernels/space_to_depth_op.cc`, built once on first use,
   see `tftpu.utils.native`) that converts each source row with vectorised arithmetic and moves
-  it as whole runs of b*C values. Square blocks, NHWC or NCHW output, uint8 or float32 input.
-  Results equal TensorFlow's `cast(x) * scale + offset` bit for bit.
+  it as whole runs of b*C values. Square blocks, NHWC output, uint8 or float32 input. Results
+  equal TensorFlow's `cast(x) * scale + offset` bit for bit.
 - `"xla"`: one reshape and one transpose in one XLA-compiled function (one loop fusion; no pad
-  when H and W are multiples of b). Every case; the permuting loop is not vectorised, so on
-  a realistic JPEG pipeline it costs 7-10% of the throughput where the kernel costs 0-2%.
+  when H and W are multiples of b). Every case, the fused device layouts included; the
+  permuting loop is not vectorised, so on a realistic JPEG pipeline it costs 7-10% of the
+  throughput where the kernel costs 0-2%. (A kernel writing NCHW measured slower than XLA:
+  its 6-way de-interleave does not vectorise either.)
 
 `implementation="auto"` (the default) takes the kernel where it applies and can be built, else
 XLA. Other placements measured by `benchmarks/s2d_host_pipeline.py` cost more: a uint8 S2D per
@@ -154,8 +156,8 @@ def _native_unsupported(shape, in_dtype, blocks, layout, dtype, scale, offset) -
     out_dtype = tf.as_dtype(dtype) if dtype is not None else in_dtype
     if len(blocks) != 2 or blocks[0] != blocks[1]:
         return f"block {blocks}: the kernel takes square 2-D blocks"
-    if layout not in ("NHWC", "NCHW"):
-        return f"layout {layout}: the kernel writes NHWC or NCHW"
+    if layout != "NHWC":
+        return f"layout {layout}: the kernel writes NHWC (XLA fuses the device layouts)"
     if in_dtype not in (tf.uint8, tf.float32):
         return f"{in_dtype.name} images: the kernel reads uint8 or float32"
     if out_dtype != tf.float32 and not (out_dtype == in_dtype and scale is None and offset is None):
@@ -165,8 +167,8 @@ def _native_unsupported(shape, in_dtype, blocks, layout, dtype, scale, offset) -
     return None
 
 
-def native_transform(images, block_size=2, *, layout: str = "NHWC", dtype=None, scale=None, offset=None):
-    """`transform` by the native kernel (square blocks, NHWC/NCHW, uint8/float32 to float32).
+def native_transform(images, block_size=2, *, dtype=None, scale=None, offset=None):
+    """`transform` to NHWC by the native kernel (square blocks; uint8/float32 to float32, or copies).
 
     Bit-equal to `transform` run by TensorFlow without XLA. Raises UsageError for a case the
     kernel does not cover and `tftpu.utils.native.NativeKernelError` if it cannot be built.
@@ -176,7 +178,7 @@ def native_transform(images, block_size=2, *, layout: str = "NHWC", dtype=None, 
     images = tf.convert_to_tensor(images)
     if images.shape.rank not in (3, 4):
         raise ShapeError(f"images of shape {images.shape}: expected [N, H, W, C] or [H, W, C]")
-    reason = _native_unsupported(images.shape, images.dtype, blocks, layout, dtype, scale, offset)
+    reason = _native_unsupported(images.shape, images.dtype, blocks, "NHWC", dtype, scale, offset)
     if reason:
         raise UsageError(f"native space-to-depth: {reason}; use implementation='xla'")
     ops, why = _native_ops()
@@ -189,7 +191,7 @@ def native_transform(images, block_size=2, *, layout: str = "NHWC", dtype=None, 
                  for v, name in ((scale, "scale"), (offset, "offset"))]
     batched = images.shape.rank == 4
     x = images if batched else images[None]
-    x = ops.tftpu_space_to_depth(x, *constants, block_size=blocks[0], out_type=out_dtype, data_format=layout)
+    x = ops.tftpu_space_to_depth(x, *constants, block_size=blocks[0], out_type=out_dtype)
     return x if batched else x[0]
 
 
@@ -245,7 +247,7 @@ def space_to_depth(dataset, block_size=2, *, layout: str = "NHWC", dtype=None, s
     key "image"/"images" (or `image_key`); batched `[N, H, W, C]` or unbatched `[H, W, C]`.
     Put it after `batch()` and pass the float conversion here (`dtype=tf.float32, scale=1/255`)
     so it fuses with the permutation. `implementation`: "auto" (the native kernel where it
-    applies, else XLA), "native" or "xla". On the XLA path `jit_compile` (default: when H and W
+    applies, NHWC output, else XLA), "native" or "xla". On the XLA path `jit_compile` (default: when H and W
     are static) compiles the transform into one pass. `num_parallel_calls` defaults to AUTOTUNE.
 
     >>> ds = tf.data.Dataset.from_tensor_slices(images).batch(32)  # doctest: +SKIP
@@ -273,7 +275,7 @@ def space_to_depth(dataset, block_size=2, *, layout: str = "NHWC", dtype=None, s
               dtype=dtype, scale=scale, offset=offset, batched=batched)
     if _choose(implementation, spec, blocks, layout, dtype, scale, offset) == "native":
         def fn(images):
-            return native_transform(images, blocks, layout=layout, dtype=dtype, scale=scale, offset=offset)
+            return native_transform(images, blocks, dtype=dtype, scale=scale, offset=offset)
     else:
         fn = tf.function(blocked, jit_compile=True) if jit_compile else blocked
 

@@ -2,7 +2,6 @@
 // fused in, for tf.data input pipelines (tftpu.data.space_to_depth).
 //
 //   output[n, i, j, (dy*b + dx)*C + c] = f(images[n, i*b + dy, j*b + dx, c])   (0 past H or W)
-//   (data_format "NCHW": output[n, (dy*b + dx)*C + c, i, j], the device layout fused in)
 //   f(x) = float(x) * scale[c] + offset[c]   (each of scale/offset optional; none: a plain copy)
 //
 // Why a kernel: S2D interleaves rows in runs of b*C values (6 for RGB, b=2). Generic transpose
@@ -15,7 +14,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -45,7 +43,6 @@ REGISTER_OP("TftpuSpaceToDepth")
     .Attr("T: {uint8, float}")
     .Attr("out_type: {uint8, float}")
     .Attr("block_size: int >= 2")
-    .Attr("data_format: {'NHWC', 'NCHW'} = 'NHWC'")
     .SetShapeFn([](InferenceContext* c) {
       ShapeHandle in;
       TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 4, &in));
@@ -56,12 +53,9 @@ REGISTER_OP("TftpuSpaceToDepth")
         int64_t v = c->Value(d);
         return c->MakeDim(divide ? (v + factor - 1) / factor : v * factor);
       };
-      std::string format;
-      TF_RETURN_IF_ERROR(c->GetAttr("data_format", &format));
-      DimensionHandle h = blocked(c->Dim(in, 1), b, true), w = blocked(c->Dim(in, 2), b, true),
-                      d = blocked(c->Dim(in, 3), int64_t{b} * b, false);
-      c->set_output(0, format == "NCHW" ? c->MakeShape({c->Dim(in, 0), d, h, w})
-                                        : c->MakeShape({c->Dim(in, 0), h, w, d}));
+      c->set_output(0, c->MakeShape({c->Dim(in, 0), blocked(c->Dim(in, 1), b, true),
+                                     blocked(c->Dim(in, 2), b, true),
+                                     blocked(c->Dim(in, 3), int64_t{b} * b, false)}));
       return absl::OkStatus();
     })
     .Doc("Space-to-depth of [N, H, W, C] images with optional fused float conversion.");
@@ -77,16 +71,6 @@ void ConvertRow(const In* src, Out* dst, int64_t n, const float* scale, const fl
     for (int64_t k = 0; k < n; ++k) dst[k] = static_cast<Out>(src[k]) + offset[k];
   } else {
     for (int64_t k = 0; k < n; ++k) dst[k] = static_cast<Out>(src[k]);
-  }
-}
-
-// Scatters runs of `run` values from contiguous `src` to `run` planes of `plane` values: value k
-// of run j goes to dst[k * plane + j] (NCHW output: one run per pixel, one plane per channel).
-template <typename T>
-void ScatterPlanes(const T* src, T* dst, int64_t runs, int64_t run, int64_t plane) {
-  for (int64_t k = 0; k < run; ++k) {
-    T* out = dst + k * plane;
-    for (int64_t j = 0; j < runs; ++j) out[j] = src[j * run + k];
   }
 }
 
@@ -115,9 +99,6 @@ class SpaceToDepthOp : public OpKernel {
  public:
   explicit SpaceToDepthOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("block_size", &block_));
-    std::string format;
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("data_format", &format));
-    nchw_ = format == "NCHW";
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -138,9 +119,7 @@ class SpaceToDepthOp : public OpKernel {
                 absl::InvalidArgumentError("TftpuSpaceToDepth: scale/offset need a float output"));
 
     Tensor* output = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(
-                            0, nchw_ ? TensorShape({n, depth, ho, wo}) : TensorShape({n, ho, wo, depth}),
-                            &output));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n, ho, wo, depth}), &output));
     const In* in = images.flat<In>().data();
     Out* out = output->flat<Out>().data();
     const float* s = scale.empty() ? nullptr : scale.data();
@@ -157,11 +136,7 @@ class SpaceToDepthOp : public OpKernel {
         } else {  // bottom padding
           std::fill(buffer.begin(), buffer.end(), Out(0));
         }
-        if (nchw_) {
-          ScatterPlanes(buffer.data(), out + ((batch * depth + dy * run) * ho + i) * wo, wo, run, ho * wo);
-        } else {
-          ScatterRunsAnySize(buffer.data(), out + (batch * ho + i) * wo * depth + dy * run, wo, depth, run);
-        }
+        ScatterRunsAnySize(buffer.data(), out + (batch * ho + i) * wo * depth + dy * run, wo, depth, run);
       }
     };
     const auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
@@ -186,7 +161,6 @@ class SpaceToDepthOp : public OpKernel {
   }
 
   int block_;
-  bool nchw_;
 };
 
 #define TFTPU_REGISTER(In, Out)                                                    \
