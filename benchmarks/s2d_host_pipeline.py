@@ -1,6 +1,6 @@
 """Host input-pipeline throughput with space-to-depth (images/s, 224x224x3, batch 32).
 
-    python benchmarks/s2d_host_pipeline.py [--batches 120] [--rounds 3] [--only memory|jpeg]
+    python benchmarks/s2d_host_pipeline.py [--batches 40] [--rounds 9] [--only memory|jpeg]
 
 Two pipelines, each without S2D, with the naive S2D placements of PEERS.md, with other
 placements of the permutation (uint8 S2D per image inside the parallel crop map, then the float
@@ -9,10 +9,11 @@ and its XLA fusion), and fused with the device's input layout:
   memory: 256x256 uint8 images in memory -> random crop 224 -> flip -> scale to float -> batch 32
   jpeg:   the same images (real photos) encoded as JPEG in memory -> decode -> crop -> flip ->
           per-channel normalize -> batch 32
-The peer is the same pipeline without S2D, measured in the same run; variants are interleaved
+The peer is the same pipeline without S2D, measured in the same run (for the variants fused with a
+device layout, also the pipeline that produces that layout without S2D); variants are interleaved
 over `--rounds` rounds and each reports its median. Ratios are against the fastest S2D-free
 baseline (float conversion per image, on the uint8 batch, or on the uint8 batch compiled with
-XLA as tftpu does). Both wall-clock images/s and images per CPU-second of this process are
+XLA as tftpu does), taken round by round. Both wall-clock images/s and images per CPU-second of this process are
 printed: on a shared machine the CPU figure is the stable one.
 """
 
@@ -109,10 +110,21 @@ def _variants(tf, images, jpegs):
             convert, num_parallel_calls=A)
 
     def tftpu_variants(src, convert):  # the native kernel (the default) and the XLA fusion
-        return {f"tftpu {impl}{' fused' if layout != 'NHWC' else ''}: S2D + float conversion"
-                f"{' + ' + layout if layout != 'NHWC' else ''}": tftpu.data.space_to_depth(
-                    u8(src), 2, layout=layout, implementation=impl, **convert)
-                for layout in ("NHWC", "NCHW") for impl in ("native", "xla")}
+        return {
+            "tftpu native: S2D + float conversion": tftpu.data.space_to_depth(
+                u8(src), 2, implementation="native", **convert),
+            "tftpu xla: S2D + float conversion": tftpu.data.space_to_depth(
+                u8(src), 2, implementation="xla", **convert),
+            "tftpu xla fused: S2D + float conversion + NCHW": tftpu.data.space_to_depth(
+                u8(src), 2, layout="NCHW", **convert),
+            "tftpu xla fused: S2D + HWCN double transpose": tftpu.data.space_to_depth(
+                u8(src), 2, layout="HWCN", **convert),
+        }
+
+    def layout_only(src, convert):  # the device layout without S2D: the peer of the fused variants
+        return {f"layout only (no S2D), XLA: {name}": on_batch(src, tf.function(
+                    lambda x, perm=perm: tf.transpose(convert(x), perm), jit_compile=True))
+                for name, perm in (("NCHW", [0, 3, 1, 2]), ("HWCN", [1, 2, 3, 0]))}
 
     def placements(src, convert):
         return {
@@ -131,11 +143,9 @@ def _variants(tf, images, jpegs):
             **placements(mem, scale_blocked),
             "tftpu: S2D of the float batches": tftpu.data.space_to_depth(per_image(mem, scale), 2),
             **tftpu_variants(mem, s2d_scale),
-            "layout only: HWCN transpose (no S2D)": on_batch(mem, lambda x: hwcn(scale(x))),
+            **layout_only(mem, scale),
             "two-step: S2D then HWCN transpose": per_image(mem, scale).map(
                 lambda x: hwcn(batch_s2d(x)), num_parallel_calls=A),
-            "tftpu xla fused: S2D + HWCN double transpose": tftpu.data.space_to_depth(
-                u8(mem), 2, layout="HWCN", **s2d_scale),
         },
         "jpeg": {
             "baseline: float per image": per_image(jpg, normalize),
@@ -146,8 +156,7 @@ def _variants(tf, images, jpegs):
             **placements(jpg, norm_blocked),
             "tftpu: S2D of the float batches": tftpu.data.space_to_depth(per_image(jpg, normalize), 2),
             **tftpu_variants(jpg, s2d_norm),
-            "tftpu xla fused: S2D + HWCN double transpose": tftpu.data.space_to_depth(
-                u8(jpg), 2, layout="HWCN", **s2d_norm),
+            **layout_only(jpg, normalize),
         },
     }
 
@@ -166,8 +175,8 @@ def _rate(ds, batches):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--batches", type=int, default=120, help="timed batches per variant and round")
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--batches", type=int, default=40, help="timed batches per variant and round")
+    ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--images", type=int, default=128, help="distinct source images")
     ap.add_argument("--only", choices=("memory", "jpeg"))
     args = ap.parse_args()
@@ -183,19 +192,35 @@ def main():
         for _ in range(args.rounds):
             for v, ds in variants.items():
                 rates[v].append(_rate(ds, args.batches))
-        wall = {v: statistics.median(r[0] for r in rs) for v, rs in rates.items()}
-        cpu = {v: statistics.median(r[1] for r in rs) for v, rs in rates.items()}
-        bases = [v for v in variants if v.startswith("baseline")]
-        bw, bc = max(wall[v] for v in bases), max(cpu[v] for v in bases)
-        print(f"\n{name} pipeline ({BATCH}x{SIZE}x{SIZE}x3, median of {args.rounds} rounds x {args.batches} batches)")
-        print(f"  {'variant':58s} {'images/s':>9s} {'ratio':>6s} {'img/CPU-s':>10s} {'ratio':>6s}")
-        for v in variants:
-            print(f"  {v:58s} {wall[v]:9.0f} {wall[v] / bw:6.2f}x {cpu[v]:10.0f} {cpu[v] / bc:6.2f}x")
-        if "layout only: HWCN transpose (no S2D)" in wall:
-            lay, fused = "layout only: HWCN transpose (no S2D)", "tftpu xla fused: S2D + HWCN double transpose"
-            print(f"  fused S2D+HWCN vs the HWCN transpose alone: {wall[fused] / wall[lay]:.2f}x wall, "
-                  f"{cpu[fused] / cpu[lay]:.2f}x CPU")
+        _print(name, variants, rates, args)
 
+
+def _print(name, variants, rates, args):
+    """Medians, and ratios taken round by round against a peer timed in the same round.
+
+    Each ratio is the median over rounds of (variant / peer) within a round, so the slow drifts
+    of a shared machine cancel; the range over rounds follows it.
+    """
+    wall = {v: statistics.median(r[0] for r in rs) for v, rs in rates.items()}
+    cpu = {v: statistics.median(r[1] for r in rs) for v, rs in rates.items()}
+    bases = [v for v in variants if v.startswith("baseline")]
+    peer = max(bases, key=lambda v: cpu[v])
+
+    def ratio(v, ref, i):
+        per_round = sorted(a[i] / b[i] for a, b in zip(rates[v], rates[ref]))
+        return statistics.median(per_round), per_round[0], per_round[-1]
+
+    print(f"\n{name} pipeline ({BATCH}x{SIZE}x{SIZE}x3, {args.rounds} rounds x {args.batches} batches; "
+          f"ratios against '{peer}', round by round: median [min-max])")
+    print(f"  {'variant':58s} {'images/s':>9s} {'wall ratio':>17s} {'img/CPU-s':>10s} {'CPU ratio':>17s}")
+    for v in variants:
+        (rw, lw, hw), (rc, lc, hc) = ratio(v, peer, 0), ratio(v, peer, 1)
+        print(f"  {v:58s} {wall[v]:9.0f} {rw:5.2f}x [{lw:.2f}-{hw:.2f}] {cpu[v]:10.0f} {rc:5.2f}x [{lc:.2f}-{hc:.2f}]")
+    for layout, fused in (("NCHW", "tftpu xla fused: S2D + float conversion + NCHW"),
+                          ("HWCN", "tftpu xla fused: S2D + HWCN double transpose")):
+        (rw, _, _), (rc, _, _) = ratio(fused, f"layout only (no S2D), XLA: {layout}", 0), \
+            ratio(fused, f"layout only (no S2D), XLA: {layout}", 1)
+        print(f"  fused S2D+{layout} vs the {layout} layout alone: {rw:.2f}x wall, {rc:.2f}x CPU")
 
 if __name__ == "__main__":
     main()

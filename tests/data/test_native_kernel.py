@@ -57,10 +57,11 @@ def test_kernel_matches_reference_bit_for_bit(block):
             images[0, 0, 0, 0] = -0.0
         convert = _convert(conversion, channels, rng)
         want = _reference(images, block, **convert)
-        got = tftpu.data.native_transform(images, block, **convert)
-        assert got.dtype == want.dtype and got.shape == want.shape, (h, w, channels)
-        np.testing.assert_array_equal(got.numpy().view(np.uint8), want.numpy().view(np.uint8),
-                                      err_msg=f"{(batch, h, w, channels)} {dtype} {conversion}")
+        for parallel in (True, False):
+            got = tftpu.data.native_transform(images, block, parallel=parallel, **convert)
+            assert got.dtype == want.dtype and got.shape == want.shape, (h, w, channels)
+            np.testing.assert_array_equal(got.numpy().view(np.uint8), want.numpy().view(np.uint8),
+                                          err_msg=f"{(batch, h, w, channels)} {dtype} {conversion}")
         checked += 1
     assert checked == len(SIZES) * 5 * 2 * len(CONVERSIONS)
 
@@ -136,3 +137,14 @@ def test_build_errors_are_one_clear_line(tmp_path, monkeypatch):
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
     with pytest.raises(native.NativeKernelError, match="no C\\+\\+ compiler"):
         native.load_op_library(broken.with_name("other_op.cc"))
+
+
+def test_batch_split_over_threads_is_exact():
+    """A batch big enough that the kernel splits its rows over the intra-op threads."""
+    images = np.random.default_rng(2).integers(0, 256, (16, 225, 224, 3), dtype=np.uint8)
+    std = np.float32([0.229, 0.224, 0.225])
+    want = _reference(images, 2, "float32", 1 / (255 * std), np.float32(-2.0)).numpy()
+    for parallel in (True, False):
+        got = tftpu.data.native_transform(images, 2, dtype="float32", scale=1 / (255 * std), offset=-2.0,
+                                          parallel=parallel)
+        np.testing.assert_array_equal(got, want)

@@ -43,6 +43,7 @@ REGISTER_OP("TftpuSpaceToDepth")
     .Attr("T: {uint8, float}")
     .Attr("out_type: {uint8, float}")
     .Attr("block_size: int >= 2")
+    .Attr("parallel: bool = true")
     .SetShapeFn([](InferenceContext* c) {
       ShapeHandle in;
       TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 4, &in));
@@ -99,6 +100,7 @@ class SpaceToDepthOp : public OpKernel {
  public:
   explicit SpaceToDepthOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("block_size", &block_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("parallel", &parallel_));
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -139,6 +141,10 @@ class SpaceToDepthOp : public OpKernel {
         ScatterRunsAnySize(buffer.data(), out + (batch * ho + i) * wo * depth + dy * run, wo, depth, run);
       }
     };
+    if (!parallel_) {  // e.g. inside a parallel tf.data map, which already keeps the cores busy
+      work(0, n * ho * b);
+      return;
+    }
     const auto* workers = ctx->device()->tensorflow_cpu_worker_threads();
     ::tensorflow::Shard(workers->num_threads, workers->workers, n * ho * b,
                         /*cost_per_unit=*/w * ch * 4, work);
@@ -161,6 +167,7 @@ class SpaceToDepthOp : public OpKernel {
   }
 
   int block_;
+  bool parallel_;
 };
 
 #define TFTPU_REGISTER(In, Out)                                                    \
