@@ -18,8 +18,8 @@ pass over the batch that reads uint8 and writes the blocked float tensor. Two im
   equal TensorFlow's `cast(x) * scale + offset` bit for bit.
 - `"xla"`: one reshape and one transpose in one XLA-compiled function (one loop fusion; no pad
   when H and W are multiples of b). Every case, the fused device layouts included; the
-  permuting loop is not vectorised, so on a realistic JPEG pipeline it costs 7-10% of the
-  throughput where the kernel costs 0-2%. (A kernel writing NCHW measured slower than XLA:
+  permuting loop is not vectorised, so on a realistic JPEG pipeline it costs 6-7% of the
+  throughput where the kernel costs 2-3%. (A kernel writing NCHW measured slower than XLA:
   its 6-way de-interleave does not vectorise either.)
 
 `implementation="auto"` (the default) takes the kernel where it applies and can be built, else
