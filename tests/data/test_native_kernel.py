@@ -124,7 +124,7 @@ def test_auto_falls_back_to_xla_where_the_kernel_does_not_apply(monkeypatch):
 
 
 def test_build_errors_are_one_clear_line(tmp_path, monkeypatch):
-    monkeypatch.setenv("TFTPU_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("TFTPU_CACHE", str(tmp_path / "cache"))
     broken = tmp_path / "broken_op.cc"
     broken.write_text("#include <nonexistent_header.h>\n")
     with pytest.raises(native.NativeKernelError, match=r"building broken_op.cc failed: .*nonexistent_header"):

@@ -2,7 +2,7 @@
 
 The first call compiles the kernel with the system C++ compiler and TensorFlow's own flags
 (`tf.sysconfig`), in the manner of `torch.utils.cpp_extension.load`, and caches the library under
-`$TFTPU_CACHE_DIR` (default `~/.cache/tftpu`)/native, keyed by the source, the flags, the compiler
+`$TFTPU_CACHE` (default `~/.cache/tftpu`)/native, keyed by the source, the flags, the compiler
 and the TensorFlow version. Later processes load the cached library; concurrent first builds (test
 workers, data-parallel jobs) wait on a file lock instead of compiling twice. `TFTPU_NATIVE=0`
 turns native kernels off (callers fall back to their pure-TensorFlow path).
@@ -45,7 +45,7 @@ def enabled() -> bool:
 
 def cache_dir() -> Path:
     """Where built kernels are kept."""
-    root = os.environ.get("TFTPU_CACHE_DIR") or Path.home() / ".cache" / "tftpu"
+    root = os.environ.get("TFTPU_CACHE") or Path.home() / ".cache" / "tftpu"
     return Path(root) / "native"
 
 

@@ -6,7 +6,7 @@
 //
 // Why a kernel: S2D interleaves rows in runs of b*C values (6 for RGB, b=2). Generic transpose
 // code (Eigen, XLA) moves those one element at a time, unvectorised, which costs a realistic
-// input pipeline 7-10% of its throughput. Here the b source rows of an output row are converted
+// input pipeline 6-10% of its throughput. Here the b source rows of an output row are converted
 // with contiguous, vectorisable arithmetic into a small buffer, then interleaved as fixed-size
 // runs (constant-size copies the compiler turns into a few vector moves) into the output row,
 // which is written front to back. Multiply and add round
