@@ -55,6 +55,9 @@ CASES = [
     ("max", "Max", {"a": [2, 3], "b": [1, 3]}, {}, {}),
     ("min", "Min", {"a": [2, 3], "b": [2, 1]}, {}, {}),
     ("pow2", "Pow", {"a": [2, 3]}, {"e": np.array(2.0, np.float32)}, {}),
+    ("pow3", "Pow", {"a": [2, 3]}, {"e": np.array(3.0, np.float32)}, {}),
+    ("pow4", "Pow", {"a": [2, 3]}, {"e": np.array(4.0, np.float32)}, {}),
+    ("pow_recip", "Pow", {"a": [2, 3]}, {"e": np.array(-1.0, np.float32)}, {}),
     ("relu", "Relu", {"x": [2, 3, 4]}, {}, {}),
     ("sigmoid", "Sigmoid", {"x": [2, 3, 4]}, {}, {}),
     ("tanh", "Tanh", {"x": [2, 3, 4]}, {}, {}),
@@ -121,6 +124,9 @@ CASES = [
     ("gather", "Gather", {"x": [5, 4, 3]}, {"i": i64(4, 0, 2)}, dict(axis=1 - 1)),
     ("gather_scalar", "Gather", {"x": [2, 5, 3]}, {"i": np.array(-1, np.int64)}, dict(axis=1)),
     ("identity", "Identity", {"x": [2, 3]}, {}, {}),
+    ("expand_rank_up", "Expand", {"x": [3, 1]}, {"s": i64(2, 1, 3, 4)}, {}),
+    ("expand_inner", "Expand", {"x": [1, 4, 1]}, {"s": i64(2, 4, 5)}, {}),
+    ("expand_same", "Expand", {"x": [2, 3]}, {"s": i64(1, 3)}, {}),
 ]
 
 

@@ -120,3 +120,22 @@ def test_load_npz(tmp_path):
     for bad in (tmp_path / "missing.npz", tmp_path):
         with pytest.raises(errors.ModelFileError):
             sim.load_npz(bad)
+
+
+def test_rounding_noise_passes_only_under_the_floor():
+    """The channel mean of a LayerNorm output is zero up to float32 rounding: noise on both sides."""
+    x = RNG.standard_normal((4, 96)).astype(np.float32) * 5
+    norm = (x - x.mean(1, keepdims=True)) / x.std(1, keepdims=True)
+    ref = norm.mean(1)                                             # ~1e-8, rounding only
+    other = np.float32(norm[:, ::-1]).mean(1)                      # another summation order
+    assert sim.cosine_similarity(ref, other) < 0.99
+    floor = sim.noise_floor([x, norm, ref])
+    assert floor == pytest.approx(64 * np.finfo(np.float32).eps * np.abs(x).max())
+    row = sim.compare_arrays("mean", ref, other, (0.99, 0.99), floor)
+    assert row.passed and "rounding noise" in row.note
+    r = sim.compare_tensors({"x": x, "mean": ref}, {"x": x, "mean": other})
+    assert r.passed and "rounding noise" in r.rows[1].note
+    # a real error of the same tensor is not noise, nor is a small tensor that differs
+    assert not sim.compare_arrays("mean", ref, ref + 10 * floor, (0.99, 0.99), floor).passed
+    assert not sim.compare_tensors({"x": x, "mean": ref}, {"x": x, "mean": other}, floor=0.0).passed
+    assert sim.noise_floor([np.arange(5)]) == 0.0                 # integers carry no rounding noise

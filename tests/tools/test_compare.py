@@ -99,3 +99,18 @@ def test_wrong_arg_count_and_disjoint_files_exit_2(files, tmp_path):
 def test_help_exit_0():
     r = _run("--help")
     assert r.returncode == 0 and "tolerance" in r.stdout
+
+
+def test_rounding_noise_passes_unless_the_floor_is_off(tmp_path):
+    rng = np.random.default_rng(1)
+    act = rng.standard_normal((2, 64)).astype(np.float32) * 4
+    ref = {"act": act, "mean": np.float32(1e-7) * rng.standard_normal(2).astype(np.float32)}
+    test = {"act": act, "mean": np.float32(1e-7) * rng.standard_normal(2).astype(np.float32)}
+    np.savez(tmp_path / "ref.npz", **ref)
+    np.savez(tmp_path / "test.npz", **test)
+    r = _run(tmp_path / "ref.npz", tmp_path / "test.npz")
+    assert r.returncode == 0, r.stderr
+    assert "rounding noise" in r.stdout
+    r = _run(tmp_path / "ref.npz", tmp_path / "test.npz", "--noise_floor=0")
+    assert r.returncode == 1 and "mean" in r.stderr
+    assert _run(tmp_path / "ref.npz", tmp_path / "test.npz", "--noise_floor=-1").returncode == 2

@@ -371,3 +371,47 @@ def test_hardsigmoid_needs_relu6_and_three():
     t = b.op("Add", [x, b.weight("two", np.float32(2.0))], {"do_relu": True, "relu_limit": 6.0}, "t")
     m = b.finish([b.op("Mul", [t, b.weight("k", np.float32(1 / 6))], {}, "h")])
     check(m, {"x": rand(2, 4) * 4}, [C.FuseHardSigmoid], ["Add", "Mul"])
+
+
+def _gelu_graph(form):
+    """GELU written the ways exporters write it."""
+    b = TopBuilder("m")
+    x = b.input("x", (2, 5, 3))
+    w = lambda name, v: b.weight(name, np.array(v, np.float32))  # noqa: E731
+    if form == "tf_erfc":  # (0.5 * x) * (1 - erf(-x * 0.7071))
+        half_x = b.op("Mul", [w("half", 0.5), x], {}, "hx")
+        arg = b.op("Mul", [b.op("Neg", [x], {}, "neg"), w("c", 0.7071067690849304)], {}, "arg")
+        factor = b.op("Sub", [w("one", 1.0), b.op("Erf", [arg], {}, "erf")], {}, "f")
+        y = b.op("Mul", [half_x, factor], {}, "gelu")
+    elif form == "torch":  # ((x * (1 + erf(x / 1.4142))) * 0.5
+        arg = b.op("Div", [x, w("sqrt2", 1.4142135381698608)], {}, "arg")
+        factor = b.op("Add", [b.op("Erf", [arg], {}, "erf"), w("one", 1.0)], {}, "f")
+        y = b.op("Mul", [b.op("Mul", [x, factor], {}, "xf"), w("half", 0.5)], {}, "gelu")
+    else:  # x * (0.5 * (1 + erf(x * 0.7071)))
+        arg = b.op("Mul", [x, w("c", 0.7071067690849304)], {}, "arg")
+        factor = b.op("Add", [w("one", 1.0), b.op("Erf", [arg], {}, "erf")], {}, "f")
+        y = b.op("Mul", [x, b.op("Mul", [factor, w("half", 0.5)], {}, "hf")], {}, "gelu")
+    return b.finish([y])
+
+
+@pytest.mark.parametrize("form", ["tf_erfc", "torch", "half_factor"])
+def test_fuse_gelu(form):
+    m = _gelu_graph(form)
+    rep = check(m, {"x": rand(2, 5, 3) * 3}, [C.FuseGELU, C.DeadCode], ["GELU"])
+    assert rep.counts["fuse-gelu"] == 1 and m.output_names == ["gelu"]
+
+
+def test_gelu_lookalikes_stay():
+    """A sign, a constant or an operand that differs keeps the ops as they are."""
+    b = TopBuilder("m")
+    x, z = b.input("x", (2, 3)), b.input("z", (2, 3))
+    w = lambda name, v: b.weight(name, np.array(v, np.float32))  # noqa: E731
+    arg = b.op("Mul", [x, w("c", 0.7071067690849304)], {}, "arg")
+    factor = b.op("Sub", [w("one", 1.0), b.op("Erf", [arg], {}, "erf")], {}, "f")  # 1 - erf(+x/√2)
+    y1 = b.op("Mul", [b.op("Mul", [x, w("half", 0.5)], {}, "hx"), factor], {}, "y1")
+    factor2 = b.op("Add", [w("one2", 1.0), b.op("Erf", [arg], {}, "erf2")], {}, "f2")
+    y2 = b.op("Mul", [b.op("Mul", [z, w("half2", 0.5)], {}, "hz"), factor2], {}, "y2")  # z, not x
+    y3 = b.op("Mul", [b.op("Mul", [x, w("third", 0.3)], {}, "h3"), factor2], {}, "y3")  # 0.3, not 0.5
+    m = b.finish([y1, y2, y3])
+    rep = check(m, {"x": rand(2, 3), "z": rand(2, 3)}, [C.FuseGELU, C.DeadCode])
+    assert rep.counts["fuse-gelu"] == 0 and "GELU" not in op_names(m)

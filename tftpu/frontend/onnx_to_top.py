@@ -337,8 +337,15 @@ def _pow(imp, node, a):
         imp.alias(node, x)
     elif e == 2.0:
         imp.emit(node, "Mul", [x, x], {})
+    elif e in (3.0, 4.0):  # tanh-approximated GELU has x ** 3
+        sq = imp.b.op("Mul", [x, x], {}, f"{node.output[0]}_sq")
+        imp.emit(node, "Mul", [sq, x if e == 3.0 else sq], {})
     elif e == 0.5:
         imp.emit(node, "Sqrt", [x], {})
+    elif e in (-1.0, -0.5):
+        one = imp.weight(f"{node.output[0]}_one", np.array(1.0, np.float32))
+        den = x if e == -1.0 else imp.b.op("Sqrt", [x], {}, f"{node.output[0]}_sqrt")
+        imp.emit(node, "Div", [one, den], {})
     else:
         raise Unsupported(f"exponent {e}")
 
@@ -605,6 +612,24 @@ def _gather(imp, node, a):
     else:
         idx_v = imp.value(node.input[1])
     imp.emit(node, "Gather", [imp.value(node.input[0]), idx_v], {"axis": a.get("axis", 0) % rank})
+
+
+@converter("Expand")
+def _expand(imp, node, a):
+    """Broadcast to a constant shape: a multiply by ones over the new extents (exact, -0.0 kept)."""
+    imp.need_const(node.input[1], "shape")  # the output shape ONNX inferred from it is used below
+    src = imp.shape(node.input[0])
+    out = imp.shape(node.output[0])
+    x = imp.value(node.input[0])
+    if tuple(out) == tuple(src):
+        imp.alias(node, x)
+        return
+    if imp.p.dtypes.get(node.output[0], np.float32) != np.float32:
+        raise Unsupported("non-float32 Expand")
+    pad = [1] * (len(out) - len(src)) + list(src)
+    ones_shape = [o if p == 1 and o != 1 else 1 for o, p in zip(out, pad)]
+    ones = imp.weight(f"{node.output[0]}_ones", np.ones(ones_shape, np.float32))
+    imp.emit(node, "Mul", [x, ones], {})
 
 
 SUPPORTED = sorted(CONVERTERS)

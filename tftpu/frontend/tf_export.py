@@ -23,6 +23,9 @@ def _tf2onnx():
     compat.install()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tf2onnx
+
+    from tftpu.frontend import tf2onnx_ext
+    tf2onnx_ext.install()
     logging.getLogger("tf2onnx").setLevel(logging.CRITICAL)
     return tf2onnx
 

@@ -2,7 +2,7 @@
 
 Folds BatchNorm into the preceding Conv/Deconv (else into Scale) and Scale into Conv, turns
 Clip(0, m) into Relu, fuses Relu into its producer (`do_relu`, `relu_limit`), fuses
-x * sigmoid(x) into SiLU, folds ops on constants, drops no-op Reshape/Permute/Cast/...,
+x * sigmoid(x) into SiLU and 0.5 * x * (1 + erf(x / sqrt 2)) into GELU, folds ops on constants, drops no-op Reshape/Permute/Cast/...,
 merges consecutive Permutes and Reshapes, and removes dead code. A fused op takes the
 location of the op it absorbs (the tensor it now computes), as TPU-MLIR does.
 
@@ -403,6 +403,93 @@ class FuseHardSwish(TopPattern):
                 return
 
 
+_SQRT1_2 = 0.7071067811865476
+
+
+def _near(value, want: float) -> bool:
+    return value is not None and abs(value - want) <= 1e-6 * abs(want)
+
+
+def _const_operand(w: Weights, op):
+    """(other operand, scalar) of a binary op with one scalar constant operand, else (None, None)."""
+    for v, c in ((op.input, op.other), (op.other, op.input)):
+        k = _scalar(w, c)
+        if k is not None:
+            return v, k
+    return None, None
+
+
+def _erf_argument(w: Weights, v):
+    """(x, sign) when `v` is x / sqrt(2) (sign 1) or -x / sqrt(2) (sign -1), else (None, 0)."""
+    op = v.owner
+    sign = 1
+    if isinstance(op, top.Neg):
+        op, sign = op.input.owner, -1
+    if isinstance(op, top.Mul) and not op.attrs()["do_relu"]:
+        x, k = _const_operand(w, op)
+        if x is not None and (_near(k, _SQRT1_2) or _near(-k, _SQRT1_2)):
+            sign *= 1 if k > 0 else -1
+        else:
+            return None, 0
+    elif isinstance(op, top.Div) and _near(_scalar(w, op.other), 2 ** 0.5):
+        x = op.input
+    else:
+        return None, 0
+    if isinstance(x.owner, top.Neg):
+        return x.owner.input, -sign
+    return x, sign
+
+
+def _gelu_factor(w: Weights, v):
+    """x when `v` computes 1 + erf(x / sqrt(2)) (or 1 - erf(-x / sqrt(2)), TF's erfc form), else None."""
+    op = v.owner
+    if not isinstance(op, (top.Add, top.Sub)) or op.attrs().get("do_relu"):
+        return None
+    if isinstance(op, top.Sub):
+        if _scalar(w, op.input) != 1.0 or not isinstance(op.other.owner, top.Erf):
+            return None
+        x, sign = _erf_argument(w, op.other.owner.input)
+        return x if sign == -1 else None
+    erf, one = _const_operand(w, op)
+    if one != 1.0 or erf is None or not isinstance(erf.owner, top.Erf):
+        return None
+    x, sign = _erf_argument(w, erf.owner.input)
+    return x if sign == 1 else None
+
+
+class FuseGELU(TopPattern):
+    """0.5 * x * (1 + erf(x / sqrt(2))), in the orders tf2onnx and PyTorch write it -> GELU(x).
+
+    TF's exact GELU arrives as `(0.5 * x) * (1 - erf(-x * (1/sqrt(2))))` (its Erfc, expanded).
+    """
+
+    NAME = "fuse-gelu"
+
+    def match_and_rewrite(self, op, rewriter: PatternRewriter) -> None:
+        if not isinstance(op, top.Mul) or op.attrs()["do_relu"]:
+            return
+        x = self._match(op)
+        if x is not None and A.shape_of(x.type) == A.shape_of(op.output.type):
+            _replace(rewriter, op, make_op("GELU", [x], {"approximate": "none"}, op.loc))
+            self.fired()
+
+    def _match(self, op):
+        for p, q in ((op.input, op.other), (op.other, op.input)):
+            x = _gelu_factor(self.w, q)
+            if x is not None:  # (0.5 * x) * factor(x)   or   x * factor(x) ... * 0.5 below
+                if isinstance(p.owner, top.Mul) and _const_operand(self.w, p.owner) == (x, 0.5):
+                    return x
+            inner = q.owner
+            if isinstance(inner, top.Mul) and not inner.attrs()["do_relu"]:
+                f, half = _const_operand(self.w, inner)  # x * (0.5 * factor(x))
+                if half == 0.5 and f is not None and _gelu_factor(self.w, f) is p:
+                    return p
+                for a, b in ((inner.input, inner.other), (inner.other, inner.input)):
+                    if _gelu_factor(self.w, b) is a and _scalar(self.w, p) == 0.5:  # (x * factor(x)) * 0.5
+                        return a
+        return None
+
+
 class FoldConstants(TopPattern):
     """An op whose operands are all constants -> `top.Weight`(s) holding its result."""
 
@@ -515,7 +602,7 @@ class DeadCode(TopPattern):
 
 
 PATTERNS = [DeadCode, FoldConstants, ClipToRelu, FoldBatchNorm, FoldScaleIntoConv, FoldMulAddIntoConv, FuseRelu,
-            FuseSiLU, FusePRelu, FuseHardSigmoid, FuseHardSwish, FoldPadIntoConv,
+            FuseSiLU, FusePRelu, FuseHardSigmoid, FuseHardSwish, FuseGELU, FoldPadIntoConv,
             DropNoOps, MergePermutes, MergeReshapes]
 
 
