@@ -124,6 +124,8 @@ CASES = [
     ("gather", "Gather", {"x": [5, 4, 3]}, {"i": i64(4, 0, 2)}, dict(axis=1 - 1)),
     ("gather_scalar", "Gather", {"x": [2, 5, 3]}, {"i": np.array(-1, np.int64)}, dict(axis=1)),
     ("identity", "Identity", {"x": [2, 3]}, {}, {}),
+    ("layernorm_last", "LayerNormalization", {"x": [2, 3, 5]}, {"s": rand(5), "b": rand(5)}, dict(epsilon=1e-3)),
+    ("layernorm_axis1", "LayerNormalization", {"x": [2, 3, 4, 5]}, {"s": rand(3, 4, 5)}, dict(axis=1)),
     ("expand_rank_up", "Expand", {"x": [3, 1]}, {"s": i64(2, 1, 3, 4)}, {}),
     ("expand_inner", "Expand", {"x": [1, 4, 1]}, {"s": i64(2, 4, 5)}, {}),
     ("expand_same", "Expand", {"x": [2, 3]}, {"s": i64(1, 3)}, {}),

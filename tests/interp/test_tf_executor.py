@@ -179,6 +179,16 @@ def test_prelu_softmax_reduce():
     check(b.finish(outs), {"x": rand(2, 3, 4, 5), "m": rand(2, 10)})
 
 
+def test_layernorm():
+    b = TopBuilder("ln")
+    x = b.input("x", (2, 3, 4, 5))
+    outs = [b.op("LayerNorm", [x, b.weight("g", rand(1, 1, 1, 5)), b.weight("b", rand(1, 1, 1, 5))],
+                 {"axes": [3], "eps": 1e-5}, "last"),
+            b.op("LayerNorm", [x, b.none(), b.weight("b1", rand(1, 3, 1, 1))], {"axes": [1], "eps": 1e-3}, "chan"),
+            b.op("LayerNorm", [x, b.weight("g2", rand(1, 1, 4, 5)), b.none()], {"axes": [-2, -1]}, "two")]
+    check(b.finish(outs), {"x": rand(2, 3, 4, 5) * 3 + 1})
+
+
 @pytest.mark.parametrize("shape", [(2, 3, 4, 5), (2, 3), (2, 3, 7)])
 def test_batchnorm_scale(shape):
     b = TopBuilder("bn")

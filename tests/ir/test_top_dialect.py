@@ -49,6 +49,7 @@ def zoo() -> ir.TopModel:
     bn = b.op("BatchNorm", [c, *[b.weight(f"bn{i}", np.abs(rand(8)) + 0.1) for i in range(4)]], {"epsilon": 1e-3},
               "bn")
     b.op("Scale", [bn, b.weight("sc", rand(8)), b.weight("sb", rand(8))], {}, "scale")
+    b.op("LayerNorm", [c, b.weight("ln_g", rand(1, 8, 1, 1)), b.none()], {"axes": [1], "eps": 1e-5}, "layernorm")
     b.op("Concat", [c, bn], {"axis": 1}, "concat")
     b.op("Flatten", [c], {"start_dim": 1, "end_dim": 2}, "flatten")
     b.op("Pad", [x], {"paddings": [0, 0, 1, 2, 0, 0, 3, 0], "mode": "reflect"}, "pad")

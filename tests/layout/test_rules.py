@@ -292,3 +292,16 @@ def test_batchnorm_desired(target):
     new, _ = convert_and_compare(b.finish([y]), desired={"top.BatchNorm": [target]})
     assert feeder(new, "BatchNorm")[0].attrs()["layout"] == target
     assert len(permutes(new)) == (2 if target == "NHWC" else 0)
+
+
+@pytest.mark.parametrize("perm", PERMS4)
+@pytest.mark.parametrize("axes", [[1], [2, 3], [3]])
+def test_layernorm_axes_and_affine_follow(axes, perm):
+    """LayerNorm's axes move with the layout, and its full-rank scale/bias are transposed too."""
+    shape = [(1, 6, 8, 4)[p] for p in perm]  # the logical shape after the Permute
+    affine = [1 if a not in axes else shape[a] for a in range(4)]
+    extra = [lambda b: b.weight("g", randn(affine, 1) + 1), lambda b: b.weight("beta", randn(affine, 2))]
+    model = wrapped("LayerNorm", {"axes": axes, "eps": 1e-3}, perm=perm, extra=extra)
+    new, _ = convert_and_compare(model, desired={})
+    assert _absorbed(new, "LayerNorm").attrs()["axes"] == sorted(perm[a] for a in axes)
+    assert not permutes(new)

@@ -415,3 +415,58 @@ def test_gelu_lookalikes_stay():
     m = b.finish([y1, y2, y3])
     rep = check(m, {"x": rand(2, 3), "z": rand(2, 3)}, [C.FuseGELU, C.DeadCode])
     assert rep.counts["fuse-gelu"] == 0 and "GELU" not in op_names(m)
+
+
+def _keras_layernorm(shape, axes, gamma, beta, form="add"):
+    """Keras' LayerNormalization as tf2onnx writes it: x * m + (-mean * m + beta), m = gamma / sqrt(var + eps)."""
+    b = TopBuilder("m")
+    x = b.input("x", shape)
+    w = lambda name, v: b.weight(name, np.asarray(v, np.float32))  # noqa: E731
+    mean = b.op("ReduceMean", [x], {"axes": axes, "keepdims": True}, "mean")
+    d = b.op("Sub", [x, mean], {}, "d")
+    var = b.op("ReduceMean", [b.op("Mul", [d, d], {}, "sq")], {"axes": axes, "keepdims": True}, "var")
+    inv = b.op("Div", [w("one", 1.0), b.op("Sqrt", [b.op("Add", [var, w("eps", 1e-3)], {}, "ve")], {}, "s")],
+               {}, "inv")
+    m = inv if gamma is None else b.op("Mul", [w("gamma", gamma), inv], {}, "m")
+    if form == "sub":  # beta - mean * m
+        shift = b.op("Sub", [w("beta", beta), b.op("Mul", [mean, m], {}, "mm")], {}, "shift")
+    else:
+        shift = b.op("Mul", [b.op("Neg", [mean], {}, "neg"), m], {}, "nm")
+        if beta is not None:
+            shift = b.op("Add", [shift, w("beta", beta)], {}, "shift")
+    return b.finish([b.op("Add", [b.op("Mul", [x, m], {}, "xm"), shift], {}, "ln")])
+
+
+@pytest.mark.parametrize("shape,axes,affine,form", [
+    ((2, 5, 8), [2], "both", "add"), ((2, 5, 8), [-1], "none", "add"), ((2, 5, 8), [2], "gamma", "add"),
+    ((1, 6, 3, 4), [1], "both", "sub"), ((1, 6, 3, 4), [2, 3], "both", "add")])
+def test_fuse_layernorm(shape, axes, affine, form):
+    rank_axes = {a % len(shape) for a in axes}
+    aff = [shape[a] if a in rank_axes else 1 for a in range(len(shape))][-(len(shape) - min(rank_axes)):]
+    gamma = rand(*aff, lo=0.5, hi=1.5) if affine in ("both", "gamma") else None
+    beta = rand(*aff) if affine == "both" else None
+    m = _keras_layernorm(shape, axes, gamma, beta, form)
+    rep = check(m, {"x": rand(*shape) * 4 + 1}, [C.FuseLayerNorm, C.DeadCode], ["LayerNorm"])
+    assert rep.counts["fuse-layernorm"] == 1
+    ln = next(op for op in m.ops if op.op_name == "LayerNorm")
+    assert ln.attrs()["axes"] == sorted(rank_axes) and ln.attrs()["eps"] == pytest.approx(1e-3)
+
+
+def test_layernorm_lookalikes_stay():
+    """Moments over different axes, or a mean of another tensor, are not a LayerNorm."""
+    b = TopBuilder("m")
+    x, z = b.input("x", (2, 4, 6)), b.input("z", (2, 4, 6))
+    w = lambda name, v: b.weight(name, np.asarray(v, np.float32))  # noqa: E731
+    outs = []
+    for tag, mean_src, var_axes in (("a", x, [1]), ("b", z, [2])):
+        mean = b.op("ReduceMean", [mean_src], {"axes": [2], "keepdims": True}, f"{tag}_mean")
+        d = b.op("Sub", [x, mean], {}, f"{tag}_d")
+        var = b.op("ReduceMean", [b.op("Mul", [d, d], {}, f"{tag}_sq")], {"axes": var_axes, "keepdims": True},
+                   f"{tag}_var")
+        inv = b.op("Div", [w(f"{tag}_one", 1.0), b.op("Sqrt", [b.op("Add", [var, w(f"{tag}_eps", 1e-3)], {},
+                                                                       f"{tag}_ve")], {}, f"{tag}_s")], {}, f"{tag}_inv")
+        shift = b.op("Mul", [b.op("Neg", [mean], {}, f"{tag}_neg"), inv], {}, f"{tag}_nm")
+        outs.append(b.op("Add", [b.op("Mul", [x, inv], {}, f"{tag}_xm"), shift], {}, f"{tag}_ln"))
+    m = b.finish(outs)
+    rep = check(m, {"x": rand(2, 4, 6), "z": rand(2, 4, 6)}, [C.FuseLayerNorm, C.DeadCode])
+    assert rep.counts["fuse-layernorm"] == 0

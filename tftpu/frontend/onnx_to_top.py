@@ -614,6 +614,27 @@ def _gather(imp, node, a):
     imp.emit(node, "Gather", [imp.value(node.input[0]), idx_v], {"axis": a.get("axis", 0) % rank})
 
 
+@converter("LayerNormalization")
+def _layer_norm(imp, node, a):
+    if any(o for o in node.output[1:]):
+        raise Unsupported("Mean / InvStdDev outputs")
+    rank = len(imp.shape(node.input[0]))
+    axis = a.get("axis", -1) % rank
+    if a.get("stash_type", 1) != 1:
+        raise Unsupported("stash_type other than float")
+    operands = [imp.value(node.input[0])]
+    for k, name in ((1, "scale"), (2, "bias")):
+        if len(node.input) > k and node.input[k]:
+            arr = imp.const(node.input[k])
+            if arr is None:
+                raise Unsupported(f"non-constant {name}")
+            full = (1,) * (rank - arr.ndim) + arr.shape
+            operands.append(imp.weight(f"{node.output[0]}_{name}", arr.astype(np.float32).reshape(full)))
+        else:
+            operands.append(imp.b.none())
+    imp.emit(node, "LayerNorm", operands, {"axes": list(range(axis, rank)), "eps": a.get("epsilon", 1e-5)})
+
+
 @converter("Expand")
 def _expand(imp, node, a):
     """Broadcast to a constant shape: a multiply by ones over the new extents (exact, -0.0 kept)."""

@@ -540,6 +540,24 @@ def _scale(ins, attrs, out_shapes):
     return [Val(_relu(y, fused_relu(attrs)), perm, out_shapes[0])]
 
 
+@lowering("LayerNorm")
+def _layer_norm(ins, attrs, out_shapes):
+    t = _tf()
+    x = f32(logical(ins[0]))
+    axes = sorted(int(a) % len(ins[0].shape) for a in attrs["axes"])
+    mean = t.reduce_mean(x, axis=axes, keepdims=True)
+    centred = x - mean
+    var = t.reduce_mean(centred * centred, axis=axes, keepdims=True)
+    y = centred * (1.0 / t.sqrt(var + np.float32(attrs.get("eps", 1e-5))))
+    for v, combine in zip(ins[1:3], (t.multiply, t.add)):
+        if v is not None:
+            y = combine(y, f32(logical(v)))
+    return [Val(y, None, out_shapes[0])]
+
+
+_layer_norm.takes_absent = True  # a LayerNorm may have a bias without a scale
+
+
 @lowering("Concat")
 def _concat(ins, attrs, out_shapes):
     t = _tf()
@@ -870,7 +888,7 @@ class CompiledTop:
                 while trimmed and trimmed[-1] is None:
                     trimmed = trimmed[:-1]
                 try:
-                    if None in trimmed:
+                    if None in trimmed and not getattr(low, "takes_absent", False):
                         raise NotLowered("absent operand in the middle")
                     if "op_name" in inspect.signature(low).parameters:
                         vals = low(trimmed, attrs, out_shapes, op_name=name)

@@ -641,6 +641,33 @@ class Scale(TopOp):
         _check_per_channel(shapes, attrs)
 
 
+@top_op
+class LayerNorm(TopOp):
+    """(x - mean) / sqrt(var + eps) * scale + bias, mean and variance over `axes`.
+
+    `scale` and `bias` (each optional) have x's rank and broadcast against it.
+    """
+
+    name = "top.LayerNorm"
+    input = operand_def()
+    scale = operand_def()
+    bias = operand_def()
+    output = result_def(TensorType)
+    OPTIONAL_OPERANDS: ClassVar[tuple[int, ...]] = (1, 2)
+    ATTRS: ClassVar[dict] = {"axes": ("ints", REQUIRED), "eps": ("float", 1e-5)}
+
+    def check(self, shapes, attrs):
+        x = shapes[0]
+        axes = [_axis(a, len(x)) for a in attrs["axes"]]
+        if not axes or len(set(axes)) != len(axes):
+            raise ValueError(f"axes {attrs['axes']} must be distinct and not empty")
+        for what, s in zip(("scale", "bias"), shapes[1:]):
+            if s is not None and (len(s) != len(x) or any(d not in (1, e) for d, e in zip(s, x))):
+                raise ValueError(f"{what} {list(s)} does not broadcast to the input {list(x)} at its rank")
+        if attrs["eps"] < 0:
+            raise ValueError(f"eps {attrs['eps']} must be >= 0")
+
+
 # ---------------------------------------------------------------- data movement
 
 @top_op
@@ -925,7 +952,7 @@ class Gather(TopOp):
 TOP_OPS = [Input, Weight, NoneOp, Conv, Deconv, MatMul, Add, Sub, Mul, Div, Max, Min, PRelu,
            Relu, Clip, LeakyRelu, Sigmoid, HardSigmoid, HardSwish, SiLU, Tanh, Exp, Log, Sqrt, Erf,
            Abs, Neg, GELU, Softmax, Cast, MaxPool, AvgPool, GlobalAvgPool, GlobalMaxPool, BatchNorm,
-           Scale, Concat, Reshape, Flatten, Permute, Pad, Slice, Split, Squeeze, Unsqueeze, Resize,
+           Scale, LayerNorm, Concat, Reshape, Flatten, Permute, Pad, Slice, Split, Squeeze, Unsqueeze, Resize,
            ReduceMean, ReduceMax, ReduceMin, ReduceSum, SpaceToDepth, DepthToSpace, Gather]
 
 OPS_BY_NAME: dict[str, type[TopOp]] = {cls.name[4:]: cls for cls in TOP_OPS}

@@ -2,7 +2,8 @@
 
 Folds BatchNorm into the preceding Conv/Deconv (else into Scale) and Scale into Conv, turns
 Clip(0, m) into Relu, fuses Relu into its producer (`do_relu`, `relu_limit`), fuses
-x * sigmoid(x) into SiLU and 0.5 * x * (1 + erf(x / sqrt 2)) into GELU, folds ops on constants, drops no-op Reshape/Permute/Cast/...,
+x * sigmoid(x) into SiLU, 0.5 * x * (1 + erf(x / sqrt 2)) into GELU and Keras' decomposed
+layer normalization into LayerNorm, folds ops on constants, drops no-op Reshape/Permute/Cast/...,
 merges consecutive Permutes and Reshapes, and removes dead code. A fused op takes the
 location of the op it absorbs (the tensor it now computes), as TPU-MLIR does.
 
@@ -490,6 +491,114 @@ class FuseGELU(TopPattern):
         return None
 
 
+def _inv_std(w: Weights, v):
+    """(variance value, eps) when `v` computes 1 / sqrt(variance + eps), else None."""
+    op = v.owner
+    if not isinstance(op, top.Div) or _scalar(w, op.input) != 1.0 or not isinstance(op.other.owner, top.Sqrt):
+        return None
+    add = op.other.owner.input.owner
+    if not isinstance(add, top.Add) or add.attrs()["do_relu"]:
+        return None
+    var, eps = _const_operand(w, add)
+    return None if var is None else (var, eps)
+
+
+def _times_inv_std(w: Weights, v):
+    """(inverse-std value, gamma array or None) when `v` is inv_std or inv_std * gamma."""
+    op = v.owner
+    if isinstance(op, top.Mul) and not op.attrs()["do_relu"]:
+        for a, b in ((op.input, op.other), (op.other, op.input)):
+            g = w.get(b)
+            if g is not None and _inv_std(w, a) is not None:
+                return a, g
+    return (v, None) if _inv_std(w, v) is not None else (None, None)
+
+
+def _mul_operands(v):
+    """The two operands of a plain Mul producing `v` (both orders), else ()."""
+    op = v.owner
+    if isinstance(op, top.Mul) and not op.attrs()["do_relu"]:
+        return ((op.input, op.other), (op.other, op.input))
+    return ()
+
+
+class FuseLayerNorm(TopPattern):
+    """x * m + (-mean * m [+ beta]) with m = gamma / sqrt(var + eps), the moments over the same
+    axes (Keras' LayerNormalization as tf2onnx writes it) -> LayerNorm(x, gamma, beta)."""
+
+    NAME = "fuse-layernorm"
+
+    def match_and_rewrite(self, op, rewriter: PatternRewriter) -> None:
+        if not isinstance(op, top.Add) or op.attrs()["do_relu"]:
+            return
+        for p, q in ((op.input, op.other), (op.other, op.input)):
+            for x, m in _mul_operands(p):
+                found = self._match(x, m, q)
+                if found is not None:
+                    self._rewrite(rewriter, op, x, *found)
+                    return
+
+    def _match(self, x, m, q):
+        inv, gamma = _times_inv_std(self.w, m)
+        if inv is None:
+            return None
+        beta, shift = None, q  # q = -mean * m, or that + beta, or beta - mean * m
+        q_op = q.owner
+        if isinstance(q_op, top.Add) and not q_op.attrs()["do_relu"]:
+            for a, b in ((q_op.input, q_op.other), (q_op.other, q_op.input)):
+                if self.w.get(b) is not None:
+                    shift, beta = a, self.w.get(b)
+        negated = True
+        if isinstance(q_op, top.Sub) and self.w.get(q_op.input) is not None:
+            shift, beta, negated = q_op.other, self.w.get(q_op.input), False
+        mean = None
+        for a, b in _mul_operands(shift):
+            if b is m:
+                if negated and isinstance(a.owner, top.Neg):
+                    mean = a.owner.input
+                elif not negated:
+                    mean = a
+        mean_op = None if mean is None else mean.owner
+        if not (isinstance(mean_op, top.ReduceMean) and mean_op.input is x and mean_op.attrs()["keepdims"]):
+            return None
+        var, eps = _inv_std(self.w, inv)
+        var_op = var.owner
+        if not (isinstance(var_op, top.ReduceMean) and var_op.attrs()["keepdims"]):
+            return None
+        rank = len(A.shape_of(x.type))
+        axes = sorted({a % rank for a in mean_op.attrs()["axes"]})
+        if sorted({a % rank for a in var_op.attrs()["axes"]}) != axes:
+            return None
+        sq = var_op.input.owner
+        d = sq.input if isinstance(sq, top.Mul) and sq.input is sq.other else None
+        if d is None or not isinstance(d.owner, top.Sub) or (d.owner.input, d.owner.other) != (x, mean):
+            return None
+        return axes, eps, gamma, beta
+
+    def _rewrite(self, rewriter, op, x, axes, eps, gamma, beta):
+        shape = A.shape_of(x.type)
+        if A.shape_of(op.output.type) != shape or eps < 0:
+            return
+        arrays = []
+        for arr in (gamma, beta):
+            if arr is not None:
+                full = (1,) * (len(shape) - arr.ndim) + arr.shape
+                if len(full) != len(shape) or any(d not in (1, e) for d, e in zip(full, shape)):
+                    return
+                arr = arr.astype(np.float32).reshape(full)
+            arrays.append(arr)
+        operands = [x]
+        for name, arr in zip(("scale", "bias"), arrays):
+            if arr is None:
+                none = top.NoneOp.create(result_types=[NoneType()])
+                rewriter.insert(none, InsertPoint.before(op))
+                operands.append(none.results[0])
+            else:
+                operands.append(self.w.add(rewriter, op, f"{op.loc}_{name}", arr))
+        _replace(rewriter, op, make_op("LayerNorm", operands, {"axes": axes, "eps": float(eps)}, op.loc))
+        self.fired()
+
+
 class FoldConstants(TopPattern):
     """An op whose operands are all constants -> `top.Weight`(s) holding its result."""
 
@@ -602,7 +711,7 @@ class DeadCode(TopPattern):
 
 
 PATTERNS = [DeadCode, FoldConstants, ClipToRelu, FoldBatchNorm, FoldScaleIntoConv, FoldMulAddIntoConv, FuseRelu,
-            FuseSiLU, FusePRelu, FuseHardSigmoid, FuseHardSwish, FuseGELU, FoldPadIntoConv,
+            FuseSiLU, FusePRelu, FuseHardSigmoid, FuseHardSwish, FuseGELU, FuseLayerNorm, FoldPadIntoConv,
             DropNoOps, MergePermutes, MergeReshapes]
 
 

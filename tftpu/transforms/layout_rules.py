@@ -5,7 +5,7 @@ physical tensor has relative to the op's logical operand) and returns a `Plan`: 
 each operand must arrive, the op's rewritten attributes, and the states of its results.
 
 - layout-agnostic ops (elementwise, activations) adopt the incoming layout;
-- lightly sensitive ops (Pad, Concat, Slice, Split, Reduce*, Softmax, BatchNorm, Scale, Resize,
+- lightly sensitive ops (Pad, Concat, Slice, Split, Reduce*, Softmax, LayerNorm, BatchNorm, Scale, Resize,
   Squeeze/Unsqueeze, Gather, Reshape/Flatten, MatMul) rewrite axis/pad/shape attributes;
 - heavily sensitive ops (Conv, Deconv, pools, SpaceToDepth/DepthToSpace) take the layout asked
   for in `desired_layouts` (and, for Conv, the kernel layout), else adapt like light ones.
@@ -229,6 +229,14 @@ def _drop_axes(p: Perm, axes: set[int]) -> Perm:
     """The layout left when logical `axes` are removed from a tensor laid out by `p`."""
     kept = [a for a in range(len(p)) if a not in axes]
     return tuple(kept.index(a) for a in p if a not in axes)
+
+
+@rule(LIGHT, "LayerNorm")
+@_follows_input
+def layer_norm(op, attrs, ctx, p):
+    axes = sorted(p.index(_axis(a, len(p))) for a in attrs["axes"])
+    specs = [Want(p)] + [None if ctx.shape(v) is None else Want(p) for v in op.operands[1:]]
+    return Plan(specs, {**attrs, "axes": axes}, [State(p)])
 
 
 @rule(LIGHT, "ReduceMean", "ReduceMax", "ReduceMin", "ReduceSum")

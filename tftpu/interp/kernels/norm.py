@@ -1,4 +1,4 @@
-"""Normalisation TOP ops: BatchNorm (inference form), Scale (per-channel affine), Softmax."""
+"""Normalisation TOP ops: BatchNorm (inference form), Scale (per-channel affine), LayerNorm, Softmax."""
 
 from __future__ import annotations
 
@@ -30,6 +30,22 @@ def scale(operands, attrs):
     if b is not None:
         y += per_channel(as_f32(b), x.ndim, ax)
     return [post_relu(y.astype(np.float32, copy=False), attrs, inplace=True)]
+
+
+@register("LayerNorm", flops=per_output_flops(8))
+def layer_norm(operands, attrs):
+    """top.LayerNorm: (x - mean) / sqrt(var + eps) * scale + bias over `axes` (as Keras and TF compute it)."""
+    x = as_f32(operands[0])
+    axes = tuple(sorted(a % x.ndim for a in attrs["axes"]))
+    mean = np.mean(x, axis=axes, keepdims=True)
+    centred = x - mean
+    var = np.mean(centred * centred, axis=axes, keepdims=True)
+    y = centred * (np.float32(1) / np.sqrt(var + np.float32(attrs.get("eps", 1e-5))))
+    if len(operands) > 1 and operands[1] is not None:
+        y *= as_f32(operands[1])
+    if len(operands) > 2 and operands[2] is not None:
+        y += as_f32(operands[2])
+    return [y.astype(np.float32, copy=False)]
 
 
 @register("Softmax", flops=per_output_flops(5))
