@@ -8,6 +8,7 @@ import pytest
 import tensorflow as tf
 
 import tftpu.data
+from tests.data.reference import two_step_s2d
 from tftpu.errors import UsageError
 from tftpu.utils import native
 
@@ -26,18 +27,7 @@ CONVERSIONS = [
 ]
 
 
-def _reference(images, block, dtype=None, scale=None, offset=None):
-    """TensorFlow without XLA: convert, zero-pad to a multiple of the block, tf.nn.space_to_depth."""
-    x = tf.convert_to_tensor(images)
-    if dtype is not None:
-        x = tf.cast(x, dtype)
-    if scale is not None:
-        x = x * tf.constant(scale, x.dtype)
-    if offset is not None:
-        x = x + tf.constant(offset, x.dtype)
-    h, w = x.shape[1:3]
-    x = tf.pad(x, [[0, 0], [0, -h % block], [0, -w % block], [0, 0]])
-    return tf.nn.space_to_depth(x, block)
+_reference = two_step_s2d
 
 
 def _convert(conversion, channels, rng):

@@ -7,21 +7,11 @@ import pytest
 import tensorflow as tf
 
 import tftpu.data
+from tests.data.reference import two_step_s2d
 from tftpu.errors import ShapeError, UsageError
 
 
-def _reference(images, block, dtype=None, scale=None, offset=None):
-    """Two steps: convert, zero-pad to a multiple of the block, tf.nn.space_to_depth."""
-    x = tf.convert_to_tensor(images)
-    if dtype is not None:
-        x = tf.cast(x, dtype)
-    if scale is not None:
-        x = x * tf.constant(scale, x.dtype)
-    if offset is not None:
-        x = x + tf.constant(offset, x.dtype)
-    h, w = x.shape[1:3]
-    x = tf.pad(x, [[0, 0], [0, -h % block], [0, -w % block], [0, 0]])
-    return tf.nn.space_to_depth(x, block)
+_reference = two_step_s2d
 
 
 TO_LAYOUT = {"NHWC": [0, 1, 2, 3], "NCHW": [0, 3, 1, 2], "HWCN": [1, 2, 3, 0]}
