@@ -18,13 +18,14 @@ from tftpu.interp.top_interpreter import run
 from tftpu.transforms.convert_layout import convert_layout
 
 KERAS = {"ResNet50": (32, 32), "MobileNetV2": (64, 64), "EfficientNetB0": (64, 64),
-         "MobileNetV3Small": (64, 64)}   # tf2onnx's optimizer leaves ~100 transposes in the last
+         "MobileNetV3Small": (64, 64),   # tf2onnx's optimizer leaves ~100 transposes in this one
+         "ConvNeXtTiny": (64, 64)}       # LayerNorm over channels, Dense layers on NHWC data
 TFLITE = ["selfie_segmentation.tflite", "face_detection_short_range.tflite"]
 MTCNN = ["mtcnn_rnet", "mtcnn_onet"]   # real weights; Keras Permute + Flatten + Dense: tf2onnx's stuck case
 
 # (permutes after NHWC, after NCHW) measured; the NCHW one is at the input for all but BlazeFace
 EXPECTED = {"ResNet50": (0, 1), "MobileNetV2": (0, 1), "EfficientNetB0": (0, 1), "MobileNetV3Small": (0, 1),
-            "selfie_segmentation.tflite": (0, 1), "face_detection_short_range.tflite": (0, 5),
+            "ConvNeXtTiny": (0, 1), "selfie_segmentation.tflite": (0, 1), "face_detection_short_range.tflite": (0, 5),
             "mtcnn_rnet": (0, 1), "mtcnn_onet": (0, 1)}
 
 

@@ -470,3 +470,29 @@ def test_layernorm_lookalikes_stay():
     m = b.finish(outs)
     rep = check(m, {"x": rand(2, 4, 6), "z": rand(2, 4, 6)}, [C.FuseLayerNorm, C.DeadCode])
     assert rep.counts["fuse-layernorm"] == 0
+
+
+@pytest.mark.parametrize("bias,right_transpose,relu", [(False, False, False), (True, False, True),
+                                                       (True, True, False)])
+def test_pointwise_matmul_becomes_1x1_conv(bias, right_transpose, relu):
+    b = TopBuilder("m")
+    x = b.input("x", (2, 3, 5, 4))
+    flat = b.op("Reshape", [x], {"shape": [30, 4]}, "flat")
+    w = b.weight("w", rand(6, 4) if right_transpose else rand(4, 6))
+    bv = b.weight("b", rand(6)) if bias else b.none()
+    mm = b.op("MatMul", [flat, w, bv], {"right_transpose": right_transpose, "do_relu": relu}, "mm")
+    m = b.finish([b.op("Reshape", [mm], {"shape": [2, 3, 5, 6]}, "dense")])
+    rep = check(m, {"x": rand(2, 3, 5, 4)}, [C.PointwiseMatMulToConv, C.DeadCode], ["Conv"])
+    assert rep.counts["pointwise-matmul-to-conv"] == 1 and m.output_names == ["dense"]
+    conv = next(op for op in m.ops if op.op_name == "Conv")
+    assert conv.attrs()["layout"] == "NHWC" and conv.attrs()["do_relu"] == relu
+
+
+def test_matmul_over_other_axes_stays():
+    b = TopBuilder("m")
+    x = b.input("x", (2, 3, 5, 4))
+    flat = b.op("Reshape", [x], {"shape": [6, 20]}, "flat")   # merges W and C: not pointwise
+    mm = b.op("MatMul", [flat, b.weight("w", rand(20, 8)), b.none()], {}, "mm")
+    m = b.finish([b.op("Reshape", [mm], {"shape": [2, 3, 8]}, "y")])
+    rep = check(m, {"x": rand(2, 3, 5, 4)}, [C.PointwiseMatMulToConv, C.DeadCode], ["Reshape", "MatMul", "Reshape"])
+    assert rep.counts["pointwise-matmul-to-conv"] == 0

@@ -3,8 +3,9 @@
 Folds BatchNorm into the preceding Conv/Deconv (else into Scale) and Scale into Conv, turns
 Clip(0, m) into Relu, fuses Relu into its producer (`do_relu`, `relu_limit`), fuses
 x * sigmoid(x) into SiLU, 0.5 * x * (1 + erf(x / sqrt 2)) into GELU and Keras' decomposed
-layer normalization into LayerNorm, folds ops on constants, drops no-op Reshape/Permute/Cast/...,
-merges consecutive Permutes and Reshapes, and removes dead code. A fused op takes the
+layer normalization into LayerNorm, turns Dense layers on feature maps into 1x1 Convs, folds
+ops on constants, drops no-op Reshape/Permute/Cast/..., merges consecutive Permutes and
+Reshapes, and removes dead code. A fused op takes the
 location of the op it absorbs (the tensor it now computes), as TPU-MLIR does.
 
 >>> report = canonicalize(model)  # doctest: +SKIP
@@ -599,6 +600,49 @@ class FuseLayerNorm(TopPattern):
         self.fired()
 
 
+class PointwiseMatMulToConv(TopPattern):
+    """Reshape [N,H,W,C] -> [N*H*W, C], MatMul by a constant [C, O], Reshape -> [N,H,W,O] (a Keras
+    Dense layer on a feature map, as tf2onnx writes it) -> one 1x1 NHWC Conv.
+
+    A MatMul pins the channels last; a Conv lets ConvertLayout run it in the chip's layout, so
+    ConvNeXt's pointwise layers need no transposes in NCHW either.
+    """
+
+    NAME = "pointwise-matmul-to-conv"
+
+    def match_and_rewrite(self, op, rewriter: PatternRewriter) -> None:
+        mm = op.input.owner if isinstance(op, top.Reshape) else None
+        if not isinstance(mm, top.MatMul) or not _single_use(op.input):
+            return
+        flat = mm.input.owner
+        if not isinstance(flat, top.Reshape) or not _single_use(mm.input):
+            return
+        x = flat.input
+        xs, out = A.shape_of(x.type), A.shape_of(op.output.type)
+        if len(xs) != 4 or len(out) != 4 or xs[:3] != out[:3]:
+            return
+        if A.shape_of(mm.input.type) != (xs[0] * xs[1] * xs[2], xs[3]):
+            return
+        w = self.w.get(mm.right)
+        a = mm.attrs()
+        if w is None or w.ndim != 2:
+            return
+        kernel = w.T if a["right_transpose"] else w  # [C, O]
+        if kernel.shape != (xs[3], out[3]):
+            return
+        bias = mm.bias
+        if not isinstance(bias.type, NoneType):
+            b = self.w.get(bias)
+            if b is None or b.size != out[3]:
+                return
+            bias = self.w.add(rewriter, op, f"{op.loc}_bias", b.reshape(-1).astype(np.float32))
+        hwio = self.w.add(rewriter, op, f"{op.loc}_kernel", np.ascontiguousarray(kernel.reshape(1, 1, *kernel.shape)))
+        attrs = {"kernel_shape": [1, 1], "strides": [1, 1], "pads": [0, 0, 0, 0], "dilations": [1, 1], "group": 1,
+                 "do_relu": a["do_relu"], "relu_limit": a["relu_limit"], "layout": "NHWC", "kernel_layout": "HWIO"}
+        _replace(rewriter, op, make_op("Conv", [x, hwio, bias], attrs, op.loc))
+        self.fired()
+
+
 class FoldConstants(TopPattern):
     """An op whose operands are all constants -> `top.Weight`(s) holding its result."""
 
@@ -711,7 +755,8 @@ class DeadCode(TopPattern):
 
 
 PATTERNS = [DeadCode, FoldConstants, ClipToRelu, FoldBatchNorm, FoldScaleIntoConv, FoldMulAddIntoConv, FuseRelu,
-            FuseSiLU, FusePRelu, FuseHardSigmoid, FuseHardSwish, FuseGELU, FuseLayerNorm, FoldPadIntoConv,
+            FuseSiLU, FusePRelu, FuseHardSigmoid, FuseHardSwish, FuseGELU, FuseLayerNorm, PointwiseMatMulToConv,
+            FoldPadIntoConv,
             DropNoOps, MergePermutes, MergeReshapes]
 
 
