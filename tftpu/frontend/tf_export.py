@@ -7,6 +7,7 @@ inserts and canonicalization merges them. TensorFlow is imported lazily.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import logging
 import os
@@ -46,21 +47,50 @@ def _quiet():
 _GENERATED = r"__\d+(:\d+)?$"
 
 
+def _digest(*parts) -> str:
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(part if isinstance(part, bytes) else str(part).encode())
+        h.update(b"\0")
+    return h.hexdigest()[:8]
+
+
 def _stable_names(proto) -> None:
-    """tf2onnx numbers the tensors it creates (`Transpose__308:0`, `const_fold_opt__374`) with
-    counters that change between runs; renumber them in graph order so exports are repeatable."""
+    """Rename what tf2onnx generated (`Transpose__308:0`, `const_fold_opt__374`) by what it is.
+
+    tf2onnx numbers the tensors it creates with process-wide counters, and its optimizer does
+    not always leave the same helper nodes (a no-op Reshape, one run in three), so neither the
+    counters nor the order are stable. An initializer is named by a digest of its contents, a
+    node output by a digest of its op, attributes, renamed inputs and output index
+    (`<base>__<8 hex>`), so the same model always exports with the same names.
+    """
     import re
     pattern = re.compile(_GENERATED)
     graph = proto.graph
     rename: dict[str, str] = {}
-    per_base: dict[str, int] = {}
+    taken: set[str] = set()
+
+    def assign(name: str, digest: str) -> None:
+        base = pattern.sub("", name)
+        new = f"{base}__{digest}"
+        k = 1
+        while new in taken:
+            new, k = f"{base}__{digest}_{k}", k + 1
+        taken.add(new)
+        rename[name] = new
+
+    for t in graph.initializer:
+        if pattern.search(t.name) and t.name not in rename:
+            body = type(t)()
+            body.CopyFrom(t)
+            body.name = ""
+            assign(t.name, _digest(body.SerializeToString(deterministic=True)))
     for node in graph.node:
-        for name in list(node.input) + list(node.output):
+        inputs = [rename.get(n, n) for n in node.input]
+        attrs = [a.SerializeToString(deterministic=True) for a in sorted(node.attribute, key=lambda a: a.name)]
+        for i, name in enumerate(node.output):
             if name and name not in rename and pattern.search(name):
-                base = pattern.sub("", name)
-                k = per_base.get(base, 0)
-                per_base[base] = k + 1
-                rename[name] = f"{base}__{k}"
+                assign(name, _digest(node.domain, node.op_type, *attrs, "|", *inputs, "|", i))
     if not rename:
         return
     for node in graph.node:
