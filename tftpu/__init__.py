@@ -26,6 +26,7 @@ _LAZY = {
     "ir": "tftpu.ir:",
     "models": "tftpu.models:",
     "compat": "tftpu.compat:",
+    "quant": "tftpu.quant:",
 }
 
 

@@ -1,19 +1,55 @@
 """tftpu-calibrate: build a calibration table for INT8 quantization of a TOP model.
 
     tftpu-calibrate --mlir=resnet.top.mlir --dataset=images/ --input_num=20 -o resnet_cali_table
+    tftpu-calibrate --mlir=m.top.mlir --dataset=npz_dir/ --calibration_method=mse -o m_cali_table
+
+Runs the TOP model on the first `--input_num` files of `--dataset` (sorted by name; images are
+resized to the input and turned into `(pixel - mean) * scale`; `.npz`/`.npy` files are taken
+as they are) and writes, for every float tensor, the INT8 threshold chosen by the method
+(kl: TensorRT's entropy method; mse: least expected squared error; percentile: 99.99% of
+|x|; minmax: the largest |x|) with the observed min and max, in TPU-MLIR's table layout.
+The same inputs give a byte-identical table.
 """
 
 from absl import flags
 
 from tftpu import cli
 
-flags.DEFINE_string("mlir", None, "TOP .mlir to calibrate")
+flags.DEFINE_string("mlir", None, "TOP .mlir to calibrate (its weights .npz beside it)")
 flags.DEFINE_string("dataset", None, "directory of images or .npz/.npy inputs")
-flags.DEFINE_integer("input_num", 20, "number of calibration inputs")
+flags.DEFINE_integer("input_num", 20, "number of calibration inputs (the first, by file name)", lower_bound=1)
 flags.DEFINE_enum("calibration_method", "kl", ["minmax", "percentile", "kl", "mse"], "threshold method")
+flags.DEFINE_list("mean", ["0"], "per-channel mean subtracted from image pixels (one value or one per channel)")
+flags.DEFINE_list("scale", ["1"], "per-channel scale applied after the mean (one value or one per channel)")
+flags.DEFINE_enum("pixel_format", "rgb", ["rgb", "bgr", "gray"], "channel order images are fed in")
 flags.DEFINE_string("o", None, "output calibration table")
 
-main = cli.not_yet_available("tftpu-calibrate", "quantization issue")
+FLAGS = flags.FLAGS
+
+
+def _floats(values, flag):
+    from tftpu import errors
+    try:
+        return [float(v) for v in values]
+    except ValueError:
+        raise errors.UsageError(f"--{flag}={','.join(values)}: expected numbers") from None
+
+
+def main(args):
+    from tftpu import errors, quant
+    from tftpu.ir.module import load
+
+    for flag in ("mlir", "dataset", "o"):
+        if not getattr(FLAGS, flag):
+            raise errors.UsageError(f"--{flag} is required")
+    model = load(FLAGS.mlir)
+    samples = quant.load_samples(model, FLAGS.dataset, FLAGS.input_num, _floats(FLAGS.mean, "mean"),
+                                 _floats(FLAGS.scale, "scale"), FLAGS.pixel_format)
+    table = quant.calibrate(model, samples, FLAGS.calibration_method)
+    table.save(FLAGS.o)
+    print(f"{FLAGS.o}: {len(table.entries)} tensors, {FLAGS.calibration_method} thresholds "
+          f"from {len(samples)} inputs")
+    return 0
 
 
 def run():

@@ -1,0 +1,61 @@
+"""tftpu-calibrate as a user runs it: a TOP .mlir and a directory of inputs -> a calibration table."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tftpu import frontend, models, quant
+
+TOOL = Path(sys.executable).with_name("tftpu-calibrate")
+
+
+def _run(*args):
+    return subprocess.run([str(TOOL), *map(str, args)], capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    d = tmp_path_factory.mktemp("cal")
+    model = frontend.load(models.resnet18_like((32, 32, 3)))
+    model.save(d / "r.top.mlir")
+    data = d / "data"
+    data.mkdir()
+    (d / "empty").mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(3):
+        np.save(data / f"{i}.npy", rng.uniform(-1, 1, (1, 32, 32, 3)).astype(np.float32))
+    return d
+
+
+def test_writes_a_table(work):
+    out = work / "table.txt"
+    r = _run(f"--mlir={work / 'r.top.mlir'}", f"--dataset={work / 'data'}", "--input_num=2",
+             "--calibration_method=mse", f"-o={out}")
+    assert r.returncode == 0, r.stderr
+    assert "2 inputs" in r.stdout
+    table = quant.read_table(out)
+    assert table.method == "mse" and table.samples == 2 and len(table.entries) > 20
+
+
+@pytest.mark.parametrize("args,needle", [
+    ([], "--mlir"),
+    (["--dataset={work}/missing"], "directory"),
+    (["--dataset={work}/empty"], "no images"),
+    (["--mean=a"], "--mean"),
+    (["--calibration_method=entropy"], "calibration_method"),
+])
+def test_bad_input_is_one_line_exit_2(work, args, needle):
+    base = {"--mlir": f"--mlir={work / 'r.top.mlir'}", "--dataset": f"--dataset={work / 'data'}",
+            "-o": f"-o={work / 'never.txt'}"}
+    given = [a.format(work=work) for a in args]
+    for a in given:
+        base[a.split("=")[0]] = a
+    if not args:
+        base.pop("--mlir")
+    r = _run(*base.values())
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert len(r.stderr.strip().splitlines()) == 1 and needle in r.stderr
+    assert not (work / "never.txt").exists()
