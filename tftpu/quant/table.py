@@ -35,7 +35,7 @@ class CalibrationTable:
     bins: int = 0
 
     def text(self) -> str:
-        head = [f"# tftpu calibration table", f"# method: {self.method}", f"# sample number: {self.samples}",
+        head = ["# tftpu calibration table", f"# method: {self.method}", f"# sample number: {self.samples}",
                 f"# histogram number: {self.bins}", "###", "# op_name threshold min max"]
         rows = [f"{name} {_num(t)} {_num(lo)} {_num(hi)}" for name, (t, lo, hi) in self.entries.items()]
         return "\n".join(head + rows) + "\n"
