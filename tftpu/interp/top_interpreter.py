@@ -94,15 +94,23 @@ class TopInterpreter:
             env[s] = arr.astype(dtype, copy=False)
         return env
 
-    def run(self, inputs: dict, dump_all: bool = False) -> dict[str, np.ndarray]:
-        """Outputs by name (every tensor by location name when `dump_all`)."""
-        if self.backend == "compiled" and not dump_all:
+    def run(self, inputs: dict, dump_all: bool = False, observe=None) -> dict[str, np.ndarray]:
+        """Outputs by name (every tensor by location name when `dump_all`).
+
+        `observe(name, array) -> array`, if given, sees each input and op result as it is made
+        and returns what the rest of the model uses instead (e.g. a fake-quantized copy); it
+        runs on the per-op path.
+        """
+        if self.backend == "compiled" and not dump_all and observe is None:
             if self._compiled is None:
                 from tftpu.interp.tf_executor import CompiledTop
                 self._compiled = CompiledTop(self.model)
             return self._compiled.run(inputs)
         env = dict(self.consts)
         env.update(self._bind(inputs))
+        if observe is not None:
+            for name, s, _, _ in self.inputs:
+                env[s] = observe(name, env[s])
         dump = {}
         if dump_all:
             for name, s, _, _ in self.inputs:
@@ -115,6 +123,8 @@ class TopInterpreter:
             except Exception as e:
                 raise KernelError(f"{op_name} at {loc!r}: kernel failed: {type(e).__name__}: {e}") from e
             for s, r in zip(outs, results):
+                if observe is not None:
+                    r = observe(self.names[s], r)
                 env[s] = r
                 if dump_all:
                     dump[self.names[s]] = r
