@@ -2,7 +2,7 @@
 
     python benchmarks/transposes.py [--models ResNet50,MobileNetV2,...] [--size 96] [--chip npu1]
 
-For keras.applications ResNet50, MobileNetV2, EfficientNetB0, MobileNetV3Small (weights=None,
+For keras.applications ResNet50, MobileNetV2, EfficientNetB0, MobileNetV3Small, ConvNeXtTiny (weights=None,
 through tf2onnx; PEERS.md: tf2onnx leaves 106 transposes in MobileNetV3Small) and
 the mediapipe selfie-segmentation and BlazeFace TFLite models (through tf2onnx's TFLite path),
 and MTCNN R-Net/O-Net with real weights (Keras Permute + Flatten + Dense, where tf2onnx's
@@ -24,7 +24,7 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-KERAS = ("ResNet50", "MobileNetV2", "EfficientNetB0", "MobileNetV3Small")
+KERAS = ("ResNet50", "MobileNetV2", "EfficientNetB0", "MobileNetV3Small", "ConvNeXtTiny")
 TFLITE = ("selfie_segmentation.tflite", "face_detection_short_range.tflite")
 MTCNN = ("mtcnn_rnet", "mtcnn_onet")
 
