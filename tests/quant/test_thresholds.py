@@ -68,3 +68,42 @@ def test_degenerate_inputs():
     one[100] = 5
     for method in T.METHODS:
         assert 0 < T.threshold(method, one, 1.0) <= 1.0
+
+
+def _kl_reference(hist, absmax, levels=128):
+    """TensorRT's entropy calibration written out candidate by candidate (the definition)."""
+    n = len(hist)
+    h = hist.astype(np.float64)
+    best_i, best = n, np.inf
+    for i in range(levels, n + 1):
+        p = h[:i].copy()
+        p[-1] += h[i:].sum()
+        q = np.zeros(i)
+        bounds = (np.arange(levels + 1) * i) // levels
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            nz = h[a:b] != 0
+            if nz.any():
+                q[a:b][nz] = h[a:b].sum() / nz.sum()
+        if q.sum() == 0:
+            continue
+        mask = p > 0
+        pn, qn = p[mask] / p.sum(), q[mask] / q.sum()
+        qn = np.where(qn > 0, qn, 1e-12)
+        div = float(np.sum(pn * np.log(pn / qn)))
+        if div < best:
+            best, best_i = div, i
+    return (best_i + 0.5) * absmax / n if best_i < n else absmax
+
+
+@pytest.mark.parametrize("dist", ["gauss_outliers", "relu", "uniform", "sparse", "two_bumps"])
+def test_kl_prefix_sum_form_equals_the_definition(dist):
+    rng = np.random.default_rng(7)
+    x = {"gauss_outliers": lambda: np.concatenate([rng.normal(size=50000), [30.0, -25.0]]),
+         "relu": lambda: np.maximum(rng.normal(size=50000), 0),
+         "uniform": lambda: rng.uniform(-2, 2, 50000),
+         "sparse": lambda: rng.choice([0.5, 1.0, 7.0], 3000),
+         "two_bumps": lambda: np.concatenate([rng.normal(1, 0.1, 20000), rng.normal(6, 0.5, 2000)])}[dist]()
+    mags = np.abs(x)
+    absmax = float(mags.max())
+    hist = np.histogram(mags[mags != 0], 512, (0.0, absmax))[0]   # 512 bins keep the loop quick
+    assert T.kl(hist, absmax) == pytest.approx(_kl_reference(hist, absmax), abs=absmax / 512)

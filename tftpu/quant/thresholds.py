@@ -7,7 +7,9 @@ returns the threshold t that INT8 quantization maps to 127 (values beyond t clip
 - `percentile`: the upper edge of the bin where the cumulative count reaches `q` percent.
 - `kl`: TensorRT's entropy calibration, as TPU-MLIR runs it: for each candidate i (from 128
   bins up), P = the first i bins with the tail folded into the last one, Q = those bins merged
-  into 128 levels and spread back over their non-empty bins; t minimises KL(P || Q).
+  into 128 levels and spread back over their non-empty bins; t minimises KL(P || Q). All
+  candidates are scored at once from prefix sums (about 10 ms for 2048 bins; a test checks it
+  against the candidate-by-candidate definition).
 - `mse`: t minimises the expected squared error: uniform rounding noise (t/127)^2/12 for the
   values inside, (|x| - t)^2 for the clipped ones, with |x| at its bin's centre.
 
@@ -41,28 +43,32 @@ def kl(hist: np.ndarray, absmax: float) -> float:
     n = len(hist)
     if absmax == 0 or n <= _LEVELS or hist.sum() == 0:
         return float(absmax)
-    hist = hist.astype(np.float64)
-    tails = np.concatenate([np.cumsum(hist[::-1])[::-1], [0.0]])  # tails[i] = sum(hist[i:])
-    best_i, best = n, np.inf
-    for i in range(_LEVELS, n + 1):
-        p = hist[:i].copy()
-        p[-1] += tails[i]
-        sliced = hist[:i]
-        starts = (np.arange(_LEVELS) * i) // _LEVELS
-        sums = np.add.reduceat(sliced, starts)
-        nonzero = np.add.reduceat((sliced != 0).astype(np.float64), starts)
-        level = np.repeat(np.arange(_LEVELS), np.diff(np.append(starts, i)))
-        q = np.where(sliced != 0, (sums / np.maximum(nonzero, 1))[level], 0.0)
-        p_sum, q_sum = p.sum(), q.sum()
-        mask = p > 0
-        if q_sum == 0:
-            continue
-        pn, qn = p[mask] / p_sum, q[mask] / q_sum
-        qn = np.where(qn > 0, qn, 1e-12)  # P has mass where Q has none (the folded tail): a large, finite cost
-        div = float(np.sum(pn * np.log(pn / qn)))
-        if div < best:
-            best, best_i = div, i
-    return float((best_i + 0.5) * absmax / n) if best_i < n else float(absmax)
+    h = hist.astype(np.float64)
+    total = h.sum()
+    # Every candidate at once, from prefix sums: O(128) per candidate instead of O(i).
+    cand = np.arange(_LEVELS, n + 1)
+    prefix = np.concatenate([[0.0], np.cumsum(h)])
+    nonzero = np.concatenate([[0.0], np.cumsum(h != 0)])
+    hlogh = np.concatenate([[0.0], np.cumsum(np.where(h > 0, h * np.log(np.where(h > 0, h, 1.0)), 0.0))])
+    starts = (np.arange(_LEVELS)[None, :] * cand[:, None]) // _LEVELS
+    ends = np.concatenate([starts[:, 1:], cand[:, None]], axis=1)
+    level_sum = prefix[ends] - prefix[starts]
+    level_nz = nonzero[ends] - nonzero[starts]
+    avg = np.where(level_nz > 0, level_sum / np.maximum(level_nz, 1.0), 0.0)  # Q's value on a non-empty bin
+    log_avg = np.log(np.where(avg > 0, avg, 1.0))
+    q_sum = prefix[cand]                  # Q spreads each level's count over its bins: sum(Q) = sum(hist[:i])
+    last = h[cand - 1]
+    before = prefix[cand - 1]             # the bins before the last one: P = hist, Q = their level's average
+    body = (hlogh[cand - 1] - ((level_sum * log_avg).sum(1) - last * log_avg[:, -1])
+            + before * (np.log(np.where(q_sum > 0, q_sum, 1.0)) - np.log(total))) / total
+    p_last = (last + total - q_sum) / total  # the last bin holds the folded tail
+    q_last = np.where(last > 0, avg[:, -1] / np.where(q_sum > 0, q_sum, 1.0), 0.0)
+    q_last = np.where(q_last > 0, q_last, 1e-12)  # P has mass where Q has none (the tail): large, finite
+    tail = np.where(p_last > 0, p_last * np.log(np.where(p_last > 0, p_last, 1.0) / q_last), 0.0)
+    div = np.where(q_sum > 0, body + tail, np.inf)
+    best = int(np.argmin(div))
+    i = int(cand[best])
+    return float((i + 0.5) * absmax / n) if i < n else float(absmax)
 
 
 def mse(hist: np.ndarray, absmax: float) -> float:
