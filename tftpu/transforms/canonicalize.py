@@ -88,6 +88,14 @@ def _single_use(value) -> bool:
     return len(list(value.uses)) == 1
 
 
+def _mul_operands(v):
+    """The two operands of a plain Mul producing `v` (both orders), else ()."""
+    op = v.owner
+    if isinstance(op, top.Mul) and not op.attrs()["do_relu"]:
+        return ((op.input, op.other), (op.other, op.input))
+    return ()
+
+
 def _used_by_return(value) -> bool:
     return any(isinstance(u.operation, func.ReturnOp) for u in value.uses)
 
@@ -310,9 +318,7 @@ class FuseSiLU(TopPattern):
     NAME = "fuse-silu"
 
     def match_and_rewrite(self, op, rewriter: PatternRewriter) -> None:
-        if not isinstance(op, top.Mul) or op.attrs()["do_relu"]:
-            return
-        for a, b in ((op.input, op.other), (op.other, op.input)):
+        for a, b in _mul_operands(op.results[0]) if isinstance(op, top.Mul) else ():
             sig = b.owner
             if isinstance(sig, top.Sigmoid) and sig.input is a and A.shape_of(a.type) == A.shape_of(op.output.type):
                 _replace(rewriter, op, make_op("SiLU", [a], {}, op.loc))
@@ -393,9 +399,7 @@ class FuseHardSwish(TopPattern):
     NAME = "fuse-hardswish"
 
     def match_and_rewrite(self, op, rewriter: PatternRewriter) -> None:
-        if not isinstance(op, top.Mul) or op.attrs()["do_relu"]:
-            return
-        for x, h in ((op.input, op.other), (op.other, op.input)):
+        for x, h in _mul_operands(op.results[0]) if isinstance(op, top.Mul) else ():
             hs = h.owner
             if isinstance(hs, top.HardSigmoid) and hs.input is x and \
                     abs(hs.attrs()["alpha"] * 6.0 - 1.0) < 1e-6 and hs.attrs()["beta"] == 0.5 and \
@@ -513,14 +517,6 @@ def _times_inv_std(w: Weights, v):
             if g is not None and _inv_std(w, a) is not None:
                 return a, g
     return (v, None) if _inv_std(w, v) is not None else (None, None)
-
-
-def _mul_operands(v):
-    """The two operands of a plain Mul producing `v` (both orders), else ()."""
-    op = v.owner
-    if isinstance(op, top.Mul) and not op.attrs()["do_relu"]:
-        return ((op.input, op.other), (op.other, op.input))
-    return ()
 
 
 class FuseLayerNorm(TopPattern):
