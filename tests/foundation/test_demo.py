@@ -1,5 +1,6 @@
 """The README's main job runs end to end on the bundled default."""
 
+import hashlib
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +20,19 @@ def test_demo_tool_runs(tmp_path):
                  "space_to_depth_report.txt", "tac_report.txt", "resnet18_like_cali_table"):
         assert (tmp_path / name).stat().st_size > 0, name
     assert '"top.Permute"' not in (tmp_path / "resnet18_like_nhwc.top.mlir").read_text()
+    got = {name: hashlib.sha256((tmp_path / name).read_bytes()).hexdigest() for name in PINNED}
+    assert got == PINNED, "the demo's artefacts changed: update PINNED only for a deliberate change"
+
+
+# Byte-identical artefacts at --image_size=64: restructurings must not change them.
+PINNED = {
+    "resnet18_like.onnx": "36403500e729a23abe84ad0bac62d475d22d481bc897c92b5b7b49e7bc7edefe",
+    "resnet18_like.top.mlir": "9f2a5fd0194f493d929b951beb1183375ac71bac252a6fa85638837559bfee76",
+    "resnet18_like_top_f32_weights.npz": "c94d5beb96cb737881b827b9204815d075723ceee67d61c927e4ea120416e30a",
+    "resnet18_like_cali_table": "768bac6dc6aaa514f3a15af1706f16a73790e47217870f94f0753a19631a7b93",
+    "resnet18_like_nhwc.top.mlir": "71fd4727e30183c0fbb37ac218f533197015346c6bc040cd0e17559dbb083be5",
+    "resnet18_like_tac.tflite": "d1b74a8c721b15b0e172d64c0a87b06d203a2e6616a901ecbe457f9fe3514042",
+}
 
 
 def test_reference_model_is_deterministic():
