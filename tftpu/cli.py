@@ -2,7 +2,7 @@
 
 `run(main, doc)` parses absl flags and runs `main`, turning every failure a user can cause into
 one line on stderr and the documented exit status: 0 success, 1 a check failed, 2 bad input
-or usage (an unknown or malformed flag included). `--help` prints the tool's flags and exits 0.
+or usage (an unknown or malformed flag included), 70 an internal error (a bug, naming the pass or op). `--help` prints the tool's flags and exits 0.
 """
 
 from __future__ import annotations
@@ -71,6 +71,8 @@ def run(main: Callable[[list[str]], int | None], doc: str,
         code = main(args)
     except errors.TftpuError as e:
         code = fail(prog, e, e.exit_code)
+    except errors.InternalError as e:
+        code = fail(prog, f"internal error (a bug in tftpu, please report it): {e}", e.exit_code)
     except KeyboardInterrupt:
         code = fail(prog, "interrupted", 130)
     sys.exit(code or 0)

@@ -58,6 +58,20 @@ class ConfigError(InputError):
     """A chip, target or hardware configuration file is missing or malformed."""
 
 
+class InternalError(Exception):
+    """A bug in tftpu, not the user's input: a pass left an invalid module, a kernel failed.
+
+    It names the pass or op where it happened. Tools report it as an internal error with exit
+    status 70 (EX_SOFTWARE), never as bad input.
+    """
+
+    exit_code = 70
+
+    def __init__(self, where: str, message: str):
+        self.where = where
+        super().__init__(f"{where}: {message}")
+
+
 class CheckFailed(TftpuError):
     """A check ran and its result fell short (e.g. similarity under tolerance)."""
 

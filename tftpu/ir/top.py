@@ -276,6 +276,11 @@ class Weight(TopOp):
     name = "top.Weight"
     output = result_def(TensorType)
 
+    @property
+    def key(self) -> str:
+        """The array's key in the weight file (for now its location name)."""
+        return self.loc
+
     @classmethod
     def infer(cls, shapes, attrs):
         raise ShapeError("top.Weight takes its shape from the weight file, not from operands")
