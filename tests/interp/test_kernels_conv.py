@@ -5,7 +5,8 @@ import itertools
 import numpy as np
 import pytest
 
-from tftpu.interp.kernels import FLOPS, KERNELS
+from tftpu.interp.kernels import KERNELS
+from tftpu.ir.top import FLOPS
 from tests.interp.onnx_ref import assert_close, run_node
 
 RNG = np.random.default_rng(0)
@@ -26,17 +27,17 @@ def _conv_case(nsp, c, o, k, s, pads, d, g, bias, size):
     attrs = dict(kernel_shape=list(k), strides=list(s), pads=list(pads), dilations=list(d),
                  group=g)
     want = run_node("Conv", [x, w, b], attrs)[0]
-    got = KERNELS["Conv"]([x, w, b], dict(attrs, do_relu=False, relu_limit=-1.0))[0]
+    got = KERNELS["top.Conv"]([x, w, b], dict(attrs, do_relu=False, relu_limit=-1.0))[0]
     what = f"Conv {attrs} x{x.shape}"
     assert_close(got, want, rtol=1e-4, atol=2e-5, what=what)
     # NHWC data with OIHW and with HWIO weights gives the NCHW result transposed
-    got_nhwc = KERNELS["Conv"]([_to_nhwc(x), w, b], dict(attrs, layout="NHWC"))[0]
+    got_nhwc = KERNELS["top.Conv"]([_to_nhwc(x), w, b], dict(attrs, layout="NHWC"))[0]
     assert_close(got_nhwc, _to_nhwc(want), rtol=1e-4, atol=2e-5, what="NHWC " + what)
     w_hwio = np.moveaxis(np.moveaxis(w, 0, -1), 0, -2)
-    got_hwio = KERNELS["Conv"]([_to_nhwc(x), w_hwio, b],
+    got_hwio = KERNELS["top.Conv"]([_to_nhwc(x), w_hwio, b],
                                dict(attrs, layout="NHWC", kernel_layout="HWIO"))[0]
     assert_close(got_hwio, _to_nhwc(want), rtol=1e-4, atol=2e-5, what="HWIO " + what)
-    flops = FLOPS["Conv"]([x.shape, w.shape] + ([b.shape] if bias else [None]), [want.shape],
+    flops = FLOPS["top.Conv"]([x.shape, w.shape] + ([b.shape] if bias else [None]), [want.shape],
                           attrs)
     assert flops == want.size * (2 * w[0].size + (1 if bias else 0))
 
@@ -80,7 +81,7 @@ def test_conv_fused_relu(limit):
     attrs = dict(kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1])
     want = run_node("Conv", [x, w, b], attrs)[0]
     want = np.maximum(want, 0) if limit < 0 else np.clip(want, 0, limit)
-    got = KERNELS["Conv"]([x, w, b], dict(attrs, do_relu=True, relu_limit=limit))[0]
+    got = KERNELS["top.Conv"]([x, w, b], dict(attrs, do_relu=True, relu_limit=limit))[0]
     assert_close(got, want, rtol=1e-4, atol=2e-5)
     assert got.min() >= 0 and (limit < 0 or got.max() <= limit)
 
@@ -89,10 +90,10 @@ def test_conv_weight_cache_sees_in_place_edits():
     x = _rand(1, 2, 5, 5)
     w, b = _rand(3, 2, 3, 3), _rand(3)
     attrs = dict(kernel_shape=[3, 3])
-    KERNELS["Conv"]([x, w, b], attrs)
+    KERNELS["top.Conv"]([x, w, b], attrs)
     w *= 2.0
     b += 1.0
-    assert_close(KERNELS["Conv"]([x, w, b], attrs)[0], run_node("Conv", [x, w, b], attrs)[0],
+    assert_close(KERNELS["top.Conv"]([x, w, b], attrs)[0], run_node("Conv", [x, w, b], attrs)[0],
                  rtol=1e-4, atol=2e-5)
 
 
@@ -100,8 +101,8 @@ def test_conv_weight_cache_follows_identity():
     x = _rand(1, 2, 5, 5)
     w1, w2 = _rand(3, 2, 3, 3), _rand(3, 2, 3, 3)
     attrs = dict(kernel_shape=[3, 3])
-    y1 = KERNELS["Conv"]([x, w1, None], attrs)[0]
-    y2 = KERNELS["Conv"]([x, w2, None], attrs)[0]
+    y1 = KERNELS["top.Conv"]([x, w1, None], attrs)[0]
+    y2 = KERNELS["top.Conv"]([x, w2, None], attrs)[0]
     assert not np.allclose(y1, y2)
     assert_close(y2, run_node("Conv", [x, w2], attrs)[0], rtol=1e-4, atol=2e-5)
 
@@ -116,11 +117,11 @@ def _deconv_case(c, o, k, s, pads, d, g, op, bias, size):
                  group=g, output_padding=list(op))
     want = run_node("ConvTranspose", [x, w, b], attrs)[0]
     what = f"Deconv {attrs} x{x.shape}"
-    got = KERNELS["Deconv"]([x, w, b], attrs)[0]
+    got = KERNELS["top.Deconv"]([x, w, b], attrs)[0]
     assert_close(got, want, rtol=1e-4, atol=2e-5, what=what)
-    got_nhwc = KERNELS["Deconv"]([_to_nhwc(x), w, b], dict(attrs, layout="NHWC"))[0]
+    got_nhwc = KERNELS["top.Deconv"]([_to_nhwc(x), w, b], dict(attrs, layout="NHWC"))[0]
     assert_close(got_nhwc, _to_nhwc(want), rtol=1e-4, atol=2e-5, what="NHWC " + what)
-    assert FLOPS["Deconv"]([x.shape, w.shape, b.shape if bias else None], [want.shape],
+    assert FLOPS["top.Deconv"]([x.shape, w.shape, b.shape if bias else None], [want.shape],
                            attrs) > 0
 
 
@@ -198,6 +199,6 @@ def test_deconv_random_fuzz(seed):
 def test_deterministic(op, make):
     """Same inputs, byte-identical results, run after run."""
     operands, attrs = make()
-    first = KERNELS[op](operands, attrs)[0].tobytes()
+    first = KERNELS[f"top.{op}"](operands, attrs)[0].tobytes()
     for _ in range(3):
-        assert KERNELS[op](operands, attrs)[0].tobytes() == first
+        assert KERNELS[f"top.{op}"](operands, attrs)[0].tobytes() == first

@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from tftpu.interp.kernels import FLOPS, KERNELS
+from tftpu.interp.kernels import KERNELS
+from tftpu.ir.top import FLOPS
 from tests.interp.onnx_ref import assert_close, run_node
 
 RNG = np.random.default_rng(2)
@@ -23,14 +24,14 @@ def test_binary_broadcast(op, sa, sb):
     if op == "Div":
         b = np.where(np.abs(b) < 0.1, 0.5, b).astype(np.float32)
     want = run_node(op, [a, b])[0]
-    got = KERNELS[op]([a, b], {})[0]
+    got = KERNELS[f"top.{op}"]([a, b], {})[0]
     assert_close(got, want, what=f"{op} {sa} {sb}")
     assert got.dtype == np.float32
-    assert FLOPS[op]([sa, sb], [want.shape], {}) == want.size
+    assert FLOPS[f"top.{op}"]([sa, sb], [want.shape], {}) == want.size
     if op in ("Add", "Sub", "Mul"):
         for limit in (-1.0, 0.5):
             want_r = np.maximum(want, 0) if limit < 0 else np.clip(want, 0, limit)
-            got_r = KERNELS[op]([a, b], {"do_relu": True, "relu_limit": limit})[0]
+            got_r = KERNELS[f"top.{op}"]([a, b], {"do_relu": True, "relu_limit": limit})[0]
             assert_close(got_r, want_r)
 
 
@@ -39,7 +40,7 @@ def test_binary_int64_keeps_dtype(op):
     a = np.array([[7, -7, 9], [4, 5, -6]], np.int64)
     b = np.array([2, 3, -4], np.int64)
     want = run_node(op, [a, b])[0]
-    got = KERNELS[op]([a, b], {})[0]
+    got = KERNELS[f"top.{op}"]([a, b], {})[0]
     assert_close(got, want, what=op)
 
 
@@ -61,22 +62,22 @@ def test_unary(op, onnx_op, attrs, onnx_attrs):
     x = X.reshape(1, -1)
     opset = 20 if onnx_op == "Gelu" else 18
     want = run_node(onnx_op, [x], attrs if onnx_attrs is None else onnx_attrs, opset=opset)[0]
-    got = KERNELS[op]([x], attrs)[0]
+    got = KERNELS[f"top.{op}"]([x], attrs)[0]
     assert_close(got, want, rtol=2e-6, atol=1e-7, what=op)
     assert got.dtype == np.float32 and got.shape == x.shape
-    assert FLOPS[op]([x.shape], [x.shape], attrs) >= x.size
+    assert FLOPS[f"top.{op}"]([x.shape], [x.shape], attrs) >= x.size
 
 
 @pytest.mark.parametrize("op", ["Log", "Sqrt"])
 def test_unary_positive(op):
     x = _rand((3, 50), positive=True) * 10
-    assert_close(KERNELS[op]([x], {})[0], run_node(op, [x])[0], rtol=2e-6, atol=1e-7)
+    assert_close(KERNELS[f"top.{op}"]([x], {})[0], run_node(op, [x])[0], rtol=2e-6, atol=1e-7)
 
 
 def test_silu():
     x = X.reshape(1, -1)
     want = x * run_node("Sigmoid", [x])[0]
-    assert_close(KERNELS["SiLU"]([x], {})[0], want, rtol=2e-6, atol=1e-7)
+    assert_close(KERNELS["top.SiLU"]([x], {})[0], want, rtol=2e-6, atol=1e-7)
 
 
 @pytest.mark.parametrize("lo,hi", [(0.0, 6.0), (-1.0, 1.0), (None, 0.5), (-0.5, None)])
@@ -87,14 +88,14 @@ def test_clip(lo, hi):
         init[2] = np.float32(hi)
     want = run_node("Clip", [x, None if lo is None else 0, None if hi is None else 0],
                     initializers=init)[0]
-    assert_close(KERNELS["Clip"]([x], {"min": lo, "max": hi})[0], want)
+    assert_close(KERNELS["top.Clip"]([x], {"min": lo, "max": hi})[0], want)
 
 
 @pytest.mark.parametrize("limit", [-1.0, 0.0, 6.0])
 def test_relu_limit(limit):
     x = X * 2
     want = np.maximum(x, 0) if limit < 0 else np.clip(x, 0, limit)
-    np.testing.assert_array_equal(KERNELS["Relu"]([x], {"relu_limit": limit})[0], want)
+    np.testing.assert_array_equal(KERNELS["top.Relu"]([x], {"relu_limit": limit})[0], want)
 
 
 @pytest.mark.parametrize("xs,ss,layout", [((2, 3, 4, 5), (3, 1, 1), "NCHW"),
@@ -104,14 +105,14 @@ def test_relu_limit(limit):
 def test_prelu(xs, ss, layout):
     x, slope = _rand(xs), _rand(ss)
     want = run_node("PRelu", [x, slope])[0]
-    assert_close(KERNELS["PRelu"]([x, slope], {})[0], want)
+    assert_close(KERNELS["top.PRelu"]([x, slope], {})[0], want)
 
 
 def test_prelu_channel_vector():
     x, slope = _rand((2, 3, 4, 5)), _rand((3,))
     want = run_node("PRelu", [x, slope.reshape(3, 1, 1)])[0]
-    assert_close(KERNELS["PRelu"]([x, slope], {})[0], want)
-    got = KERNELS["PRelu"]([np.moveaxis(x, 1, -1), slope], {"layout": "NHWC"})[0]
+    assert_close(KERNELS["top.PRelu"]([x, slope], {})[0], want)
+    got = KERNELS["top.PRelu"]([np.moveaxis(x, 1, -1), slope], {"layout": "NHWC"})[0]
     assert_close(got, np.moveaxis(want, 1, -1))
 
 
@@ -121,7 +122,7 @@ def test_prelu_channel_vector():
 def test_softmax(shape, axis, log):
     x = _rand(shape) * 10
     want = run_node("LogSoftmax" if log else "Softmax", [x], {"axis": axis})[0]
-    got = KERNELS["Softmax"]([x], {"axis": axis, "log": log})[0]
+    got = KERNELS["top.Softmax"]([x], {"axis": axis, "log": log})[0]
     assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
@@ -133,12 +134,12 @@ def test_softmax(shape, axis, log):
 def test_matmul_broadcast(sa, sb):
     a, b = _rand(sa), _rand(sb)
     want = run_node("MatMul", [a, b])[0]
-    assert_close(KERNELS["MatMul"]([a, b, None], {})[0], want, rtol=1e-4, atol=1e-5)
+    assert_close(KERNELS["top.MatMul"]([a, b, None], {})[0], want, rtol=1e-4, atol=1e-5)
     if len(sb) >= 2:
         bt = np.ascontiguousarray(np.swapaxes(b, -1, -2))
-        got = KERNELS["MatMul"]([a, bt, None], {"right_transpose": True})[0]
+        got = KERNELS["top.MatMul"]([a, bt, None], {"right_transpose": True})[0]
         assert_close(got, want, rtol=1e-4, atol=1e-5)
-    assert FLOPS["MatMul"]([sa, sb, None], [want.shape], {}) == 2 * want.size * sa[-1]
+    assert FLOPS["top.MatMul"]([sa, sb, None], [want.shape], {}) == 2 * want.size * sa[-1]
 
 
 @pytest.mark.parametrize("trans_b", [0, 1])
@@ -151,7 +152,7 @@ def test_matmul_bias_relu_as_gemm(trans_b, limit):
     if limit is not None:
         attrs.update(do_relu=True, relu_limit=limit)
         want = np.maximum(want, 0) if limit < 0 else np.clip(want, 0, limit)
-    assert_close(KERNELS["MatMul"]([a, bb, c], attrs)[0], want, rtol=1e-4, atol=1e-5)
+    assert_close(KERNELS["top.MatMul"]([a, bb, c], attrs)[0], want, rtol=1e-4, atol=1e-5)
 
 
 # ----------------------------------------------------------------------------- norms
@@ -163,12 +164,12 @@ def test_batchnorm(shape, eps):
     c = shape[1]
     mean, var, scale, bias = _rand((c,)), _rand((c,), True), _rand((c,)), _rand((c,))
     want = run_node("BatchNormalization", [x, scale, bias, mean, var], {"epsilon": eps})[0]
-    got = KERNELS["BatchNorm"]([x, mean, var, scale, bias], {"epsilon": eps})[0]
+    got = KERNELS["top.BatchNorm"]([x, mean, var, scale, bias], {"epsilon": eps})[0]
     assert_close(got, want, rtol=1e-5, atol=1e-6)
-    got = KERNELS["BatchNorm"]([np.moveaxis(x, 1, -1), mean, var, scale, bias],
+    got = KERNELS["top.BatchNorm"]([np.moveaxis(x, 1, -1), mean, var, scale, bias],
                                {"epsilon": eps, "layout": "NHWC"})[0]
     assert_close(got, np.moveaxis(want, 1, -1), rtol=1e-5, atol=1e-6)
-    assert FLOPS["BatchNorm"]([shape] + [(c,)] * 4, [shape], {}) == 2 * x.size
+    assert FLOPS["top.BatchNorm"]([shape] + [(c,)] * 4, [shape], {}) == 2 * x.size
 
 
 @pytest.mark.parametrize("sshape", [(3,), (1, 3, 1, 1)])
@@ -178,11 +179,11 @@ def test_scale(sshape, do_relu):
     want = x * s.reshape(1, 3, 1, 1) + b.reshape(1, 3, 1, 1)
     if do_relu:
         want = np.maximum(want, 0)
-    got = KERNELS["Scale"]([x, s, b], {"do_relu": do_relu})[0]
+    got = KERNELS["top.Scale"]([x, s, b], {"do_relu": do_relu})[0]
     assert_close(got, want)
-    got = KERNELS["Scale"]([np.moveaxis(x, 1, -1), s, b], {"do_relu": do_relu, "layout": "NHWC"})[0]
+    got = KERNELS["top.Scale"]([np.moveaxis(x, 1, -1), s, b], {"do_relu": do_relu, "layout": "NHWC"})[0]
     assert_close(got, np.moveaxis(want, 1, -1))
-    assert FLOPS["Scale"]([x.shape, sshape, sshape], [x.shape], {}) == 2 * x.size
+    assert FLOPS["top.Scale"]([x.shape, sshape, sshape], [x.shape], {}) == 2 * x.size
 
 
 def test_every_spec_op_has_kernel_and_flops():
@@ -192,8 +193,8 @@ def test_every_spec_op_has_kernel_and_flops():
             "Pad Slice Split Squeeze Unsqueeze Resize ReduceMean ReduceMax ReduceMin ReduceSum "
             "SpaceToDepth DepthToSpace Cast Gather").split()
     for op in spec:
-        assert callable(KERNELS[op]) and callable(FLOPS[op]), op
-    assert set(KERNELS) == set(FLOPS) and set(spec) <= set(KERNELS)
+        assert callable(KERNELS[f"top.{op}"]) and callable(FLOPS[f"top.{op}"]), op
+    assert {f"top.{op}" for op in spec} <= set(KERNELS) & set(FLOPS)
 
 
 FLOPS_CASES = [
@@ -216,7 +217,7 @@ FLOPS_CASES = [
 
 @pytest.mark.parametrize("op,ins,outs,attrs,want", FLOPS_CASES)
 def test_flops_counts(op, ins, outs, attrs, want):
-    got = FLOPS[op](ins, outs, attrs)
+    got = FLOPS[f"top.{op}"](ins, outs, attrs)
     assert isinstance(got, int) and got == want
 
 

@@ -5,7 +5,8 @@ import itertools
 import numpy as np
 import pytest
 
-from tftpu.interp.kernels import FLOPS, KERNELS
+from tftpu.interp.kernels import KERNELS
+from tftpu.ir.top import FLOPS
 from tests.interp.onnx_ref import assert_close, run_node
 
 RNG = np.random.default_rng(1)
@@ -16,11 +17,11 @@ def _check(kind, x, attrs):
     oattrs = {k: (int(v) if isinstance(v, bool) else v) for k, v in attrs.items()}
     want = run_node(onnx_op, [x], oattrs)[0]
     what = f"{kind} {attrs} x{x.shape}"
-    got = KERNELS[kind]([x], attrs)[0]
+    got = KERNELS[f"top.{kind}"]([x], attrs)[0]
     assert_close(got, want, rtol=1e-5, atol=1e-6, what=what)
-    got_nhwc = KERNELS[kind]([np.moveaxis(x, 1, -1)], dict(attrs, layout="NHWC"))[0]
+    got_nhwc = KERNELS[f"top.{kind}"]([np.moveaxis(x, 1, -1)], dict(attrs, layout="NHWC"))[0]
     assert_close(got_nhwc, np.moveaxis(want, 1, -1), rtol=1e-5, atol=1e-6, what="NHWC " + what)
-    assert FLOPS[kind]([x.shape], [want.shape], attrs) == want.size * int(
+    assert FLOPS[f"top.{kind}"]([x.shape], [want.shape], attrs) == want.size * int(
         np.prod(attrs["kernel_shape"]))
 
 
@@ -72,7 +73,7 @@ def test_pool_fused_relu(limit):
     for kind, onnx_op in (("MaxPool", "MaxPool"), ("AvgPool", "AveragePool")):
         want = run_node(onnx_op, [x], attrs)[0]
         want = np.maximum(want, 0) if limit < 0 else np.clip(want, 0, limit)
-        got = KERNELS[kind]([x], dict(attrs, do_relu=True, relu_limit=limit))[0]
+        got = KERNELS[f"top.{kind}"]([x], dict(attrs, do_relu=True, relu_limit=limit))[0]
         assert_close(got, want)
 
 
@@ -82,11 +83,11 @@ def test_pool_fused_relu(limit):
 def test_global_pool(shape, kind, onnx_op):
     x = RNG.standard_normal(shape).astype(np.float32)
     want = run_node(onnx_op, [x])[0]
-    assert_close(KERNELS[kind]([x], {})[0], want)
-    assert_close(KERNELS[kind]([x], {"keepdims": False})[0], want.reshape(shape[:2]))
-    got = KERNELS[kind]([np.moveaxis(x, 1, -1)], {"layout": "NHWC"})[0]
+    assert_close(KERNELS[f"top.{kind}"]([x], {})[0], want)
+    assert_close(KERNELS[f"top.{kind}"]([x], {"keepdims": False})[0], want.reshape(shape[:2]))
+    got = KERNELS[f"top.{kind}"]([np.moveaxis(x, 1, -1)], {"layout": "NHWC"})[0]
     assert_close(got, np.moveaxis(want, 1, -1))
-    assert FLOPS[kind]([shape], [want.shape], {}) == x.size
+    assert FLOPS[f"top.{kind}"]([shape], [want.shape], {}) == x.size
 
 
 @pytest.mark.parametrize("seed", range(4))

@@ -25,13 +25,13 @@ def _crops(size, n=6):
 def _step(kind, onnx_op, x, consts, attrs, onnx_attrs=None, nhwc_consts=None):
     """One layer: TOP kernel (NCHW, and NHWC with HWIO weights) against ORT; returns ORT's."""
     want = run_node(onnx_op, [x] + consts, attrs if onnx_attrs is None else onnx_attrs)[0]
-    got = KERNELS[kind]([x] + consts, attrs)[0]
+    got = KERNELS[f"top.{kind}"]([x] + consts, attrs)[0]
     assert_close(got, want, rtol=1e-4, atol=2e-5, what=f"{kind} {x.shape}")
     if nhwc_consts is not None and x.ndim == 4:
         nattrs = dict(attrs, layout="NHWC")
         if kind == "Conv":
             nattrs["kernel_layout"] = "HWIO"
-        got_nhwc = KERNELS[kind]([np.moveaxis(x, 1, -1)] + nhwc_consts, nattrs)[0]
+        got_nhwc = KERNELS[f"top.{kind}"]([np.moveaxis(x, 1, -1)] + nhwc_consts, nattrs)[0]
         assert_close(got_nhwc, np.moveaxis(want, 1, -1), rtol=1e-4, atol=2e-5,
                      what=f"NHWC {kind} {x.shape}")
     return want
@@ -60,7 +60,7 @@ def test_mtcnn_layers_real_weights(net, size, pools):
     x = _crops(size)
     for i, pool in enumerate(pools):
         x = _conv_prelu_pool(x, ws[3 * i], ws[3 * i + 1], ws[3 * i + 2], pool)
-    flat = KERNELS["Flatten"]([np.ascontiguousarray(np.moveaxis(x, 1, -1))],
+    flat = KERNELS["top.Flatten"]([np.ascontiguousarray(np.moveaxis(x, 1, -1))],
                               dict(start_dim=1, end_dim=-1))[0]   # Keras flattens NHWC
     j = 3 * len(pools)
     dense, bias, slope = ws[j], ws[j + 1], ws[j + 2]
@@ -68,7 +68,7 @@ def test_mtcnn_layers_real_weights(net, size, pools):
     h = _step("PRelu", "PRelu", h, [slope], {})
     logits_w, logits_b = ws[-2], ws[-1]
     logits = _step("MatMul", "Gemm", h, [logits_w, logits_b], {}, {})
-    probs = KERNELS["Softmax"]([logits], dict(axis=-1))[0]
+    probs = KERNELS["top.Softmax"]([logits], dict(axis=-1))[0]
     want = run_node("Softmax", [logits], dict(axis=-1))[0]
     row = compare_arrays("probs", want, probs, (0.99999, 0.9999))
     assert row.passed, row
@@ -88,6 +88,6 @@ def test_resize_real_photo(mode, coord, target):
     want = run_node("Resize", [img, None, None, sizes],
                     dict(mode=mode, coordinate_transformation_mode=coord, nearest_mode=nearest),
                     opset=opset, initializers={3: sizes})[0]
-    got = KERNELS["Resize"]([img], dict(mode=mode, coord_mode=coord, nearest_mode=nearest,
+    got = KERNELS["top.Resize"]([img], dict(mode=mode, coord_mode=coord, nearest_mode=nearest,
                                         target_shape=list(target)))[0]
     assert_close(got, want, rtol=1e-5, atol=1e-6)

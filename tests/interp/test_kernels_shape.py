@@ -7,7 +7,8 @@ import numpy as np
 import onnx
 import pytest
 
-from tftpu.interp.kernels import FLOPS, KERNELS
+from tftpu.interp.kernels import KERNELS
+from tftpu.ir.top import FLOPS
 from tests.interp.onnx_ref import assert_close, run_node
 
 RNG = np.random.default_rng(3)
@@ -33,8 +34,8 @@ def _resize_check(x, target, mode, coord, nearest="round_prefer_floor"):
                     initializers={3: sizes})[0]
     attrs = dict(mode=mode, coord_mode=coord, nearest_mode=nearest, target_shape=list(target))
     what = f"Resize {attrs} x{x.shape}"
-    assert_close(KERNELS["Resize"]([x], attrs)[0], want, rtol=1e-5, atol=1e-6, what=what)
-    got = KERNELS["Resize"]([np.moveaxis(x, 1, -1)], dict(attrs, layout="NHWC"))[0]
+    assert_close(KERNELS["top.Resize"]([x], attrs)[0], want, rtol=1e-5, atol=1e-6, what=what)
+    got = KERNELS["top.Resize"]([np.moveaxis(x, 1, -1)], dict(attrs, layout="NHWC"))[0]
     assert_close(got, np.moveaxis(want, 1, -1), rtol=1e-5, atol=1e-6, what="NHWC " + what)
 
 
@@ -63,7 +64,7 @@ def test_resize_nearest_index_sweep(coord, nearest):
             sizes = np.array([1, 1, o, i], np.int64)
             want = run_node("Resize", [x, None, None, sizes], oattrs, opset=opset,
                             initializers={3: sizes})[0]
-            got = KERNELS["Resize"]([x], dict(mode="nearest", coord_mode=coord,
+            got = KERNELS["top.Resize"]([x], dict(mode="nearest", coord_mode=coord,
                                               nearest_mode=nearest, target_shape=[o, i]))[0]
             np.testing.assert_array_equal(got, want, err_msg=f"{coord} {nearest} {i}->{o}")
 
@@ -73,14 +74,14 @@ def test_resize_3d_spatial(mode):
     x = _rand(1, 2, 3, 4, 5)
     sizes = np.array([1, 2, 6, 3, 9], np.int64)
     want = run_node("Resize", [x, None, None, sizes], dict(mode=mode), initializers={3: sizes})[0]
-    got = KERNELS["Resize"]([x], dict(mode=mode, coord_mode="half_pixel",
+    got = KERNELS["top.Resize"]([x], dict(mode=mode, coord_mode="half_pixel",
                                       nearest_mode="round_prefer_floor", target_shape=[6, 3, 9]))[0]
     assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
 def test_resize_flops():
-    assert FLOPS["Resize"]([(1, 2, 4, 4)], [(1, 2, 8, 8)], {"mode": "linear"}) == 128 * 6
-    assert FLOPS["Resize"]([(1, 2, 4, 4)], [(1, 2, 8, 8)], {"mode": "nearest"}) == 0
+    assert FLOPS["top.Resize"]([(1, 2, 4, 4)], [(1, 2, 8, 8)], {"mode": "linear"}) == 128 * 6
+    assert FLOPS["top.Resize"]([(1, 2, 4, 4)], [(1, 2, 8, 8)], {"mode": "nearest"}) == 0
 
 
 # ----------------------------------------------------------------------------- blocks
@@ -90,12 +91,12 @@ def test_resize_flops():
 def test_depth_to_space(mode, b, shape):
     x = _rand(*shape)
     want = run_node("DepthToSpace", [x], dict(blocksize=b, mode=mode))[0]
-    assert_close(KERNELS["DepthToSpace"]([x], dict(block_size=b, mode=mode))[0], want)
-    got = KERNELS["DepthToSpace"]([np.moveaxis(x, 1, -1)], dict(block_size=b, mode=mode,
+    assert_close(KERNELS["top.DepthToSpace"]([x], dict(block_size=b, mode=mode))[0], want)
+    got = KERNELS["top.DepthToSpace"]([np.moveaxis(x, 1, -1)], dict(block_size=b, mode=mode,
                                                                 layout="NHWC"))[0]
     assert_close(got, np.moveaxis(want, 1, -1))
     # DepthToSpace inverts SpaceToDepth in the same mode
-    back = KERNELS["SpaceToDepth"]([want], dict(block_size=b, mode=mode))[0]
+    back = KERNELS["top.SpaceToDepth"]([want], dict(block_size=b, mode=mode))[0]
     np.testing.assert_array_equal(back, x)
 
 
@@ -103,8 +104,8 @@ def test_depth_to_space(mode, b, shape):
 def test_space_to_depth(b, shape):
     x = _rand(*shape)
     want = run_node("SpaceToDepth", [x], dict(blocksize=b))[0]
-    assert_close(KERNELS["SpaceToDepth"]([x], dict(block_size=b))[0], want)
-    got = KERNELS["SpaceToDepth"]([np.moveaxis(x, 1, -1)], dict(block_size=b, layout="NHWC"))[0]
+    assert_close(KERNELS["top.SpaceToDepth"]([x], dict(block_size=b))[0], want)
+    got = KERNELS["top.SpaceToDepth"]([np.moveaxis(x, 1, -1)], dict(block_size=b, layout="NHWC"))[0]
     assert_close(got, np.moveaxis(want, 1, -1))
     import tensorflow as tf  # NHWC order is TF's space_to_depth order
     np.testing.assert_array_equal(got, tf.nn.space_to_depth(np.moveaxis(x, 1, -1), b).numpy())
@@ -116,10 +117,10 @@ def test_space_to_depth(b, shape):
 def test_concat(axis):
     xs = [_rand(2, 3, 4), _rand(2, 3, 4), _rand(2, 3, 4)]
     want = run_node("Concat", xs, dict(axis=axis))[0]
-    assert_close(KERNELS["Concat"](xs, dict(axis=axis))[0], want)
-    assert_close(KERNELS["Concat"](xs, dict(axis=axis, do_relu=True))[0], np.maximum(want, 0))
+    assert_close(KERNELS["top.Concat"](xs, dict(axis=axis))[0], want)
+    assert_close(KERNELS["top.Concat"](xs, dict(axis=axis, do_relu=True))[0], np.maximum(want, 0))
     ints = [np.array([1, 2], np.int64), np.array([3], np.int64)]
-    assert KERNELS["Concat"](ints, dict(axis=0))[0].dtype == np.int64
+    assert KERNELS["top.Concat"](ints, dict(axis=0))[0].dtype == np.int64
 
 
 @pytest.mark.parametrize("shape,new", [((2, 3, 4), [6, 4]), ((2, 3, 4), [2, -1]),
@@ -127,8 +128,8 @@ def test_concat(axis):
 def test_reshape(shape, new):
     x = _rand(*shape)
     want = run_node("Reshape", [x, np.array(new, np.int64)], initializers={1: np.array(new)})[0]
-    assert_close(KERNELS["Reshape"]([x], dict(shape=new))[0], want)
-    assert FLOPS["Reshape"]([shape], [want.shape], {}) == 0
+    assert_close(KERNELS["top.Reshape"]([x], dict(shape=new))[0], want)
+    assert FLOPS["top.Reshape"]([shape], [want.shape], {}) == 0
 
 
 @pytest.mark.parametrize("shape,start,end,onnx_axis", [
@@ -136,7 +137,7 @@ def test_reshape(shape, new):
     ((2, 3, 4, 5), 0, 1, None), ((2, 3, 4, 5), 1, 2, None)])
 def test_flatten(shape, start, end, onnx_axis):
     x = _rand(*shape)
-    got = KERNELS["Flatten"]([x], dict(start_dim=start, end_dim=end))[0]
+    got = KERNELS["top.Flatten"]([x], dict(start_dim=start, end_dim=end))[0]
     if onnx_axis is not None:
         assert_close(got, run_node("Flatten", [x], dict(axis=onnx_axis))[0])
     e = end % len(shape)
@@ -148,7 +149,7 @@ def test_flatten(shape, start, end, onnx_axis):
 def test_permute(order):
     x = _rand(2, 3, 4, 5)
     want = run_node("Transpose", [x], dict(perm=order))[0]
-    got = KERNELS["Permute"]([x], dict(order=order))[0]
+    got = KERNELS["top.Permute"]([x], dict(order=order))[0]
     assert_close(got, want)
     assert got.flags.c_contiguous
 
@@ -161,7 +162,7 @@ def test_pad(mode, pads):
     p = np.array(pads, np.int64)
     want = run_node("Pad", [x, p, np.float32(1.5)], dict(mode=mode),
                     initializers={1: p, 2: np.float32(1.5)})[0]
-    got = KERNELS["Pad"]([x], dict(paddings=pads, mode=mode, val=1.5))[0]
+    got = KERNELS["top.Pad"]([x], dict(paddings=pads, mode=mode, val=1.5))[0]
     assert_close(got, want, what=f"Pad {mode} {pads}")
 
 
@@ -176,7 +177,7 @@ def test_slice(starts, ends, axes, steps):
     x = _rand(3, 4, 5, 6)
     init = {i + 1: np.array(v, np.int64) for i, v in enumerate([starts, ends, axes, steps])}
     want = run_node("Slice", [x, 0, 0, 0, 0], initializers=init)[0]
-    got = KERNELS["Slice"]([x], dict(starts=starts, ends=ends, axes=axes, steps=steps))[0]
+    got = KERNELS["top.Slice"]([x], dict(starts=starts, ends=ends, axes=axes, steps=steps))[0]
     assert_close(got, want, what=f"Slice {starts} {ends} {axes} {steps}")
 
 
@@ -185,7 +186,7 @@ def test_split(axis, sizes):
     x = _rand(4, 3, 5)
     s = np.array(sizes, np.int64)
     want = run_node("Split", [x, s], dict(axis=axis), n_outputs=len(sizes), initializers={1: s})
-    got = KERNELS["Split"]([x], dict(axis=axis, split_size=sizes))
+    got = KERNELS["top.Split"]([x], dict(axis=axis, split_size=sizes))
     assert len(got) == len(want)
     for g, w in zip(got, want):
         assert_close(g, w)
@@ -197,14 +198,14 @@ def test_squeeze(shape, axes):
     x = _rand(*shape)
     init = {1: np.array(axes, np.int64)} if axes else {}
     want = run_node("Squeeze", [x, 0] if axes else [x], initializers=init)[0]
-    assert_close(KERNELS["Squeeze"]([x], dict(axes=axes))[0], want)
+    assert_close(KERNELS["top.Squeeze"]([x], dict(axes=axes))[0], want)
 
 
 @pytest.mark.parametrize("axes", [[0], [1, 3], [-1], [0, -1], [4, 0]])
 def test_unsqueeze(axes):
     x = _rand(3, 4, 5)
     want = run_node("Unsqueeze", [x, 0], initializers={1: np.array(axes, np.int64)})[0]
-    assert_close(KERNELS["Unsqueeze"]([x], dict(axes=axes))[0], want)
+    assert_close(KERNELS["top.Unsqueeze"]([x], dict(axes=axes))[0], want)
 
 
 @pytest.mark.parametrize("to,onnx_to", [("f32", 1), ("f16", 10), ("bf16", 16), ("i8", 3),
@@ -214,7 +215,7 @@ def test_cast(to, onnx_to):
                         np.array([0.5, -0.5, 1.5, 2.5, -2.7, 3.14159], np.float32)])
     if to == "u8":
         x = np.abs(x)
-    got = KERNELS["Cast"]([x], dict(to=to))[0]
+    got = KERNELS["top.Cast"]([x], dict(to=to))[0]
     if to == "bf16":  # numpy cannot take bfloat16 out of onnxruntime: cast back to f32 there
         want = _run_cast_chain(x, [onnx_to, onnx.TensorProto.FLOAT])
         assert got.dtype == ml_dtypes.bfloat16
@@ -244,9 +245,9 @@ def test_gather(axis, idx):
     x = _rand(3, 4, 5)
     i = np.array(idx, np.int64)
     want = run_node("Gather", [x, i], dict(axis=axis))[0]
-    assert_close(KERNELS["Gather"]([x, i], dict(axis=axis))[0], want)
+    assert_close(KERNELS["top.Gather"]([x, i], dict(axis=axis))[0], want)
     xi = (x * 10).astype(np.int64)
-    np.testing.assert_array_equal(KERNELS["Gather"]([xi, i], dict(axis=axis))[0],
+    np.testing.assert_array_equal(KERNELS["top.Gather"]([xi, i], dict(axis=axis))[0],
                                   run_node("Gather", [xi, i], dict(axis=axis))[0])
 
 
@@ -259,6 +260,6 @@ def test_reduce(op, axes, keep):
     x = _rand(2, 3, 4, 5)
     init = {1: np.array(axes, np.int64)} if axes else {}
     want = run_node(op, [x, 0] if axes else [x], dict(keepdims=int(keep)), initializers=init)[0]
-    got = KERNELS[op]([x], dict(axes=axes, keepdims=keep))[0]
+    got = KERNELS[f"top.{op}"]([x], dict(axes=axes, keepdims=keep))[0]
     assert_close(got, want, rtol=1e-5, atol=1e-6, what=f"{op} {axes} {keep}")
-    assert FLOPS[op]([x.shape], [want.shape], {}) == x.size
+    assert FLOPS[f"top.{op}"]([x.shape], [want.shape], {}) == x.size

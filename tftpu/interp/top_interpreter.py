@@ -61,14 +61,14 @@ class TopInterpreter:
                 t = op.output.type
                 self.inputs.append((op.loc, outs[0], A.shape_of(t), A.numpy_dtype(A.dtype_name(t.element_type))))
             elif isinstance(op, top.Weight):
-                arr = model.weights.get(op.loc)
+                arr = model.weights.get(op.key)
                 if arr is None:
-                    raise ShapeError(f"{model.name}: weight {op.loc!r} is missing")
+                    raise ShapeError(f"{model.name}: weight {op.key!r} is missing")
                 self.consts[outs[0]] = arr
             else:
-                kernel = KERNELS.get(op.op_name)
+                kernel = KERNELS.get(op.name)
                 if kernel is None:
-                    missing.append(op.op_name)
+                    missing.append(op.name)
                 ins = [None if isinstance(v.type, NoneType) else slot[v]
                        for v in op.operands]
                 self.steps.append((kernel, ins, outs, op.attrs(), op.name, op.loc))

@@ -13,14 +13,13 @@ from tftpu.ir.module import (
     make_op,
     parse_module,
     print_module,
-    register_dialect,
     value_name,
 )
-from tftpu.ir.top import OPS_BY_NAME, TOP_OPS, Top, TopOp, loc_name, loc_names, set_loc
+from tftpu.ir.top import FLOPS, OPS_BY_NAME, TOP_OPS, Top, TopOp, loc_name, loc_names, set_loc
 from tftpu.ir.weights import load_npz, npz_bytes, save_npz
 
 __all__ = [
     "TopBuilder", "TopModel", "context", "default_weight_file", "load", "make_op", "parse_module",
-    "print_module", "register_dialect", "value_name", "OPS_BY_NAME", "TOP_OPS", "Top", "TopOp",
+    "print_module", "value_name", "FLOPS", "OPS_BY_NAME", "TOP_OPS", "Top", "TopOp",
     "loc_name", "loc_names", "set_loc", "load_npz", "npz_bytes", "save_npz",
 ]

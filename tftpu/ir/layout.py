@@ -23,6 +23,7 @@ from xdsl.ir import Dialect, ParametrizedAttribute
 from xdsl.irdl import IRDLOperation, attr_def, irdl_attr_definition, irdl_op_definition, operand_def, result_def
 
 from tftpu.errors import ConfigError
+from tftpu.ir.base import loc_name, value_name
 from tftpu.utils import config
 
 Perm = tuple[int, ...]
@@ -234,12 +235,11 @@ class Reorder(IRDLOperation):
 
     @property
     def op_name(self) -> str:
-        """Key of its (identity) kernel in the TOP interpreter."""
+        """The op's name without its dialect, for messages."""
         return "Reorder"
 
     @property
     def loc(self) -> str:
-        from tftpu.ir.top import loc_name
         return loc_name(self)
 
     def attrs(self) -> dict:
@@ -256,16 +256,6 @@ class Reorder(IRDLOperation):
 
 
 Layout = Dialect("layout", [Reorder], [FormatAttr])
-
-
-def _register():
-    from tftpu.interp.kernels._registry import register
-    from tftpu.ir.module import register_dialect
-    register_dialect(Layout)
-    register("Reorder", flops=lambda i, o, a: 0)(lambda operands, attrs: [operands[0]])
-
-
-_register()
 
 
 # ---------------------------------------------------------------- chips
@@ -388,7 +378,6 @@ def plan_formats(model, chip: Chip) -> FormatPlan:
     Only moves into or out of the lane-blocked format count: plain NCHW vs NHWC order is what
     ConvertLayout settles in TOP, with explicit Permute ops. Other ranks stay plain."""
     from tftpu.ir import top
-    from tftpu.ir.module import value_name
 
     formats: dict = {}
     reorders: dict = {}
@@ -428,7 +417,6 @@ def insert_reorders(model, chip: Chip) -> FormatPlan:
     """Make the plan explicit: a `layout.reorder` op per planned reorder, shared by every use
     that wants that format; returns the plan. The TOP interpreter runs a reorder as identity."""
     from tftpu.ir import top
-    from tftpu.ir.module import value_name
 
     plan = plan_formats(model, chip)
     by_name = {(name, str(dst)): (src, dst) for name, src, dst, _ in plan.reorders}

@@ -29,24 +29,19 @@ from xdsl.utils.exceptions import ParseError, VerifyException
 
 from tftpu.errors import ModelFileError, ShapeError
 from tftpu.ir import attrs as A
-from tftpu.ir import top
+from tftpu.ir import layout, top
+from tftpu.ir.base import make_attributes, value_name
 from tftpu.ir.weights import load_npz, save_npz
 from tftpu.utils.files import write_text
 from tftpu.utils.names import unique_name
 
-_EXTRA_DIALECTS: list = []
-
-
-def register_dialect(dialect) -> None:
-    """Let `parse_module` read another dialect too (e.g. the TPU dialect)."""
-    if dialect not in _EXTRA_DIALECTS:
-        _EXTRA_DIALECTS.append(dialect)
+DIALECTS = (builtin.Builtin, func.Func, top.Top, layout.Layout)
 
 
 def context() -> Context:
-    """An xDSL context with builtin, func and top (and registered dialects) loaded."""
+    """An xDSL context with every dialect tftpu reads loaded (builtin, func, top, layout)."""
     ctx = Context()
-    for d in (builtin.Builtin, func.Func, top.Top, *_EXTRA_DIALECTS):
+    for d in DIALECTS:
         ctx.load_dialect(d)
     return ctx
 
@@ -180,16 +175,6 @@ def default_weight_file(name: str) -> str:
     return f"{name}_top_f32_weights.npz"
 
 
-def value_name(v: SSAValue) -> str:
-    """Location name of the tensor `v` (the i-th name of its op's location for result i)."""
-    names = top.loc_names(v.owner) if hasattr(v.owner, "location") else []
-    idx = v.index if hasattr(v, "index") else 0
-    if idx < len(names):
-        return names[idx]
-    base = names[0] if names else "?"
-    return f"{base}_{idx}" if idx else base
-
-
 def load(mlir_path, weights: dict | None = None) -> TopModel:
     """Read a `.top.mlir` and its weight file (`module.weight_file`, relative to the .mlir)."""
     mlir_path = Path(mlir_path)
@@ -279,16 +264,21 @@ class TopBuilder:
         return TopModel(module, self.weights)
 
 
+def op_class(op_name: str):
+    """The op class of a full name (`top.Conv`); a bare name (`Conv`) means the TOP op."""
+    full = op_name if "." in op_name else f"top.{op_name}"
+    cls = top.OPS_BY_NAME.get(full)
+    if cls is None:
+        raise ValueError(f"no op named {full}")
+    return cls
+
+
 def make_op(op_name: str, operands: list, attrs: dict, loc, result_types=None):
-    """Create (not insert) `top.<op_name>` with plain-Python `attrs` in declaration order."""
-    cls = top.OPS_BY_NAME[op_name]
-    attributes = {}
-    for key, (kind, _default) in cls.ATTRS.items():
-        if key in attrs and attrs[key] is not None:
-            attributes[key] = A.to_attr(kind, attrs[key])
-    unknown = set(attrs) - set(cls.ATTRS)
-    if unknown:
-        raise ValueError(f"top.{op_name}: unknown attribute(s) {sorted(unknown)}")
+    """Create (not insert) the op `op_name` (`top.Conv`, or `Conv` for the TOP op) with
+    plain-Python `attrs`, stored in declaration order; result types inferred unless given."""
+    cls = op_class(op_name)
+    op_name = cls.name[4:]
+    attributes = make_attributes(cls, attrs)
     if result_types is None:
         probe = cls.create(operands=list(operands), attributes=attributes)
         try:

@@ -1,13 +1,13 @@
 """The TOP dialect: framework-neutral tensor ops (ONNX-like, NCHW by default), on xDSL IRDL.
 
-Each op declares its operands and results with IRDL, its attributes as `ATTRS = {name: (kind,
-default)}` (`REQUIRED` for no default; see `tftpu.ir.attrs` for kinds), and a shape function
-`infer`. The verifier checks operand kinds, attribute values and that every result type equals
-the inferred one. Op semantics follow the ONNX op of the same name (see the table in DESIGN/top_spec); kernels
-and FLOPs counts live in `tftpu.interp.kernels` under the op name without `top.`.
+Each op declares on its class (see `tftpu.ir.base`) its operands and results, its typed
+attributes with their defaults (`ATTRS`, each also an accessor: `conv.group`), its traits, its
+shape function `infer` and its FLOPs `count_flops`. Op semantics follow the ONNX op of the same
+name. Tables about ops elsewhere (kernels, lowerings, layout rules, chip formats) are keyed by
+the full name, `top.Conv`.
 
->>> Conv.name, Conv.ATTRS["group"]
-('top.Conv', ('int', 1))
+>>> Conv.name, Conv.ATTRS["group"].default
+('top.Conv', 1)
 """
 
 from __future__ import annotations
@@ -16,165 +16,64 @@ import math
 from typing import ClassVar
 
 import numpy as np
-from xdsl.dialects.builtin import (
-    ArrayAttr,
-    FloatAttr,
-    FusedLoc,
-    IntegerAttr,
-    NameLoc,
-    NoneAttr,
-    NoneType,
-    StringAttr,
-    TensorType,
-)
+from xdsl.dialects.builtin import NoneType, TensorType
 from xdsl.ir import Dialect
-from xdsl.irdl import (
-    IRDLOperation,
-    attr_def,
-    irdl_op_definition,
-    operand_def,
-    opt_attr_def,
-    result_def,
-    var_operand_def,
-    var_result_def,
-)
+from xdsl.irdl import operand_def, result_def, var_operand_def, var_result_def
 from xdsl.utils.exceptions import VerifyException
 
 from tftpu.errors import ShapeError
-from tftpu.ir import attrs as A
+from tftpu.ir.base import (  # noqa: F401  (REQUIRED and the loc helpers are re-exported)
+    REQUIRED,
+    Bool,
+    Commutative,
+    Elementwise,
+    Float,
+    Int,
+    Ints,
+    Pure,
+    Str,
+    TensorOp,
+    define_op,
+    loc_name,
+    loc_names,
+    numel,
+    set_loc,
+)
 
-REQUIRED = object()
-_CONSTRAINT = {"int": IntegerAttr, "float": FloatAttr, "bool": IntegerAttr, "str": StringAttr,
-               "ints": ArrayAttr, "floats": ArrayAttr}
 LAYOUTS = ("NCHW", "NHWC")
-_RELU = {"do_relu": ("bool", False), "relu_limit": ("float", -1.0)}
+_RELU = {"do_relu": Bool(False), "relu_limit": Float(-1.0)}
 
 
-def loc_names(op) -> list[str]:
-    """Names of an op's results from its location: `loc("a")` or `loc(fused["a", "b"])`."""
-    loc = op.location
-    if isinstance(loc, NameLoc):
-        return [loc.desc.data]
-    if isinstance(loc, FusedLoc):
-        return [sub.desc.data for sub in loc.locations.data if isinstance(sub, NameLoc)]
-    return []
+class TopOp(TensorOp):
+    """Base of every TOP op."""
 
-
-def loc_name(op) -> str:
-    """The location name of an op (its first result's name), or "" when it has none."""
-    names = loc_names(op)
-    return names[0] if names else ""
-
-
-def set_loc(op, name: str | list[str]) -> None:
-    """Name an op by location, as TPU-MLIR does: by its output tensor name(s)."""
-    if isinstance(name, str):
-        op.location = NameLoc(StringAttr(name), NoneAttr())
-    elif len(name) == 1:
-        op.location = NameLoc(StringAttr(name[0]), NoneAttr())
-    else:
-        op.location = FusedLoc(ArrayAttr([NameLoc(StringAttr(n), NoneAttr()) for n in name]), NoneAttr())
-
-
-class TopOp(IRDLOperation):
-    """Base of every TOP op: attribute table, shape function, verifier, FLOPs."""
-
-    ATTRS: ClassVar[dict] = {}
-    # operands that may be a `none` value (e.g. a missing bias)
-    OPTIONAL_OPERANDS: ClassVar[tuple[int, ...]] = ()
+    TRAITS: ClassVar[tuple] = (Pure(),)
 
     @property
     def op_name(self) -> str:
-        """Op name without the `top.` prefix: the key in KERNELS and FLOPS."""
+        """The op's name without `top.`, for messages; tables are keyed by the full `name`."""
         return self.name[4:]
 
-    @property
-    def loc(self) -> str:
-        return loc_name(self)
-
-    def attrs(self) -> dict:
-        """Attributes as plain Python values, defaults filled in."""
-        out = {}
-        for key, (kind, default) in self.ATTRS.items():
-            attr = self.attributes.get(key)
-            if attr is None:
-                if default is REQUIRED:
-                    raise VerifyException(f"{self.name} at {self.loc!r}: missing attribute {key!r}")
-                out[key] = list(default) if isinstance(default, (list, tuple)) else default
-            else:
-                try:
-                    out[key] = A.from_attr(kind, attr)
-                except ValueError as e:
-                    raise VerifyException(f"{self.name} at {self.loc!r}: attribute {key!r}: {e}") from None
-        extra = set(self.attributes) - set(self.ATTRS)
-        if extra:
-            raise VerifyException(f"{self.name} at {self.loc!r}: unknown attribute(s) {sorted(extra)}")
-        return self.fill_defaults(out, self.operand_shapes())
-
-    def operand_shapes(self) -> list:
-        return [A.shape_of(v.type) for v in self.operands]
-
-    def fill_defaults(self, attrs: dict, shapes: list) -> dict:
-        """Hook for defaults that depend on operand ranks (strides, pads, ...)."""
-        return attrs
-
-    @classmethod
-    def infer(cls, shapes: list, attrs: dict) -> list:
-        """Result shapes from operand shapes and attributes (default: like operand 0)."""
-        return [shapes[0]]
-
-    @classmethod
-    def infer_dtypes(cls, dtypes: list, attrs: dict) -> list:
-        """Result element types (default: that of operand 0)."""
-        return [dtypes[0]]
-
-    def verify_(self) -> None:
-        where = f"{self.name} at {self.loc!r}"
-        for i, v in enumerate(self.operands):
-            if isinstance(v.type, NoneType):
-                if i not in self.OPTIONAL_OPERANDS:
-                    raise VerifyException(f"{where}: operand {i} must be a tensor, not none")
-            elif not isinstance(v.type, TensorType):
-                raise VerifyException(f"{where}: operand {i} has non-tensor type {v.type}")
-        for r in self.results:
-            if not isinstance(r.type, TensorType):
-                raise VerifyException(f"{where}: result has non-tensor type {r.type}")
-        attrs = self.attrs()
-        shapes = self.operand_shapes()
-        try:
-            self.check(shapes, attrs)
-            want = self.infer(shapes, attrs)
-        except (ValueError, IndexError, ZeroDivisionError, TypeError) as e:
-            raise VerifyException(f"{where}: {e}") from None
-        got = [A.shape_of(r.type) for r in self.results]
-        if [tuple(s) for s in want] != got:
-            raise VerifyException(f"{where}: result shape(s) {got} do not match inferred {[tuple(s) for s in want]}")
-        dtypes = [None if s is None else A.dtype_name(v.type.element_type)
-                  for v, s in zip(self.operands, shapes)]
-        want_dt = self.infer_dtypes(dtypes, attrs)
-        got_dt = [A.dtype_name(r.type.element_type) for r in self.results]
-        if want_dt != got_dt:
-            raise VerifyException(f"{where}: result element type(s) {got_dt}, expected {want_dt}")
-
     def check(self, shapes: list, attrs: dict) -> None:
-        """Extra attribute/operand checks; raise ValueError with a message."""
         if "layout" in attrs and attrs["layout"] not in LAYOUTS:
             raise ValueError(f"layout must be NCHW or NHWC, got {attrs['layout']!r}")
 
-    def flops(self) -> int:
-        """FLOPs of this op (from `tftpu.interp.kernels.FLOPS`)."""
-        from tftpu.interp.kernels import FLOPS
-        fn = FLOPS.get(self.op_name)
-        if fn is None:
-            return 0
-        return int(fn(self.operand_shapes(), [A.shape_of(r.type) for r in self.results], self.attrs()))
+
+top_op = define_op
 
 
-def top_op(cls):
-    """Declare the IRDL attribute fields from `cls.ATTRS`, then define the op."""
-    for key, (kind, default) in cls.ATTRS.items():
-        setattr(cls, key, (attr_def if default is REQUIRED else opt_attr_def)(_CONSTRAINT[kind]))
-    return irdl_op_definition(cls)
+def per_output(mult: int = 1, fused_relu: bool = False):
+    """A `count_flops` of `mult` operations per output element (+1 for a fused ReLU)."""
+
+    def count_flops(cls, ins, outs, attrs):
+        n = numel(outs[0])
+        return n * mult + (n if fused_relu and attrs.get("do_relu") else 0)
+
+    return classmethod(count_flops)
+
+
+def _relu_flops(n: int, attrs: dict) -> int:
+    return n if attrs.get("do_relu") else 0
 
 
 # ---------------------------------------------------------------- shape helpers
@@ -315,9 +214,9 @@ class Conv(TopOp):
     bias = operand_def()
     output = result_def(TensorType)
     OPTIONAL_OPERANDS: ClassVar[tuple[int, ...]] = (2,)
-    ATTRS: ClassVar[dict] = {"kernel_shape": ("ints", REQUIRED), "strides": ("ints", ()), "pads": ("ints", ()),
-             "dilations": ("ints", ()), "group": ("int", 1), **_RELU, "layout": ("str", "NCHW"),
-             "kernel_layout": ("str", "OIHW")}
+    ATTRS: ClassVar[dict] = {"kernel_shape": Ints(), "strides": Ints(()), "pads": Ints(()),
+             "dilations": Ints(()), "group": Int(1), **_RELU, "layout": Str("NCHW"),
+             "kernel_layout": Str("OIHW")}
 
     def fill_defaults(self, attrs, shapes):
         return _window_defaults(attrs, len(shapes[0]) - 2)
@@ -345,6 +244,14 @@ class Conv(TopOp):
             raise ValueError(f"bias {b} must have {o} values")
 
     @classmethod
+    def count_flops(cls, ins, outs, attrs):
+        w = ins[1]
+        taps = numel(w[:-2]) * w[-2] if attrs["kernel_layout"] == "HWIO" else numel(w[1:])
+        n = numel(outs[0])
+        has_bias = len(ins) > 2 and ins[2] is not None
+        return n * (2 * taps + (1 if has_bias else 0)) + _relu_flops(n, attrs)
+
+    @classmethod
     def infer(cls, shapes, attrs):
         x, w = shapes[0], shapes[1]
         o = w[-1] if attrs["kernel_layout"] == "HWIO" else w[0]
@@ -368,9 +275,9 @@ class Deconv(TopOp):
     bias = operand_def()
     output = result_def(TensorType)
     OPTIONAL_OPERANDS: ClassVar[tuple[int, ...]] = (2,)
-    ATTRS: ClassVar[dict] = {"kernel_shape": ("ints", REQUIRED), "strides": ("ints", ()), "pads": ("ints", ()),
-             "dilations": ("ints", ()), "group": ("int", 1), "output_padding": ("ints", ()),
-             **_RELU, "layout": ("str", "NCHW")}
+    ATTRS: ClassVar[dict] = {"kernel_shape": Ints(), "strides": Ints(()), "pads": Ints(()),
+             "dilations": Ints(()), "group": Int(1), "output_padding": Ints(()),
+             **_RELU, "layout": Str("NCHW")}
 
     def fill_defaults(self, attrs, shapes):
         return _window_defaults(attrs, len(shapes[0]) - 2)
@@ -388,6 +295,12 @@ class Deconv(TopOp):
         o = w[1] * attrs["group"]
         if b is not None and math.prod(b) != o:
             raise ValueError(f"bias {b} must have {o} values")
+
+    @classmethod
+    def count_flops(cls, ins, outs, attrs):
+        n_out = numel(outs[0])
+        has_bias = len(ins) > 2 and ins[2] is not None
+        return numel(ins[0]) * 2 * numel(ins[1][1:]) + (n_out if has_bias else 0) + _relu_flops(n_out, attrs)
 
     @classmethod
     def infer(cls, shapes, attrs):
@@ -410,7 +323,14 @@ class MatMul(TopOp):
     bias = operand_def()
     output = result_def(TensorType)
     OPTIONAL_OPERANDS: ClassVar[tuple[int, ...]] = (2,)
-    ATTRS: ClassVar[dict] = {"right_transpose": ("bool", False), **_RELU}
+    ATTRS: ClassVar[dict] = {"right_transpose": Bool(False), **_RELU}
+
+    @classmethod
+    def count_flops(cls, ins, outs, attrs):
+        k = ins[0][-1] if len(ins[0]) else 1
+        n = numel(outs[0])
+        has_bias = len(ins) > 2 and ins[2] is not None
+        return n * 2 * k + (n if has_bias else 0) + _relu_flops(n, attrs)
 
     @classmethod
     def infer(cls, shapes, attrs):
@@ -434,6 +354,8 @@ class _Binary(TopOp):
     input = operand_def()
     other = operand_def()
     output = result_def(TensorType)
+    TRAITS: ClassVar[tuple] = (Pure(), Elementwise())
+    count_flops = per_output(1, fused_relu=True)
 
     @classmethod
     def infer(cls, shapes, attrs):
@@ -447,6 +369,7 @@ class _Binary(TopOp):
 class Add(_Binary):
     """a + b with numpy broadcasting."""
     name = "top.Add"
+    TRAITS: ClassVar[tuple] = (Pure(), Elementwise(), Commutative())
     ATTRS: ClassVar[dict] = dict(_RELU)
 
 
@@ -461,6 +384,7 @@ class Sub(_Binary):
 class Mul(_Binary):
     """a * b with numpy broadcasting."""
     name = "top.Mul"
+    TRAITS: ClassVar[tuple] = (Pure(), Elementwise(), Commutative())
     ATTRS: ClassVar[dict] = dict(_RELU)
 
 
@@ -474,18 +398,21 @@ class Div(_Binary):
 class Max(_Binary):
     """Elementwise maximum with broadcasting."""
     name = "top.Max"
+    TRAITS: ClassVar[tuple] = (Pure(), Elementwise(), Commutative())
 
 
 @top_op
 class Min(_Binary):
     """Elementwise minimum with broadcasting."""
     name = "top.Min"
+    TRAITS: ClassVar[tuple] = (Pure(), Elementwise(), Commutative())
 
 
 @top_op
 class PRelu(_Binary):
     """x if x > 0 else slope * x; slope broadcast on the channel axis."""
     name = "top.PRelu"
+    count_flops = per_output(2)
 
     @classmethod
     def infer(cls, shapes, attrs):
@@ -497,36 +424,39 @@ class _Unary(TopOp):
     output = result_def(TensorType)
 
 
-def _unary(op_name: str, doc: str, attrs: dict | None = None):
+def _unary(op_name: str, doc: str, attrs: dict | None = None, flops: int = 1):
+    """An element-wise activation `top.<op_name>` costing `flops` per element."""
     cls = type(op_name, (_Unary,), {"name": f"top.{op_name}", "__doc__": doc,
                                     "ATTRS": attrs or {}, "__module__": __name__,
-                                    "__annotations__": {"ATTRS": ClassVar[dict]}})
+                                    "TRAITS": (Pure(), Elementwise()), "count_flops": per_output(flops),
+                                    "__annotations__": {"ATTRS": ClassVar[dict], "TRAITS": ClassVar[tuple]}})
     return top_op(cls)
 
 
-Relu = _unary("Relu", "max(x, 0), clipped at relu_limit when it is >= 0.", {"relu_limit": ("float", -1.0)})
-Clip = _unary("Clip", "min(max(x, min), max).", {"min": ("float", REQUIRED), "max": ("float", REQUIRED)})
-LeakyRelu = _unary("LeakyRelu", "x if x >= 0 else alpha * x.", {"alpha": ("float", 0.01)})
-Sigmoid = _unary("Sigmoid", "1 / (1 + exp(-x)).")
+Relu = _unary("Relu", "max(x, 0), clipped at relu_limit when it is >= 0.", {"relu_limit": Float(-1.0)})
+Clip = _unary("Clip", "min(max(x, min), max).", {"min": Float(), "max": Float()})
+LeakyRelu = _unary("LeakyRelu", "x if x >= 0 else alpha * x.", {"alpha": Float(0.01)})
+Sigmoid = _unary("Sigmoid", "1 / (1 + exp(-x)).", flops=4)
 HardSigmoid = _unary("HardSigmoid", "max(0, min(1, alpha * x + beta)).",
-                     {"alpha": ("float", 0.2), "beta": ("float", 0.5)})
-HardSwish = _unary("HardSwish", "x * max(0, min(1, x / 6 + 1 / 2)).")
-SiLU = _unary("SiLU", "x * sigmoid(x).")
-Tanh = _unary("Tanh", "tanh(x).")
+                     {"alpha": Float(0.2), "beta": Float(0.5)}, flops=3)
+HardSwish = _unary("HardSwish", "x * max(0, min(1, x / 6 + 1 / 2)).", flops=4)
+SiLU = _unary("SiLU", "x * sigmoid(x).", flops=5)
+Tanh = _unary("Tanh", "tanh(x).", flops=4)
 Exp = _unary("Exp", "exp(x).")
 Log = _unary("Log", "natural log.")
 Sqrt = _unary("Sqrt", "square root.")
-Erf = _unary("Erf", "error function.")
+Erf = _unary("Erf", "error function.", flops=4)
 Abs = _unary("Abs", "absolute value.")
 Neg = _unary("Neg", "-x.")
-GELU = _unary("GELU", "x * Phi(x), exact or tanh-approximated.", {"approximate": ("str", "none")})
+GELU = _unary("GELU", "x * Phi(x), exact or tanh-approximated.", {"approximate": Str("none")}, flops=8)
 
 
 @top_op
 class Softmax(_Unary):
     """Softmax (or log-softmax) along one axis."""
     name = "top.Softmax"
-    ATTRS: ClassVar[dict] = {"axis": ("int", -1), "log": ("bool", False)}
+    count_flops = per_output(5)
+    ATTRS: ClassVar[dict] = {"axis": Int(-1), "log": Bool(False)}
 
     def check(self, shapes, attrs):
         _axis(attrs["axis"], len(shapes[0]))
@@ -536,7 +466,9 @@ class Softmax(_Unary):
 class Cast(_Unary):
     """Element type conversion."""
     name = "top.Cast"
-    ATTRS: ClassVar[dict] = {"to": ("str", REQUIRED)}
+    TRAITS: ClassVar[tuple] = (Pure(), Elementwise())
+    count_flops = per_output(1)
+    ATTRS: ClassVar[dict] = {"to": Str()}
 
     def check(self, shapes, attrs):
         if attrs["to"] not in ("f32", "f16", "bf16", "i8", "u8", "i32", "i64"):
@@ -550,12 +482,17 @@ class Cast(_Unary):
 # ---------------------------------------------------------------- pooling / normalization
 
 class _Pool(_Unary):
-    ATTRS: ClassVar[dict] = {"kernel_shape": ("ints", REQUIRED), "strides": ("ints", ()), "pads": ("ints", ()),
-             "count_include_pad": ("bool", False), "ceil_mode": ("bool", False), **_RELU,
-             "layout": ("str", "NCHW")}
+    ATTRS: ClassVar[dict] = {"kernel_shape": Ints(), "strides": Ints(()), "pads": Ints(()),
+             "count_include_pad": Bool(False), "ceil_mode": Bool(False), **_RELU,
+             "layout": Str("NCHW")}
 
     def fill_defaults(self, attrs, shapes):
         return _window_defaults(attrs, len(shapes[0]) - 2)
+
+    @classmethod
+    def count_flops(cls, ins, outs, attrs):
+        n = numel(outs[0])
+        return n * math.prod(attrs["kernel_shape"]) + _relu_flops(n, attrs)
 
     def check(self, shapes, attrs):
         super().check(shapes, attrs)
@@ -589,7 +526,11 @@ class AvgPool(_Pool):
 
 
 class _GlobalPool(_Unary):
-    ATTRS: ClassVar[dict] = {"keepdims": ("bool", True), "layout": ("str", "NCHW")}
+    ATTRS: ClassVar[dict] = {"keepdims": Bool(True), "layout": Str("NCHW")}
+
+    @classmethod
+    def count_flops(cls, ins, outs, attrs):
+        return numel(ins[0])
 
     @classmethod
     def infer(cls, shapes, attrs):
@@ -623,7 +564,8 @@ class BatchNorm(TopOp):
     scale = operand_def()
     bias = operand_def()
     output = result_def(TensorType)
-    ATTRS: ClassVar[dict] = {"epsilon": ("float", 1e-5), "layout": ("str", "NCHW")}
+    ATTRS: ClassVar[dict] = {"epsilon": Float(1e-5), "layout": Str("NCHW")}
+    count_flops = per_output(2)
 
     def check(self, shapes, attrs):
         super().check(shapes, attrs)
@@ -639,7 +581,8 @@ class Scale(TopOp):
     scale = operand_def()
     bias = operand_def()
     output = result_def(TensorType)
-    ATTRS: ClassVar[dict] = {**_RELU, "layout": ("str", "NCHW")}
+    ATTRS: ClassVar[dict] = {**_RELU, "layout": Str("NCHW")}
+    count_flops = per_output(2, fused_relu=True)
 
     def check(self, shapes, attrs):
         super().check(shapes, attrs)
@@ -659,7 +602,8 @@ class LayerNorm(TopOp):
     bias = operand_def()
     output = result_def(TensorType)
     OPTIONAL_OPERANDS: ClassVar[tuple[int, ...]] = (1, 2)
-    ATTRS: ClassVar[dict] = {"axes": ("ints", REQUIRED), "eps": ("float", 1e-5)}
+    ATTRS: ClassVar[dict] = {"axes": Ints(), "eps": Float(1e-5)}
+    count_flops = per_output(8)
 
     def check(self, shapes, attrs):
         x = shapes[0]
@@ -682,7 +626,11 @@ class Concat(TopOp):
     name = "top.Concat"
     inputs = var_operand_def()
     output = result_def(TensorType)
-    ATTRS: ClassVar[dict] = {"axis": ("int", REQUIRED), "do_relu": ("bool", False)}
+    ATTRS: ClassVar[dict] = {"axis": Int(), "do_relu": Bool(False)}
+
+    @classmethod
+    def count_flops(cls, ins, outs, attrs):
+        return _relu_flops(numel(outs[0]), attrs)
 
     @classmethod
     def infer(cls, shapes, attrs):
@@ -702,7 +650,7 @@ class Concat(TopOp):
 class Reshape(_Unary):
     """Reshape to a fully static shape."""
     name = "top.Reshape"
-    ATTRS: ClassVar[dict] = {"shape": ("ints", REQUIRED)}
+    ATTRS: ClassVar[dict] = {"shape": Ints()}
 
     @classmethod
     def infer(cls, shapes, attrs):
@@ -716,7 +664,7 @@ class Reshape(_Unary):
 class Flatten(_Unary):
     """Merge axes start_dim..end_dim into one."""
     name = "top.Flatten"
-    ATTRS: ClassVar[dict] = {"start_dim": ("int", 1), "end_dim": ("int", -1)}
+    ATTRS: ClassVar[dict] = {"start_dim": Int(1), "end_dim": Int(-1)}
 
     @classmethod
     def infer(cls, shapes, attrs):
@@ -731,7 +679,7 @@ class Flatten(_Unary):
 class Permute(_Unary):
     """Transpose by `order`."""
     name = "top.Permute"
-    ATTRS: ClassVar[dict] = {"order": ("ints", REQUIRED)}
+    ATTRS: ClassVar[dict] = {"order": Ints()}
 
     @classmethod
     def infer(cls, shapes, attrs):
@@ -745,7 +693,7 @@ class Permute(_Unary):
 class Pad(_Unary):
     """Pad every axis by [begins..., ends...] (constant, reflect or edge)."""
     name = "top.Pad"
-    ATTRS: ClassVar[dict] = {"paddings": ("ints", REQUIRED), "mode": ("str", "constant"), "val": ("float", 0.0)}
+    ATTRS: ClassVar[dict] = {"paddings": Ints(), "mode": Str("constant"), "val": Float(0.0)}
 
     @classmethod
     def infer(cls, shapes, attrs):
@@ -764,8 +712,8 @@ class Pad(_Unary):
 class Slice(_Unary):
     """Static strided slice with ONNX clamping of starts/ends."""
     name = "top.Slice"
-    ATTRS: ClassVar[dict] = {"starts": ("ints", REQUIRED), "ends": ("ints", REQUIRED), "steps": ("ints", ()),
-             "axes": ("ints", ())}
+    ATTRS: ClassVar[dict] = {"starts": Ints(), "ends": Ints(), "steps": Ints(()),
+             "axes": Ints(())}
 
     def fill_defaults(self, attrs, shapes):
         n = len(attrs["starts"])
@@ -792,7 +740,7 @@ class Split(TopOp):
     name = "top.Split"
     input = operand_def()
     outputs = var_result_def(TensorType)
-    ATTRS: ClassVar[dict] = {"axis": ("int", REQUIRED), "split_size": ("ints", REQUIRED)}
+    ATTRS: ClassVar[dict] = {"axis": Int(), "split_size": Ints()}
 
     @classmethod
     def infer(cls, shapes, attrs):
@@ -811,7 +759,7 @@ class Split(TopOp):
 class Squeeze(_Unary):
     """Remove size-1 axes."""
     name = "top.Squeeze"
-    ATTRS: ClassVar[dict] = {"axes": ("ints", REQUIRED)}
+    ATTRS: ClassVar[dict] = {"axes": Ints()}
 
     @classmethod
     def infer(cls, shapes, attrs):
@@ -826,7 +774,7 @@ class Squeeze(_Unary):
 class Unsqueeze(_Unary):
     """Insert size-1 axes (axes index the output)."""
     name = "top.Unsqueeze"
-    ATTRS: ClassVar[dict] = {"axes": ("ints", REQUIRED)}
+    ATTRS: ClassVar[dict] = {"axes": Ints()}
 
     @classmethod
     def infer(cls, shapes, attrs):
@@ -840,9 +788,9 @@ class Unsqueeze(_Unary):
 class Resize(_Unary):
     """Nearest or (bi/tri)linear resize of the spatial axes to `target_shape`."""
     name = "top.Resize"
-    ATTRS: ClassVar[dict] = {"mode": ("str", "nearest"), "coord_mode": ("str", "half_pixel"),
-             "nearest_mode": ("str", "round_prefer_floor"), "target_shape": ("ints", REQUIRED),
-             "layout": ("str", "NCHW")}
+    ATTRS: ClassVar[dict] = {"mode": Str("nearest"), "coord_mode": Str("half_pixel"),
+             "nearest_mode": Str("round_prefer_floor"), "target_shape": Ints(),
+             "layout": Str("NCHW")}
 
     def check(self, shapes, attrs):
         super().check(shapes, attrs)
@@ -855,6 +803,10 @@ class Resize(_Unary):
             raise ValueError(f"unknown nearest_mode {attrs['nearest_mode']!r}")
 
     @classmethod
+    def count_flops(cls, ins, outs, attrs):
+        return 0 if attrs["mode"] == "nearest" else numel(outs[0]) * 3 * (len(outs[0]) - 2)
+
+    @classmethod
     def infer(cls, shapes, attrs):
         sp, c = _spatial(shapes[0], attrs["layout"])
         if len(attrs["target_shape"]) != len(sp):
@@ -863,7 +815,11 @@ class Resize(_Unary):
 
 
 class _Reduce(_Unary):
-    ATTRS: ClassVar[dict] = {"axes": ("ints", REQUIRED), "keepdims": ("bool", True)}
+    ATTRS: ClassVar[dict] = {"axes": Ints(), "keepdims": Bool(True)}
+
+    @classmethod
+    def count_flops(cls, ins, outs, attrs):
+        return numel(ins[0])
 
     @classmethod
     def infer(cls, shapes, attrs):
@@ -899,7 +855,7 @@ class ReduceSum(_Reduce):
 
 
 class _BlockOp(_Unary):
-    ATTRS: ClassVar[dict] = {"block_size": ("int", REQUIRED), "mode": ("str", "DCR"), "layout": ("str", "NCHW")}
+    ATTRS: ClassVar[dict] = {"block_size": Int(), "mode": Str("DCR"), "layout": Str("NCHW")}
 
     def check(self, shapes, attrs):
         super().check(shapes, attrs)
@@ -945,7 +901,7 @@ class Gather(TopOp):
     input = operand_def()
     indices = operand_def()
     output = result_def(TensorType)
-    ATTRS: ClassVar[dict] = {"axis": ("int", 0)}
+    ATTRS: ClassVar[dict] = {"axis": Int(0)}
 
     @classmethod
     def infer(cls, shapes, attrs):
@@ -960,6 +916,7 @@ TOP_OPS = [Input, Weight, NoneOp, Conv, Deconv, MatMul, Add, Sub, Mul, Div, Max,
            Scale, LayerNorm, Concat, Reshape, Flatten, Permute, Pad, Slice, Split, Squeeze, Unsqueeze, Resize,
            ReduceMean, ReduceMax, ReduceMin, ReduceSum, SpaceToDepth, DepthToSpace, Gather]
 
-OPS_BY_NAME: dict[str, type[TopOp]] = {cls.name[4:]: cls for cls in TOP_OPS}
+OPS_BY_NAME: dict[str, type[TopOp]] = {cls.name: cls for cls in TOP_OPS}
+FLOPS = {cls.name: cls.flops_of for cls in TOP_OPS}   # full name -> flops(ins, outs, attrs)
 
 Top = Dialect("top", TOP_OPS, [])

@@ -657,7 +657,7 @@ class FoldConstants(TopPattern):
                 return
             arrays.append(arr)
         from tftpu.interp.kernels import KERNELS
-        kernel = KERNELS.get(op.op_name)
+        kernel = KERNELS.get(op.name)
         if kernel is None:
             return
         results = kernel(arrays, op.attrs())
@@ -761,7 +761,8 @@ def canonicalize(model: TopModel, patterns=None, verify: bool = True) -> Report:
     report = Report()
     w = Weights(model)
     pats = [cls(w, report) for cls in (patterns or PATTERNS)]
-    walker = PatternRewriteWalker(GreedyRewritePatternApplier(pats), apply_recursively=True)
+    # dce off: DeadCode does it, counted in the report, in a fixed order
+    walker = PatternRewriteWalker(GreedyRewritePatternApplier(pats, dce_enabled=False), apply_recursively=True)
     walker.rewrite_module(model.module)
     # a reverse sweep removes chains of dead ops in one go
     PatternRewriteWalker(DeadCode(w, report), apply_recursively=True, walk_reverse=True).rewrite_module(model.module)

@@ -59,7 +59,7 @@ def _check_desired(desired: dict) -> dict[str, list[str]]:
     out = {}
     for key, val in dict(desired).items():
         name = key if key.startswith("top.") else f"top.{key}"
-        if name[4:] not in R.HEAVY and name[4:] not in ("Resize", "BatchNorm", "Scale"):
+        if name not in R.HEAVY and name not in ("top.Resize", "top.BatchNorm", "top.Scale"):
             raise UsageError(f"desired_layouts: {key!r} is not a layout-sensitive op "
                              f"(one of {sorted(R.HEAVY)} or Resize)")
         val = [val] if isinstance(val, str) else list(val)
@@ -77,7 +77,7 @@ def desired_for_chip(chip) -> dict[str, list[str]]:
     takes the data layout its memory format comes from."""
     if not isinstance(chip, L.Chip):
         chip = L.load_chip(chip)
-    return {f"top.{n}": ([chip.data_layout(n), "default"] if n == "Conv" else [chip.data_layout(n)])
+    return {n: ([chip.data_layout(n), "default"] if n == "top.Conv" else [chip.data_layout(n)])
             for n in sorted(R.HEAVY)}
 
 
@@ -85,7 +85,7 @@ def desired_for(layout: str, kernel_layout: str = "default") -> dict[str, list[s
     """`desired_layouts` putting every heavily layout-sensitive op in `layout`."""
     if layout not in L.DATA_LAYOUTS:
         raise UsageError(f"layout must be NCHW or NHWC, got {layout!r}")
-    return {f"top.{n}": ([layout, kernel_layout] if n == "Conv" else [layout]) for n in sorted(R.HEAVY)}
+    return {n: ([layout, kernel_layout] if n == "top.Conv" else [layout]) for n in sorted(R.HEAVY)}
 
 
 class ConvertLayout:
@@ -283,7 +283,7 @@ class _Run(R.Context):
                 self.env[op.results[0]] = (new, R.State(tuple(inv[a] for a in st.perm)))
                 self.report.absorbed += 1
                 return
-        fn = R.RULES.get(op.op_name, R.keep_all)
+        fn = R.RULES.get(op.name, R.keep_all)
         plan = fn(op, attrs, self)
         self._consumer = f"{op.name} at {op.loc!r} needs another layout"
         operands = [self._deliver(v, s) for v, s in zip(op.operands, plan.operands)]
@@ -291,7 +291,7 @@ class _Run(R.Context):
         names = [n if st.plain else self._unique(f"{n}_{_suffix(st)}") for n, st in zip(names, plan.outs)] \
             + names[len(plan.outs):]
         new_op = self._emit(plan.op_name or op.op_name, operands, plan.attrs, names)
-        if "layout" in plan.attrs and op.op_name in R.HEAVY:
+        if "layout" in plan.attrs and op.name in R.HEAVY:
             self.report.layouts[f"{op.op_name}:{plan.attrs['layout']}"] += 1
         if plan.note:
             self.report.notes.append(f"{op.loc}: {plan.note}")
@@ -353,7 +353,7 @@ class _Run(R.Context):
             moved = False
             for p in [op for op in self.model.ops if isinstance(op, top.Permute)]:
                 x = p.operands[0].owner
-                if isinstance(x, top.TopOp) and x.op_name in R.AGNOSTIC and len(x.results) == 1 \
+                if isinstance(x, top.TopOp) and x.name in R.AGNOSTIC and len(x.results) == 1 \
                         and x.results[0].uses.get_length() == 1 and self._hoist(p, x):
                     moved = True
 

@@ -11,7 +11,7 @@ each operand must arrive, the op's rewritten attributes, and the states of its r
   for in `desired_layouts` (and, for Conv, the kernel layout), else adapt like light ones.
 
 >>> sorted(HEAVY)[:3]
-['AvgPool', 'Conv', 'Deconv']
+['top.AvgPool', 'top.Conv', 'top.Deconv']
 """
 
 from __future__ import annotations
@@ -96,10 +96,11 @@ HEAVY: set[str] = set()
 
 
 def rule(category: set, *names: str):
+    """Register the decorated rule for each TOP op named (bare names here; keys are full names)."""
     def wrap(fn):
         for n in names:
-            RULES[n] = fn
-            category.add(n)
+            RULES[f"top.{n}"] = fn
+            category.add(f"top.{n}")
         return fn
     return wrap
 

@@ -1,8 +1,7 @@
-"""Inference kernels of the TOP ops and their FLOPs counts, by op name (without "top.").
+"""Inference kernels of the TOP ops, by full op name.
 
-    from tftpu.interp.kernels import KERNELS, FLOPS
-    y, = KERNELS["Conv"]([x, w, b], {"strides": [2, 2], "pads": [1, 1, 1, 1], "group": 1})
-    n = FLOPS["Conv"]([x.shape, w.shape, b.shape], [y.shape], attrs)
+    from tftpu.interp.kernels import KERNELS
+    y, = KERNELS["top.Conv"]([x, w, b], {"strides": [2, 2], "pads": [1, 1, 1, 1], "group": 1})
 
 Each kernel follows onnxruntime's semantics for the matching ONNX op (tests compare them);
 float kernels compute in float32 and call TensorFlow's optimized ops where that is faster
@@ -12,11 +11,14 @@ CPU kernels being channels-last at heart.
 """
 
 from tftpu.interp.kernels import _registry
-from tftpu.interp.kernels._registry import FLOPS, KERNELS, FlopsFn, Kernel
+from tftpu.interp.kernels._registry import KERNELS, Kernel
 from tftpu.interp.kernels import (  # noqa: F401  (each module registers its ops)
     conv, elementwise, matmul, norm, pool, reduce, resize, shape)
+from tftpu.interp.kernels._registry import register
 
-__all__ = ["KERNELS", "FLOPS", "Kernel", "FlopsFn", "clear_weight_cache"]
+register("layout.reorder")(lambda operands, attrs: [operands[0]])   # a format change keeps the values
+
+__all__ = ["KERNELS", "Kernel", "clear_weight_cache"]
 
 
 def clear_weight_cache() -> None:

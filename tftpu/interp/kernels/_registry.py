@@ -1,7 +1,8 @@
-"""The kernel and FLOPs registries of the TOP ops, and helpers the kernel modules share.
+"""The kernel registry of the TOP ops (keyed by full op name, `top.Conv`), and helpers the
+kernel modules share.
 
-A kernel maps `(operands, attrs) -> results` (numpy arrays, `None` for a `top.None` operand);
-a FLOPs function maps `(operand shapes, result shapes, attrs) -> int`.
+A kernel maps `(operands, attrs) -> results` (numpy arrays, `None` for a `top.None` operand).
+FLOPs are counted by the op itself (`count_flops` on its class in `tftpu.ir`).
 """
 
 from __future__ import annotations
@@ -13,19 +14,18 @@ from typing import Callable, Sequence
 import numpy as np
 
 Kernel = Callable[[list, dict], list]
-FlopsFn = Callable[[list, list, dict], int]
 
 KERNELS: dict[str, Kernel] = {}
-FLOPS: dict[str, FlopsFn] = {}
 
 
-def register(*names: str, flops: FlopsFn):
-    """Register the decorated kernel (and its FLOPs function) under each op name."""
+def register(*names: str):
+    """Register the decorated kernel under each full op name (`top.Conv`)."""
 
     def wrap(fn: Kernel) -> Kernel:
         for name in names:
+            if "." not in name:
+                raise ValueError(f"kernel key {name!r}: use the op's full name, e.g. 'top.{name}'")
             KERNELS[name] = fn
-            FLOPS[name] = flops
         return fn
 
     return wrap
@@ -82,15 +82,6 @@ def to_numpy(t) -> np.ndarray:
 def numel(shape: Sequence[int]) -> int:
     """Number of elements of a shape."""
     return int(math.prod(shape))
-
-
-def per_output_flops(mult: int = 1, fused_relu: bool = False) -> FlopsFn:
-    """FLOPs counter of an op doing `mult` operations per output element (+1 for a fused ReLU
-    when `fused_relu` and the op's `do_relu` is set)."""
-    def flops(ins, outs, attrs):
-        n = numel(outs[0])
-        return n * mult + (n if fused_relu and attrs.get("do_relu") else 0)
-    return flops
 
 
 def as_f32(x: np.ndarray) -> np.ndarray:

@@ -9,9 +9,8 @@ from __future__ import annotations
 import numpy as np
 
 from tftpu.interp.kernels._registry import (
-    WEIGHTS, as_f32, channels_last, ints, numel, per_channel, post_relu, register, relu,
+    WEIGHTS, as_f32, channels_last, ints, per_channel, post_relu, register, relu,
     relu_limit, tf, tf_epilogue, bias_const, to_numpy, nchw_supported)
-
 
 
 def _geometry(x, w_spatial, attrs):
@@ -153,16 +152,7 @@ def conv_forward(x, w, b, strides, pads, dil, group, nhwc, fused_relu=None):
     return y if fused_relu is None else relu(y, fused_relu)
 
 
-def _conv_flops(ins, outs, attrs):
-    w = ins[1]
-    kl = attrs.get("kernel_layout") or "OIHW"
-    taps = numel(w[:-2]) * w[-2] if kl.endswith("IO") else numel(w[1:])
-    n = numel(outs[0])
-    has_bias = len(ins) > 2 and ins[2] is not None
-    return n * (2 * taps + (1 if has_bias else 0) + (1 if attrs.get("do_relu") else 0))
-
-
-@register("Conv", flops=_conv_flops)
+@register("top.Conv")
 def conv(operands, attrs):
     """top.Conv: ONNX Conv (+ bias, + fused relu) on NCHW or NHWC data."""
     x, w = as_f32(operands[0]), _weight_oik(operands[1], attrs)
@@ -243,15 +233,7 @@ def deconv_forward(x, w, strides, pads, dil, group, output_padding):
     return full[(slice(None), slice(None)) + sl]
 
 
-def _deconv_flops(ins, outs, attrs):
-    w = ins[1]
-    has_bias = len(ins) > 2 and ins[2] is not None
-    n_out = numel(outs[0])
-    return (numel(ins[0]) * 2 * numel(w[1:]) + (n_out if has_bias else 0)
-            + (n_out if attrs.get("do_relu") else 0))
-
-
-@register("Deconv", flops=_deconv_flops)
+@register("top.Deconv")
 def deconv(operands, attrs):
     """top.Deconv: ONNX ConvTranspose (+ bias, + fused relu); output_padding at the end."""
     x, w = as_f32(operands[0]), as_f32(operands[1])

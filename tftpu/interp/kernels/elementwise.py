@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from tftpu.interp.kernels._registry import (
-    aligned_empty, as_f32, channel_axis, is_float, per_output_flops, post_relu, register, relu,
+    aligned_empty, as_f32, channel_axis, is_float, post_relu, register, relu,
     relu_limit, tf)
 
 
@@ -37,7 +37,7 @@ def _div(a, b):
 
 for _name, _fn in (("Add", np.add), ("Sub", np.subtract), ("Mul", np.multiply),
                    ("Div", _div), ("Max", np.maximum), ("Min", np.minimum)):
-    register(_name, flops=per_output_flops(1, fused_relu=True))(_binary(_fn, _name))
+    register(f"top.{_name}")(_binary(_fn, _name))
 
 
 def _unary(name, fn, mult=1):
@@ -46,7 +46,7 @@ def _unary(name, fn, mult=1):
         with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
             return [np.asarray(fn(x, attrs)).astype(x.dtype, copy=False)]
     kernel.__name__ = name
-    register(name, flops=per_output_flops(mult))(kernel)
+    register(f"top.{name}")(kernel)
     return kernel
 
 
@@ -86,7 +86,7 @@ def _gelu(x, attrs):
 _unary("GELU", _gelu, 8)
 
 
-@register("PRelu", flops=per_output_flops(2))
+@register("top.PRelu")
 def prelu(operands, attrs):
     """top.PRelu: x where x >= 0 else slope * x; slope broadcasts like numpy (ONNX), or a
     1-D slope of C values on the channel axis."""

@@ -10,18 +10,10 @@ from __future__ import annotations
 import numpy as np
 
 from tftpu.interp.kernels._registry import (
-    WEIGHTS, as_f32, bias_const, numel, post_relu, register, relu_limit, tf, tf_epilogue)
+    WEIGHTS, as_f32, bias_const, post_relu, register, relu_limit, tf, tf_epilogue)
 
 
-def _flops(ins, outs, attrs):
-    a = ins[0]
-    k = a[-1] if len(a) else 1
-    n = numel(outs[0])
-    has_bias = len(ins) > 2 and ins[2] is not None
-    return n * 2 * k + (n if has_bias else 0) + (n if attrs.get("do_relu") else 0)
-
-
-@register("MatMul", flops=_flops)
+@register("top.MatMul")
 def matmul(operands, attrs):
     """top.MatMul: a @ b (b transposed on its last two axes when right_transpose) + bias."""
     a, b = as_f32(operands[0]), as_f32(operands[1])

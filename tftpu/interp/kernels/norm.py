@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 
 from tftpu.interp.kernels._registry import (
-    aligned_empty, as_f32, channel_axis, per_channel, per_output_flops, post_relu, register)
+    aligned_empty, as_f32, channel_axis, per_channel, post_relu, register)
 
 
-@register("BatchNorm", flops=per_output_flops(2))
+@register("top.BatchNorm")
 def batch_norm(operands, attrs):
     """top.BatchNorm: (x - mean) / sqrt(var + eps) * scale + bias on the channel axis."""
     x, mean, var, scale, bias = (as_f32(o) for o in operands[:5])
@@ -20,7 +20,7 @@ def batch_norm(operands, attrs):
     return [y.astype(np.float32, copy=False)]
 
 
-@register("Scale", flops=per_output_flops(2, fused_relu=True))
+@register("top.Scale")
 def scale(operands, attrs):
     """top.Scale: x * scale + bias per channel (the folded form of BatchNorm) + fused relu."""
     x, s = as_f32(operands[0]), as_f32(operands[1])
@@ -32,7 +32,7 @@ def scale(operands, attrs):
     return [post_relu(y.astype(np.float32, copy=False), attrs, inplace=True)]
 
 
-@register("LayerNorm", flops=per_output_flops(8))
+@register("top.LayerNorm")
 def layer_norm(operands, attrs):
     """top.LayerNorm: (x - mean) / sqrt(var + eps) * scale + bias over `axes` (as Keras and TF compute it)."""
     x = as_f32(operands[0])
@@ -48,7 +48,7 @@ def layer_norm(operands, attrs):
     return [y.astype(np.float32, copy=False)]
 
 
-@register("Softmax", flops=per_output_flops(5))
+@register("top.Softmax")
 def softmax(operands, attrs):
     """top.Softmax: softmax (or log-softmax when `log`) along `axis` (ONNX opset >= 13)."""
     x = as_f32(operands[0])

@@ -11,7 +11,7 @@ import math
 import numpy as np
 
 from tftpu.interp.kernels._registry import (
-    aligned_empty, as_f32, channels_last, ints, numel, nchw_supported, post_relu, register,
+    aligned_empty, as_f32, channels_last, ints, nchw_supported, post_relu, register,
     spatial_axes, tf, to_numpy)
 
 
@@ -120,14 +120,7 @@ def _pool(x, attrs, kind):
     return (y / count).astype(np.float32)
 
 
-def _pool_flops(ins, outs, attrs):
-    nsp = len(ins[0]) - 2
-    k = ints(attrs, "kernel_shape", nsp, 1)
-    n = numel(outs[0])
-    return n * math.prod(k) + (n if attrs.get("do_relu") else 0)
-
-
-@register("MaxPool", flops=_pool_flops)
+@register("top.MaxPool")
 def max_pool(operands, attrs):
     """top.MaxPool: ONNX MaxPool (pads, ceil_mode, dilations) + fused relu."""
     x = operands[0]
@@ -137,14 +130,10 @@ def max_pool(operands, attrs):
     return [post_relu(_pool(x, attrs, "max"), attrs)]
 
 
-@register("AvgPool", flops=_pool_flops)
+@register("top.AvgPool")
 def avg_pool(operands, attrs):
     """top.AvgPool: ONNX AveragePool (pads, ceil_mode, count_include_pad) + fused relu."""
     return [post_relu(_pool(as_f32(operands[0]), attrs, "avg"), attrs)]
-
-
-def _global_flops(ins, outs, attrs):
-    return numel(ins[0])
 
 
 def _global(x, attrs, fn):
@@ -153,13 +142,13 @@ def _global(x, attrs, fn):
     return fn(x, axis=axes, keepdims=True if keep is None else bool(keep))
 
 
-@register("GlobalAvgPool", flops=_global_flops)
+@register("top.GlobalAvgPool")
 def global_avg_pool(operands, attrs):
     """top.GlobalAvgPool: mean over the spatial axes."""
     return [_global(as_f32(operands[0]), attrs, np.mean).astype(np.float32, copy=False)]
 
 
-@register("GlobalMaxPool", flops=_global_flops)
+@register("top.GlobalMaxPool")
 def global_max_pool(operands, attrs):
     """top.GlobalMaxPool: max over the spatial axes."""
     return [_global(operands[0], attrs, np.max)]

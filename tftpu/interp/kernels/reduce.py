@@ -4,11 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tftpu.interp.kernels._registry import as_f32, is_float, numel, register
-
-
-def _flops(ins, outs, attrs):
-    return numel(ins[0])
+from tftpu.interp.kernels._registry import as_f32, is_float, register
 
 
 def _reduce(name, fn):
@@ -23,7 +19,7 @@ def _reduce(name, fn):
         return [np.asarray(y, dtype=x.dtype)]
     kernel.__name__ = name
     kernel.__doc__ = f"top.{name}: over `axes` (all axes when empty), keeping dims if keepdims."
-    register(name, flops=_flops)(kernel)
+    register(f"top.{name}")(kernel)
 
 
 _reduce("ReduceMean", np.mean)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tftpu.interp.kernels._registry import as_f32, is_float, numel, register, spatial_axes
+from tftpu.interp.kernels._registry import as_f32, is_float, register, spatial_axes
 
 COORD_MODES = ("half_pixel", "align_corners", "asymmetric", "pytorch_half_pixel",
                "tf_half_pixel_for_nn")
@@ -73,14 +73,7 @@ def _linear_axis(x, axis, out_len, coord_mode):
         np.take(x, i1, axis=axis) * w1.reshape(shape)
 
 
-def _flops(ins, outs, attrs):
-    n = numel(outs[0])
-    if (attrs.get("mode") or "nearest") == "nearest":
-        return 0
-    return n * 3 * (len(outs[0]) - 2)
-
-
-@register("Resize", flops=_flops)
+@register("top.Resize")
 def resize(operands, attrs):
     """top.Resize: spatial axes to `target_shape` by nearest or linear interpolation."""
     x = operands[0]

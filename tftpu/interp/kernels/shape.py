@@ -9,22 +9,14 @@ import ml_dtypes
 import numpy as np
 
 from tftpu.interp.kernels._registry import (
-    aligned_empty, channels_last, numel, post_relu, register)
-
-
-def _zero(ins, outs, attrs):
-    return 0
-
-
-def _out_numel(ins, outs, attrs):
-    return numel(outs[0])
+    aligned_empty, channels_last, post_relu, register)
 
 
 def _common_dtype(xs):
     return np.result_type(*xs) if len({x.dtype for x in xs}) > 1 else xs[0].dtype
 
 
-@register("Concat", flops=lambda i, o, a: numel(o[0]) if a.get("do_relu") else 0)
+@register("top.Concat")
 def concat(operands, attrs):
     """top.Concat: join along `axis` (+ fused relu)."""
     xs = [np.asarray(x) for x in operands]
@@ -35,13 +27,13 @@ def concat(operands, attrs):
     return [post_relu(y, attrs, inplace=True)]
 
 
-@register("Reshape", flops=_zero)
+@register("top.Reshape")
 def reshape(operands, attrs):
     """top.Reshape: to the static `shape` (-1 allowed once)."""
     return [np.reshape(operands[0], [int(d) for d in attrs["shape"]])]
 
 
-@register("Flatten", flops=_zero)
+@register("top.Flatten")
 def flatten(operands, attrs):
     """top.Flatten: merge axes start_dim..end_dim (inclusive, negatives from the end)."""
     x = operands[0]
@@ -53,7 +45,7 @@ def flatten(operands, attrs):
     return [np.reshape(x, shape)]
 
 
-@register("Permute", flops=_zero)
+@register("top.Permute")
 def permute(operands, attrs):
     """top.Permute: transpose to `order` (ONNX Transpose perm)."""
     order = attrs.get("order")
@@ -63,7 +55,7 @@ def permute(operands, attrs):
     return [out]
 
 
-@register("Pad", flops=_zero)
+@register("top.Pad")
 def pad(operands, attrs):
     """top.Pad: ONNX Pad; `paddings` = [begins..., ends...], negative values crop."""
     x = operands[0]
@@ -96,7 +88,7 @@ def onnx_slice(dim, start, end, step):
     return slice(start, None if end < 0 else end, step)
 
 
-@register("Slice", flops=_zero)
+@register("top.Slice")
 def slice_(operands, attrs):
     """top.Slice: ONNX Slice with static starts/ends/steps/axes (ends clamped like ONNX)."""
     x = operands[0]
@@ -111,7 +103,7 @@ def slice_(operands, attrs):
     return [np.ascontiguousarray(x[tuple(sl)])]
 
 
-@register("Split", flops=_zero)
+@register("top.Split")
 def split(operands, attrs):
     """top.Split: cut along `axis` into pieces of `split_size`."""
     x = operands[0]
@@ -123,7 +115,7 @@ def split(operands, attrs):
     return [np.ascontiguousarray(p) for p in np.split(x, cuts, axis=axis)]
 
 
-@register("Squeeze", flops=_zero)
+@register("top.Squeeze")
 def squeeze(operands, attrs):
     """top.Squeeze: drop the size-1 `axes` (all size-1 axes when empty)."""
     x = operands[0]
@@ -133,7 +125,7 @@ def squeeze(operands, attrs):
     return [np.squeeze(x, axis=tuple(int(a) % x.ndim for a in axes))]
 
 
-@register("Unsqueeze", flops=_zero)
+@register("top.Unsqueeze")
 def unsqueeze(operands, attrs):
     """top.Unsqueeze: insert size-1 `axes` (positions in the result)."""
     x = operands[0]
@@ -175,13 +167,13 @@ def _s2d(x, b, mode):
     return y.reshape(n, c * b * b, h // b, w // b)
 
 
-@register("DepthToSpace", flops=_zero)
+@register("top.DepthToSpace")
 def depth_to_space(operands, attrs):
     """top.DepthToSpace: ONNX DepthToSpace (DCR: depth-column-row, CRD: column-row-depth)."""
     return _block_rearrange(operands, attrs, _d2s)
 
 
-@register("SpaceToDepth", flops=_zero)
+@register("top.SpaceToDepth")
 def space_to_depth(operands, attrs):
     """top.SpaceToDepth: ONNX SpaceToDepth (DCR channel order, the ONNX/TF one) or CRD."""
     return _block_rearrange(operands, attrs, _s2d)
@@ -192,7 +184,7 @@ CAST_TYPES = {"f32": np.float32, "f16": np.float16, "bf16": ml_dtypes.bfloat16,
               "f64": np.float64, "bool": np.bool_}
 
 
-@register("Cast", flops=_out_numel)
+@register("top.Cast")
 def cast(operands, attrs):
     """top.Cast: convert to `to` (f32/f16/bf16/i8/u8/i32/i64); float -> int truncates."""
     to = attrs["to"]
@@ -206,7 +198,7 @@ def cast(operands, attrs):
         return [np.asarray(x).astype(dt)]
 
 
-@register("Gather", flops=_zero)
+@register("top.Gather")
 def gather(operands, attrs):
     """top.Gather: ONNX Gather along `axis` (negative indices count from the end)."""
     x, idx = operands[0], np.asarray(operands[1])
