@@ -228,3 +228,23 @@ def test_top_op_attrs_defaults():
     assert a["strides"] == [1] and a["pads"] == [0, 0] and a["dilations"] == [1] and a["group"] == 1
     assert a["do_relu"] is False and a["relu_limit"] == -1.0 and a["layout"] == "NCHW"
     assert isinstance(op, top.Conv)
+
+
+def test_weight_key_is_its_own():
+    """A weight's file key may differ from its tensor name, so one tensor can own several arrays."""
+    b = TopBuilder("k")
+    x = b.input("x", (1, 4))
+    w8 = b.weight("scale", np.arange(4, dtype=np.int8), key="scale_int8")
+    w32 = b.weight("scale_bias", np.arange(4, dtype=np.int32), key="scale_bias_int32")
+    y = b.op("Add", [b.op("Cast", [w8], {"to": "f32"}, "c8"), x], {}, "y")
+    m = b.finish([b.op("Add", [b.op("Cast", [w32], {"to": "f32"}, "c32"), y], {}, "z")])
+    m.verify()
+    assert sorted(m.weights) == ["scale_bias_int32", "scale_int8"]
+    keys = {op.loc: op.key for op in m.ops if isinstance(op, ir.top.Weight)}
+    assert keys == {"scale": "scale_int8", "scale_bias": "scale_bias_int32"}
+    again = ir.TopModel(ir.parse_module(m.text()), dict(m.weights))
+    again.verify()
+    assert again.text() == m.text() and '"scale_int8"' in m.text()
+    plain = TopBuilder("p")
+    plain.weight("w", np.ones(2, np.float32))
+    assert "key" not in plain.finish([plain.input("x", (2,))]).text()

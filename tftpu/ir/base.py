@@ -276,6 +276,7 @@ def _accessor(key: str, spec: AttrSpec) -> property:
 def define_op(cls):
     """Declare `cls`'s IRDL attribute fields and traits from `ATTRS` / `TRAITS`, define the op,
     then give it a typed Python accessor per attribute."""
+    custom = {key: cls.__dict__[key] for key in cls.ATTRS if isinstance(cls.__dict__.get(key), property)}
     for key, spec in cls.ATTRS.items():
         if not isinstance(spec, AttrSpec):
             raise TypeError(f"{cls.name}: attribute {key!r} must be declared with an AttrSpec, not {spec!r}")
@@ -286,7 +287,7 @@ def define_op(cls):
     cls.traits = traits_def(*traits)
     op = irdl_op_definition(cls)
     for key, spec in cls.ATTRS.items():
-        setattr(op, key, _accessor(key, spec))
+        setattr(op, key, custom.get(key) or _accessor(key, spec))   # an op's own property wins
     return op
 
 

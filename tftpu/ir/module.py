@@ -141,17 +141,17 @@ class TopModel:
             raise ShapeError(f"{self.name}: {' '.join(str(e).split())[:500]}") from None
         for op in self.ops:
             if isinstance(op, top.Weight):
-                arr = self.weights.get(op.loc)
+                arr = self.weights.get(op.key)
                 if arr is None:
-                    raise ShapeError(f"{self.name}: weight {op.loc!r} is missing from the weight file")
+                    raise ShapeError(f"{self.name}: weight {op.key!r} is missing from the weight file")
                 t = op.output.type
                 if tuple(arr.shape) != A.shape_of(t) or A.dtype_of_numpy(arr.dtype) != A.dtype_name(t.element_type):
-                    raise ShapeError(f"{self.name}: weight {op.loc!r} is {arr.dtype}{list(arr.shape)}, "
+                    raise ShapeError(f"{self.name}: weight {op.key!r} is {arr.dtype}{list(arr.shape)}, "
                                      f"the op says {t}")
 
     def used_weights(self) -> dict[str, np.ndarray]:
         """Only the weights some `top.Weight` op still names, in sorted key order."""
-        names = sorted({op.loc for op in self.ops if isinstance(op, top.Weight)})
+        names = sorted({op.key for op in self.ops if isinstance(op, top.Weight)})
         return {n: self.weights[n] for n in names}
 
     def save(self, mlir_path, weight_path=None) -> tuple[Path, Path]:
@@ -221,16 +221,21 @@ class TopBuilder:
         self.block.add_op(op)
         return op.results[0]
 
-    def weight(self, name: str, array: np.ndarray) -> SSAValue:
-        """A `top.Weight` for `array` named `name` (reused when the same name comes again)."""
+    def weight(self, name: str, array: np.ndarray, key: str | None = None) -> SSAValue:
+        """A `top.Weight` for `array` named `name` (reused when the same name comes again),
+        stored in the weight file under `key` (default: its name; made unique)."""
         if name in self._weight_values:
             return self._weight_values[name]
         array = np.asarray(array)
         if array.dtype == np.float64:
             array = array.astype(np.float32)
-        name = self.unique_weight_name(name)
-        self.weights[name] = array
-        op = top.Weight.create(result_types=[A.tensor_type(array.shape, A.dtype_of_numpy(array.dtype))])
+        if key is None:
+            name = key = self.unique_weight_name(name)
+        else:
+            key = self.unique_weight_name(key)
+        self.weights[key] = array
+        op = top.Weight.create(result_types=[A.tensor_type(array.shape, A.dtype_of_numpy(array.dtype))],
+                               attributes={} if key == name else {"key": top.Weight.ATTRS["key"].encode(key)})
         top.set_loc(op, name)
         self.block.add_op(op)
         self._weight_values[name] = op.results[0]

@@ -175,18 +175,23 @@ class Weight(TopOp):
     name = "top.Weight"
     output = result_def(TensorType)
 
+    ATTRS: ClassVar[dict] = {"key": Str(None)}
+
     @property
     def key(self) -> str:
-        """The array's key in the weight file (for now its location name)."""
-        return self.loc
+        """The array's key in the weight file: the `key` attribute, else the location name.
+
+        A key of its own lets one tensor own several arrays (an INT8 conv's weights, bias,
+        multipliers) and keeps a weight's file entry stable when a pass renames the tensor."""
+        return self.attr_value("key") or self.loc
 
     @classmethod
     def infer(cls, shapes, attrs):
         raise ShapeError("top.Weight takes its shape from the weight file, not from operands")
 
     def verify_(self) -> None:
-        if not self.loc:
-            raise VerifyException("top.Weight needs a location name (its key in the weight file)")
+        if not self.key:
+            raise VerifyException("top.Weight needs a key or a location name (its key in the weight file)")
         if not isinstance(self.output.type, TensorType):
             raise VerifyException(f"top.Weight at {self.loc!r}: result must be a tensor")
 

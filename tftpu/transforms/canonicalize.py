@@ -57,7 +57,7 @@ class Weights:
         """The constant array behind `value`, or None if it is not a `top.Weight`."""
         owner = value.owner
         if isinstance(owner, top.Weight):
-            return self.model.weights[owner.loc]
+            return self.model.weights[owner.key]
         return None
 
     def add(self, rewriter: PatternRewriter, before, name: str, array: np.ndarray):

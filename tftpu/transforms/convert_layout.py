@@ -190,7 +190,7 @@ class _Run(R.Context):
 
     def const_array(self, v):
         new, st = self.env[v]
-        arr = self.model.weights[new.owner.loc]
+        arr = self.model.weights[new.owner.key]
         return np.transpose(arr, L.inverse(st.perm)) if not L.is_identity(st.perm) else arr
 
     def uses(self, v):
@@ -230,7 +230,7 @@ class _Run(R.Context):
         shape = A.shape_of(new.type)
         src = new.owner
         if isinstance(src, top.Weight):
-            out = self._weight(f"{src.loc}_{L.perm_name(order)}", self.model.weights[src.loc].transpose(order))
+            out = self._weight(f"{src.loc}_{L.perm_name(order)}", self.model.weights[src.key].transpose(order))
         elif L.only_moves_ones(shape, order):
             out = self._emit("Reshape", [new], {"shape": list(L.apply_perm(shape, order))},
                              self._unique(f"{value_name(new)}_r{L.perm_name(order)}")).results[0]
@@ -380,7 +380,7 @@ class _Run(R.Context):
             elif all(d == 1 for d in shape):
                 operands.append(v)
             else:
-                arr = np.reshape(self.model.weights[v.owner.loc], (1,) * (rank - len(shape)) + tuple(shape))
+                arr = np.reshape(self.model.weights[v.owner.key], (1,) * (rank - len(shape)) + tuple(shape))
                 w = self._weight(f"{v.owner.loc}_{L.perm_name(order)}", arr.transpose(order))
                 w.owner.detach()
                 self.block.insert_op_before(w.owner, x)
