@@ -19,16 +19,30 @@ KERNELS: dict[str, Kernel] = {}
 
 
 def register(*names: str):
-    """Register the decorated kernel under each full op name (`top.Conv`)."""
+    """Register the decorated kernel under each full op name (`top.Conv`). The kernel always
+    sees every attribute: those a caller leaves out come at the op's declared defaults."""
 
     def wrap(fn: Kernel) -> Kernel:
+        from tftpu.ir.top import OPS_BY_NAME
+
         for name in names:
             if "." not in name:
                 raise ValueError(f"kernel key {name!r}: use the op's full name, e.g. 'top.{name}'")
-            KERNELS[name] = fn
+            cls = OPS_BY_NAME.get(name)
+            KERNELS[name] = _with_defaults(fn, cls.defaults()) if cls is not None and cls.defaults() else fn
         return fn
 
     return wrap
+
+
+def _with_defaults(fn: Kernel, defaults: dict) -> Kernel:
+    keys = defaults.keys()
+
+    def kernel(operands, attrs):
+        return fn(operands, attrs if keys <= attrs.keys() else {**defaults, **attrs})
+
+    kernel.__name__, kernel.__doc__, kernel.__wrapped__ = fn.__name__, fn.__doc__, fn
+    return kernel
 
 
 def tf():

@@ -24,7 +24,7 @@ def _geometry(x, w_spatial, attrs):
 
 def _weight_oik(w, attrs):
     """The conv weight as [O, I/g, *k] whatever its `kernel_layout`."""
-    kl = attrs.get("kernel_layout") or "OIHW"
+    kl = attrs["kernel_layout"]
     if kl in ("HWIO", "DHWIO", "WIO"):
         return WEIGHTS.get(w, ("oik",), lambda: np.ascontiguousarray(
             as_f32(w).transpose([w.ndim - 1, w.ndim - 2] + list(range(w.ndim - 2)))))

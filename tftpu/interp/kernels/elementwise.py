@@ -77,7 +77,7 @@ _unary("Neg", lambda x, a: np.negative(x))
 
 
 def _gelu(x, attrs):
-    if (attrs.get("approximate") or "none") == "tanh":
+    if attrs["approximate"] == "tanh":
         c = np.float32(math.sqrt(2 / math.pi))
         return 0.5 * x * (1 + np.tanh(c * (x + np.float32(0.044715) * x * x * x)))
     return 0.5 * x * (1 + _erf(x * np.float32(1 / math.sqrt(2))))

@@ -18,7 +18,7 @@ def matmul(operands, attrs):
     """top.MatMul: a @ b (b transposed on its last two axes when right_transpose) + bias."""
     a, b = as_f32(operands[0]), as_f32(operands[1])
     bias = operands[2] if len(operands) > 2 else None
-    rt = bool(attrs.get("right_transpose", False))
+    rt = bool(attrs["right_transpose"])
     fused = relu_limit(attrs) if attrs.get("do_relu", False) else None
     if a.ndim >= 2 and b.ndim >= 2 and a.size and b.size:
         t = tf()

@@ -13,7 +13,7 @@ def batch_norm(operands, attrs):
     """top.BatchNorm: (x - mean) / sqrt(var + eps) * scale + bias on the channel axis."""
     x, mean, var, scale, bias = (as_f32(o) for o in operands[:5])
     ax = channel_axis(x.ndim, attrs) if x.ndim > 1 else 0
-    eps = np.float32(attrs.get("epsilon", 1e-5))
+    eps = np.float32(attrs["epsilon"])
     inv = scale / np.sqrt(var + eps)
     y = np.multiply(x, per_channel(inv, x.ndim, ax), out=aligned_empty(x.shape))
     y += per_channel(bias - mean * inv, x.ndim, ax)
@@ -40,7 +40,7 @@ def layer_norm(operands, attrs):
     mean = np.mean(x, axis=axes, keepdims=True)
     centred = x - mean
     var = np.mean(centred * centred, axis=axes, keepdims=True)
-    y = centred * (np.float32(1) / np.sqrt(var + np.float32(attrs.get("eps", 1e-5))))
+    y = centred * (np.float32(1) / np.sqrt(var + np.float32(attrs["eps"])))
     if len(operands) > 1 and operands[1] is not None:
         y *= as_f32(operands[1])
     if len(operands) > 2 and operands[2] is not None:
@@ -52,10 +52,10 @@ def layer_norm(operands, attrs):
 def softmax(operands, attrs):
     """top.Softmax: softmax (or log-softmax when `log`) along `axis` (ONNX opset >= 13)."""
     x = as_f32(operands[0])
-    axis = int(attrs.get("axis", -1))
+    axis = int(attrs["axis"])
     z = x - np.max(x, axis=axis, keepdims=True)
     e = np.exp(z)
     s = np.sum(e, axis=axis, keepdims=True)
-    if attrs.get("log", False):
+    if attrs["log"]:
         return [(z - np.log(s)).astype(np.float32, copy=False)]
     return [(e / s).astype(np.float32, copy=False)]

@@ -77,9 +77,7 @@ def _linear_axis(x, axis, out_len, coord_mode):
 def resize(operands, attrs):
     """top.Resize: spatial axes to `target_shape` by nearest or linear interpolation."""
     x = operands[0]
-    mode = attrs.get("mode") or "nearest"
-    coord_mode = attrs.get("coord_mode") or "half_pixel"
-    nearest_mode = attrs.get("nearest_mode") or "round_prefer_floor"
+    mode, coord_mode, nearest_mode = attrs["mode"], attrs["coord_mode"], attrs["nearest_mode"]
     axes = spatial_axes(x.ndim, attrs)
     target = [int(t) for t in attrs["target_shape"]]
     if len(target) != len(axes):

@@ -38,8 +38,7 @@ def flatten(operands, attrs):
     """top.Flatten: merge axes start_dim..end_dim (inclusive, negatives from the end)."""
     x = operands[0]
     r = x.ndim
-    s = int(attrs.get("start_dim", 1))
-    e = int(attrs.get("end_dim", -1))
+    s, e = int(attrs["start_dim"]), int(attrs["end_dim"])
     s, e = s % r if r else 0, e % r if r else 0
     shape = list(x.shape[:s]) + [math.prod(x.shape[s:e + 1])] + list(x.shape[e + 1:])
     return [np.reshape(x, shape)]
@@ -134,7 +133,7 @@ def unsqueeze(operands, attrs):
 
 
 def _block_mode(attrs):
-    mode = (attrs.get("mode") or "DCR").upper()
+    mode = attrs["mode"].upper()
     if mode not in ("DCR", "CRD"):
         raise ValueError(f"mode must be DCR or CRD, not {mode!r}")
     return mode
