@@ -15,6 +15,7 @@ print -> parse -> print is byte-identical.
 from __future__ import annotations
 
 import io
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -54,8 +55,23 @@ def print_module(module: ModuleOp) -> str:
     return out.getvalue()
 
 
+_STRING = re.compile(r'"(?:[^"\\\n]|\\.)*"')   # one complete MLIR string literal (linear time)
+
+
+def _check_strings(text: str, source: str) -> None:
+    """Refuse a string literal left open at the end of a line (MLIR strings never span lines):
+    xDSL's lexer takes time exponential in the length of such a string (a truncated file)."""
+    for number, line in enumerate(text.splitlines(), 1):
+        if '"' in line:
+            rest = _STRING.sub("", line).split("//", 1)[0]
+            if '"' in rest:
+                raise ModelFileError(source, f"not valid MLIR: line {number}: unterminated string "
+                                             f"(is the file truncated?)")
+
+
 def parse_module(text: str, source: str = "<string>") -> ModuleOp:
     """Parse MLIR text into a module; ModelFileError (naming `source`) if it is malformed."""
+    _check_strings(text, source)
     try:
         module = Parser(context(), text, name=source).parse_module()
     except ParseError as e:
