@@ -248,3 +248,39 @@ def test_weight_key_is_its_own():
     plain = TopBuilder("p")
     plain.weight("w", np.ones(2, np.float32))
     assert "key" not in plain.finish([plain.input("x", (2,))]).text()
+
+
+@pytest.mark.parametrize("name", ["modèle", "模型", "мод\\ель", 'q"uote', "a/b", "../up", "tab\tnl", "x" * 300])
+def test_names_round_trip_in_any_script(tmp_path, name):
+    """Model, tensor and weight names round-trip for any Unicode; files stay beside the .mlir."""
+    import os
+    from tftpu.interp.top_interpreter import run
+
+    b = TopBuilder(name)
+    x = b.input(f"entrée {name}", (1, 4))
+    y = b.op("Add", [x, b.weight(f"poids {name}", np.ones(4, np.float32))], {}, f"sortie/{name}")
+    model = b.finish([b.op("Relu", [y], {}, f"é{name}")])
+    (tmp_path / "sub").mkdir()
+    mlir, weights = model.save(tmp_path / "sub" / "m.top.mlir")
+    assert weights.parent == mlir.parent and len(weights.name.encode()) < 200
+    cwd = os.getcwd()
+    try:
+        os.chdir(tmp_path)                       # found relative to the .mlir, not the cwd
+        again = ir.load("sub/m.top.mlir")
+    finally:
+        os.chdir(cwd)
+    assert again.name == name and again.input_names == [f"entrée {name}"]
+    assert again.text() == model.text()
+    out = run(again, {f"entrée {name}": np.full((1, 4), -3, np.float32)})
+    np.testing.assert_array_equal(out[f"é{name}"], np.zeros((1, 4), np.float32))
+
+
+def test_weights_elsewhere_are_named_relative_to_the_mlir(tmp_path):
+    b = TopBuilder("m")
+    x = b.input("x", (1, 2))
+    model = b.finish([b.op("Add", [x, b.weight("w", np.ones(2, np.float32))], {}, "y")])
+    (tmp_path / "a").mkdir()
+    (tmp_path / "w").mkdir()
+    model.save(tmp_path / "a" / "m.top.mlir", tmp_path / "w" / "weights.npz")
+    assert model.weight_file == "../w/weights.npz"
+    assert ir.load(tmp_path / "a" / "m.top.mlir").weights["w"].shape == (2,)

@@ -14,7 +14,9 @@ print -> parse -> print is byte-identical.
 
 from __future__ import annotations
 
+import hashlib
 import io
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +32,7 @@ from xdsl.utils.exceptions import ParseError, VerifyException
 
 from tftpu.errors import ModelFileError, ShapeError
 from tftpu.ir import attrs as A
-from tftpu.ir import layout, top
+from tftpu.ir import layout, top, xdsl_lexer
 from tftpu.ir.base import make_attributes, value_name
 from tftpu.ir.weights import load_npz, save_npz
 from tftpu.utils.files import write_text
@@ -41,18 +43,34 @@ DIALECTS = (builtin.Builtin, func.Func, top.Top, layout.Layout)
 
 def context() -> Context:
     """An xDSL context with every dialect tftpu reads loaded (builtin, func, top, layout)."""
+    xdsl_lexer.install()
     ctx = Context()
     for d in DIALECTS:
         ctx.load_dialect(d)
     return ctx
 
 
+# xDSL's escapes of non-ASCII UTF-8 bytes (an escaped backslash is matched first, and kept)
+_HIGH_BYTES = re.compile(r"\\\\|(?:\\[89A-F][0-9A-F])+")
+
+
+def _utf8(match: re.Match) -> str:
+    if match.group(0) == "\\\\":
+        return match.group(0)
+    raw = bytes(int(h, 16) for h in match.group(0).split("\\")[1:])
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return match.group(0)
+
+
 def print_module(module: ModuleOp) -> str:
-    """MLIR generic text of `module`, with locations."""
+    """MLIR generic text of `module`, with locations. Names in any script are written as UTF-8
+    (MLIR reads them so; xDSL's byte escapes of them do not parse back)."""
     out = io.StringIO()
     Printer(stream=out, print_generic_format=True, print_debuginfo=True).print_op(module)
     out.write("\n")
-    return out.getvalue()
+    return _HIGH_BYTES.sub(_utf8, out.getvalue())
 
 
 _STRING = re.compile(r'"(?:[^"\\\n]|\\.)*"')   # one complete MLIR string literal (linear time)
@@ -176,7 +194,8 @@ class TopModel:
         if weight_path is None:
             weight_path = mlir_path.parent / default_weight_file(self.name)
         weight_path = Path(weight_path)
-        self.weight_file = weight_path.name if weight_path.parent == mlir_path.parent else str(weight_path)
+        # the .mlir names its weights relative to itself, so the pair moves together
+        self.weight_file = os.path.relpath(weight_path.resolve(), mlir_path.resolve().parent)
         save_npz(weight_path, self.used_weights())
         write_text(mlir_path, self.text())
         return mlir_path, weight_path
@@ -187,8 +206,13 @@ class TopModel:
 
 
 def default_weight_file(name: str) -> str:
-    """Weight file name for a model name, as TPU-MLIR: `NAME_top_f32_weights.npz`."""
-    return f"{name}_top_f32_weights.npz"
+    """Weight file name for a model name, as TPU-MLIR: `NAME_top_f32_weights.npz` (path
+    separators and control characters in the name become `_`; a long name is shortened)."""
+    safe = re.sub(r"[\x00-\x1f/\\]", "_", name).lstrip(".") or "model"
+    if len(safe.encode()) > 120:
+        digest = hashlib.sha256(name.encode()).hexdigest()[:12]
+        safe = safe.encode()[:100].decode("utf-8", "ignore") + "_" + digest
+    return f"{safe}_top_f32_weights.npz"
 
 
 def load(mlir_path, weights: dict | None = None) -> TopModel:
