@@ -2,12 +2,13 @@
 
 `run(main, doc)` parses absl flags and runs `main`, turning every failure a user can cause into
 one line on stderr and the documented exit status: 0 success, 1 a check failed, 2 bad input
-or usage (an unknown or malformed flag included), 70 an internal error (a bug, naming the pass or op). `--help` prints the tool's flags and exits 0.
+or usage (an unknown or malformed flag included), 70 an internal error (a bug, naming the pass or op), 130 / 143 interrupted by SIGINT / SIGTERM (temporary files removed). `--help` prints the tool's flags and exits 0.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from typing import Callable, Sequence
 
@@ -60,6 +61,7 @@ def run(main: Callable[[list[str]], int | None], doc: str,
     argv = list(sys.argv if argv is None else argv)
     prog = _prog(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ start-up chatter
+    signal.signal(signal.SIGTERM, _terminate)
     try:
         args = parse(argv, doc, positional)
         logging.use_absl_handler()
@@ -75,7 +77,14 @@ def run(main: Callable[[list[str]], int | None], doc: str,
         code = fail(prog, f"internal error (a bug in tftpu, please report it): {e}", e.exit_code)
     except KeyboardInterrupt:
         code = fail(prog, "interrupted", 130)
+    except errors.Terminated:
+        code = fail(prog, "terminated", 143)
     sys.exit(code or 0)
+
+
+def _terminate(signum, frame):
+    """SIGTERM unwinds like Ctrl-C, so temporary files and directories are removed."""
+    raise errors.Terminated()
 
 
 def not_yet_available(name: str, issue: str) -> Callable[[list[str]], int]:

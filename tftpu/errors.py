@@ -50,6 +50,20 @@ class UnsupportedOpError(InputError):
         super().__init__(f"{prefix}unsupported op{'s' if len(self.ops) != 1 else ''}: {listed}")
 
 
+class OutputError(InputError):
+    """An output cannot be written where asked: a directory, a missing or read-only parent,
+    a full disk, a name too long."""
+
+    def __init__(self, path, reason: str):
+        self.path = str(path)
+        super().__init__(f"{self.path}: cannot write: {reason}")
+
+
+class Terminated(BaseException):
+    """The process was asked to stop (SIGTERM). Like KeyboardInterrupt it is not an Exception,
+    so cleanup (`finally`, `except BaseException`) runs and nothing half-written stays."""
+
+
 class ShapeError(InputError):
     """Shapes that do not fit: a wrong input shape, or an op whose operands disagree."""
 

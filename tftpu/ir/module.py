@@ -35,7 +35,7 @@ from tftpu.ir import attrs as A
 from tftpu.ir import layout, top, xdsl_lexer
 from tftpu.ir.base import make_attributes, value_name
 from tftpu.ir.weights import load_npz, save_npz
-from tftpu.utils.files import write_text
+from tftpu.utils.files import check_writable, write_text
 from tftpu.utils.names import unique_name
 
 DIALECTS = (builtin.Builtin, func.Func, top.Top, layout.Layout)
@@ -194,6 +194,7 @@ class TopModel:
         if weight_path is None:
             weight_path = mlir_path.parent / default_weight_file(self.name)
         weight_path = Path(weight_path)
+        check_writable(mlir_path, weight_path)      # both checked before either is written
         # the .mlir names its weights relative to itself, so the pair moves together
         self.weight_file = os.path.relpath(weight_path.resolve(), mlir_path.resolve().parent)
         save_npz(weight_path, self.used_weights())
