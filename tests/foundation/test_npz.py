@@ -62,3 +62,33 @@ def test_lone_npy_only_where_allowed(tmp_path):
     np.save(obj, np.array([{"a": 1}], dtype=object))
     with pytest.raises(errors.ModelFileError, match="not a readable"):
         ir.load_npz(obj)
+
+
+def _forged(shape, payload: int) -> bytes:
+    import io
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buf, {"descr": "<f4", "fortran_order": False, "shape": shape})
+    return buf.getvalue() + b"\0" * payload
+
+
+@pytest.mark.parametrize("shape,payload,needle", [((10 ** 12,), 40, "memory"), ((1000,), 40, "truncated")])
+def test_header_claims_are_checked_before_allocating(tmp_path, shape, payload, needle):
+    import zipfile
+    npz, npy = tmp_path / "x.npz", tmp_path / "x.npy"
+    with zipfile.ZipFile(npz, "w") as zf:
+        zf.writestr("x.npy", _forged(shape, payload))
+    npy.write_bytes(_forged(shape, payload))
+    for path in (npz, npy):
+        with pytest.raises(errors.ModelFileError, match=needle):
+            load_npz(path, allow_npy=True)
+
+
+def test_every_truncation_of_a_real_archive_is_refused(tmp_path):
+    good = tmp_path / "good.npz"
+    ir.save_npz(good, {"w": np.arange(64, dtype=np.float32).reshape(8, 8), "b": np.ones(3, np.int8)})
+    data = good.read_bytes()
+    cut = tmp_path / "cut.npz"
+    for n in range(0, len(data), 7):
+        cut.write_bytes(data[:n])
+        with pytest.raises(errors.ModelFileError):
+            load_npz(cut)

@@ -9,6 +9,7 @@ one `ModelFileError` line naming the file, so tools can exit 2 without a traceba
 
 from __future__ import annotations
 
+import os
 import zipfile
 from pathlib import Path
 
@@ -18,6 +19,41 @@ from tftpu.errors import ModelFileError
 
 _ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")
 _NPY_MAGIC = b"\x93NUMPY"
+
+
+def _memory_bytes() -> int:
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 1 << 40
+
+
+def _check_header(f, stored: int, member: str, path: Path) -> None:
+    """Refuse an array whose header claims more data than the file holds, or more than memory,
+    before numpy allocates it."""
+    version = np.lib.format.read_magic(f)
+    read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+    shape, _, dtype = read(f, max_header_size=100_000)
+    claimed = int(np.prod(shape, dtype=object)) * dtype.itemsize
+    where = f"array {member!r}" if member else "the array"
+    if claimed > _memory_bytes():
+        raise ModelFileError(path, f"{where} claims shape {tuple(shape)} ({claimed:,} bytes), more than this "
+                                   f"machine's memory")
+    if claimed > stored - f.tell():
+        raise ModelFileError(path, f"{where} claims shape {tuple(shape)} ({claimed:,} bytes) but the file holds "
+                                   f"{max(0, stored - f.tell()):,} (truncated or corrupt)")
+
+
+def _check_headers(path: Path, npy: bool) -> None:
+    if npy:
+        with open(path, "rb") as f:
+            _check_header(f, path.stat().st_size, "", path)
+        return
+    with zipfile.ZipFile(path) as zf:
+        for info in zf.infolist():
+            if info.filename.endswith(".npy"):
+                with zf.open(info) as f:
+                    _check_header(f, info.file_size, info.filename[:-4], path)
 
 
 def load_npz(path, allow_npy: bool = False) -> dict[str, np.ndarray]:
@@ -31,9 +67,11 @@ def load_npz(path, allow_npy: bool = False) -> dict[str, np.ndarray]:
         if magic.startswith(_NPY_MAGIC):
             if not allow_npy:
                 raise ModelFileError(path, "not an .npz archive (a single .npy array)")
+            _check_headers(path, npy=True)
             return {path.stem: np.load(path, allow_pickle=False)}
         if magic[:4] not in _ZIP_MAGIC:
             raise ModelFileError(path, f"not an {kind} (not a zip archive)")
+        _check_headers(path, npy=False)
         with np.load(path, allow_pickle=False) as data:
             return {k: data[k] for k in data.files}
     except ModelFileError:
@@ -42,6 +80,6 @@ def load_npz(path, allow_npy: bool = False) -> dict[str, np.ndarray]:
         raise ModelFileError(path, "no such file") from None
     except IsADirectoryError:
         raise ModelFileError(path, f"is a directory, not an {kind}") from None
-    except (zipfile.BadZipFile, ValueError, OSError, EOFError, KeyError) as e:
+    except (zipfile.BadZipFile, ValueError, OSError, EOFError, KeyError, SyntaxError) as e:
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise ModelFileError(path, f"not a readable {kind} ({reason})") from None
