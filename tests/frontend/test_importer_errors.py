@@ -136,3 +136,19 @@ def test_load_unpacks_to_module_and_weights():
     from xdsl.dialects.builtin import ModuleOp
     module, weights = frontend.load(conv_bn_relu_net())
     assert isinstance(module, ModuleOp) and set(weights) == {"bn1_filter", "bn1_bias", "w2", "fc_w", "fc_b"}
+
+
+def test_unknown_opset_is_refused():
+    m = conv_bn_relu_net()
+    m.opset_import[0].version = 99
+    with pytest.raises(errors.ModelFileError, match="opset 99"):
+        onnx_to_top(m)
+
+
+@pytest.mark.parametrize("text,needle", [("[[1,true,4,4]]", "positive ints"),
+                                         ("[[1,3,99999999999,2]]", "out of range"),
+                                         ("[[1,3,100000,100000]]", "memory")])
+def test_input_shapes_out_of_range_are_refused(text, needle):
+    from tftpu.frontend.onnx_load import parse_shapes
+    with pytest.raises(errors.UsageError, match=needle):
+        parse_shapes(text)

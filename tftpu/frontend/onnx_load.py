@@ -51,12 +51,38 @@ def parse_shapes(text: str | None) -> list[list[int]] | None:
         val = json.loads(text)
     except json.JSONDecodeError:
         raise UsageError(f"--input_shapes: cannot read {text!r}; expected e.g. [[1,3,224,224]]") from None
-    if isinstance(val, list) and all(isinstance(d, int) for d in val):
+    def is_dim(d):
+        return isinstance(d, int) and not isinstance(d, bool)
+
+    if isinstance(val, list) and all(is_dim(d) for d in val):
         val = [val]
-    if not isinstance(val, list) or not all(isinstance(s, list) and all(isinstance(d, int) and d > 0 for d in s)
+    if not isinstance(val, list) or not all(isinstance(s, list) and all(is_dim(d) and d > 0 for d in s)
                                             for s in val):
         raise UsageError(f"--input_shapes: {text!r} must be a list of shapes of positive ints")
+    for shape in val:
+        check_size(shape, "--input_shapes")
     return val
+
+
+MAX_DIM = 2 ** 31 - 1
+
+
+def check_size(shape, what: str, itemsize: int = 4) -> None:
+    """Refuse a tensor shape that no machine here could hold: a dimension past 2^31 - 1, or more
+    bytes than this machine's memory (naming the size)."""
+    import math
+    import os
+
+    if any(d > MAX_DIM for d in shape):
+        raise UsageError(f"{what}: dimension {max(shape)} of {list(shape)} is out of range (at most {MAX_DIM})")
+    nbytes = math.prod(shape) * itemsize
+    try:
+        memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        memory = 1 << 40
+    if nbytes > memory:
+        raise UsageError(f"{what}: shape {list(shape)} needs {nbytes / 2 ** 30:,.0f} GiB, more than this "
+                         f"machine's {memory / 2 ** 30:,.0f} GiB of memory")
 
 
 @dataclass
@@ -135,6 +161,10 @@ def prepare(model, input_shapes=None) -> Prepared:
     model = onnx.ModelProto.FromString(read_model(model).SerializeToString())
     opsets = {o.domain or "": o.version for o in model.opset_import}
     opset = opsets.get("", opsets.get("ai.onnx", 13))
+    newest = onnx.defs.onnx_opset_version()
+    if not 1 <= opset <= newest:
+        raise ModelFileError(model.graph.name or "<onnx>", f"ONNX opset {opset} is not one this tftpu reads "
+                                                           f"(1 to {newest}, onnx {onnx.__version__})")
     inputs = _fix_inputs(model, input_shapes)
     outputs = [o.name for o in model.graph.output]
     consts = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
