@@ -86,6 +86,10 @@ class InternalError(Exception):
         super().__init__(f"{where}: {message}")
 
 
+class KernelError(InternalError):
+    """An inference kernel (numpy or the compiled TF graph) failed on an op it had accepted."""
+
+
 class CheckFailed(TftpuError):
     """A check ran and its result fell short (e.g. similarity under tolerance)."""
 

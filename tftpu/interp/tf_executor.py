@@ -20,7 +20,7 @@ import os
 import numpy as np
 from xdsl.dialects.builtin import NoneType
 
-from tftpu.errors import ShapeError, TftpuError
+from tftpu.errors import InternalError, KernelError, ShapeError, TftpuError
 from tftpu.ir import attrs as A
 from tftpu.ir import top
 from tftpu.ir.module import TopModel, value_name
@@ -181,11 +181,12 @@ LOWERINGS: dict = {}
 
 def lowering(*names):
     """Register the decorated `(operand Vals, attrs, result shapes[, op_name]) -> [Val]`
-    lowering for each TOP op name; it raises NotLowered for what it does not take."""
+    lowering for each TOP op (bare names here; the table is keyed by the full name, `top.Conv`);
+    it raises NotLowered for what it does not take."""
 
     def wrap(fn):
         for n in names:
-            LOWERINGS[n] = fn
+            LOWERINGS[f"top.{n}"] = fn
         return fn
     return wrap
 
@@ -773,12 +774,10 @@ def _fallback(kernel, ins, attrs, out_types, loc, op_name):
             operands[i] = a
         try:
             res = kernel(operands, attrs)
-        except TftpuError:
+        except (TftpuError, InternalError):
             raise
         except Exception as e:
-            from tftpu.interp.top_interpreter import KernelError
-            raise KernelError(f"{op_name} at {loc!r}: kernel failed: {type(e).__name__}: {e}") \
-                from e
+            raise KernelError(f"{op_name} at {loc!r}", f"kernel failed: {type(e).__name__}: {e}") from e
         return [np.asarray(r).astype(d, copy=False) for r, d in zip(res, dtypes)]
 
     outs = t.numpy_function(call, tensors, [t.as_dtype(d) for d in dtypes], stateful=False)
@@ -810,8 +809,8 @@ class CompiledTop:
                 self.inputs.append((op.loc, A.shape_of(ty),
                                     A.numpy_dtype(A.dtype_name(ty.element_type))))
             elif not isinstance(op, (top.Weight, top.NoneOp)):
-                if op.op_name not in KERNELS and op.op_name not in LOWERINGS:
-                    missing.append(op.op_name)
+                if op.name not in KERNELS and op.name not in LOWERINGS:
+                    missing.append(op.name)
         if missing:
             from tftpu.errors import UnsupportedOpError
             raise UnsupportedOpError([(m, "no inference kernel") for m in sorted(set(missing))],
@@ -865,19 +864,17 @@ class CompiledTop:
             out_types = [(A.shape_of(r.type), A.numpy_dtype(A.dtype_name(r.type.element_type)))
                          for r in op.results]
             out_shapes = [s for s, _ in out_types]
-            name = op.op_name
+            name = op.name
             vals = None
             low = LOWERINGS.get(name)
             if all(v is None or v.np is not None for v in ins) and name in self._kernels:
                 # constant subgraph (e.g. a reshaped bias): fold it with the numpy kernel
                 try:
                     res = self._kernels[name]([None if v is None else v.np for v in ins], attrs)
-                except TftpuError:
+                except (TftpuError, InternalError):
                     raise
                 except Exception as e:
-                    from tftpu.interp.top_interpreter import KernelError
-                    raise KernelError(f"{op.name} at {op.loc!r}: kernel failed: "
-                                      f"{type(e).__name__}: {e}") from e
+                    raise KernelError(f"{op.name} at {op.loc!r}", f"kernel failed: {type(e).__name__}: {e}") from e
                 vals = []
                 for r, (shape, dtype) in zip(res, out_types):
                     r = np.ascontiguousarray(np.asarray(r).astype(dtype, copy=False))
@@ -891,7 +888,7 @@ class CompiledTop:
                     if None in trimmed and not getattr(low, "takes_absent", False):
                         raise NotLowered("absent operand in the middle")
                     if "op_name" in inspect.signature(low).parameters:
-                        vals = low(trimmed, attrs, out_shapes, op_name=name)
+                        vals = low(trimmed, attrs, out_shapes, op_name=op.op_name)
                     else:
                         vals = low(trimmed, attrs, out_shapes)
                 except NotLowered as e:
@@ -901,8 +898,8 @@ class CompiledTop:
             else:
                 why = "no TF lowering"
             if vals is None:
-                self.fallbacks.append(name)
-                self.fallback_notes.append(f"{name} at {op.loc!r}: {why}")
+                self.fallbacks.append(op.op_name)
+                self.fallback_notes.append(f"{op.op_name} at {op.loc!r}: {why}")
                 vals = _fallback(self._kernels[name], ins, attrs, out_types, op.loc, name)
             for r, v in zip(op.results, vals):
                 env[r] = v
@@ -931,7 +928,5 @@ class CompiledTop:
             with function_executor_type(self.executor):
                 res = self._call(*args)
         except t.errors.OpError as e:
-            from tftpu.interp.top_interpreter import KernelError
-            raise KernelError(f"{self.model.name}: compiled graph failed: "
-                              f"{e.message.splitlines()[0]}") from e
+            raise KernelError(self.model.name, f"compiled graph failed: {e.message.splitlines()[0]}") from e
         return {n: r.numpy() for n, r in zip(self.output_names, res)}

@@ -11,17 +11,11 @@ from __future__ import annotations
 import numpy as np
 from xdsl.dialects.builtin import NoneType
 
-from tftpu.errors import ShapeError, TftpuError
+from tftpu.errors import InternalError, KernelError, ShapeError, TftpuError
 from tftpu.ir import attrs as A
 from tftpu.ir import top
 from tftpu.ir.module import TopModel, value_name
 from tftpu.utils.inputs import match_inputs
-
-
-class KernelError(TftpuError):
-    """A kernel failed on an op (names the op and its location)."""
-
-    exit_code = 1
 
 
 class TopInterpreter:
@@ -118,10 +112,10 @@ class TopInterpreter:
         for k, (kernel, ins, outs, attrs, op_name, loc) in enumerate(self.steps):
             try:
                 results = kernel([None if s is None else env[s] for s in ins], attrs)
-            except TftpuError:
+            except (TftpuError, InternalError):
                 raise
             except Exception as e:
-                raise KernelError(f"{op_name} at {loc!r}: kernel failed: {type(e).__name__}: {e}") from e
+                raise KernelError(f"{op_name} at {loc!r}", f"kernel failed: {type(e).__name__}: {e}") from e
             for s, r in zip(outs, results):
                 if observe is not None:
                     r = observe(self.names[s], r)

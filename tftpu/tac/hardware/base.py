@@ -97,12 +97,17 @@ class SimpleHardware(TargetHardware):
         return not self.is_not_supported_op(op)
 
     def get_op_cost(self, op) -> float:
-        from tftpu.tac.hardware import registry
-
         advantage = float(self.advantage_over_cpu())
         if advantage <= 0:
             raise errors.ConfigError(f"hardware {self.name}: advantage_over_cpu must be > 0, got {advantage}")
-        return registry.get("CPU").get_op_cost(op) / advantage
+        return self.reference().get_op_cost(op) / advantage
+
+    def reference(self) -> "TargetHardware":
+        """The CPU whose costs this device divides (the registry gives the registered one)."""
+        if not hasattr(self, "_cpu"):
+            self._cpu = ConfiguredHardware(config.find("cpu"))
+            self._cpu.name = "CPU"
+        return self._cpu
 
 
 class ConfiguredHardware(TargetHardware):

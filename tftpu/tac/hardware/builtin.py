@@ -1,15 +1,14 @@
 """The built-in devices, modelled on TFLite's CPU kernels, GPU delegate and NNAPI delegate.
 
-Their op sets and constants are in `configs/hardware/{cpu,gpu,nnapi}.yaml`.
+Their op sets and constants are in `configs/hardware/{cpu,gpu,nnapi}.yaml`; the registry
+registers them under their names.
 """
 
 from __future__ import annotations
 
 from tftpu.tac.hardware.base import ConfiguredHardware
-from tftpu.tac.hardware.registry import register
 
 
-@register("CPU")
 class CpuHardware(ConfiguredHardware):
     """TFLite's CPU kernels: every op and inference type; the fallback of every plan."""
 
@@ -17,7 +16,6 @@ class CpuHardware(ConfiguredHardware):
     config_name = "cpu"
 
 
-@register("GPU")
 class GpuHardware(ConfiguredHardware):
     """TFLite GPU delegate: float only; Pack/Split/SplitV/Sub/SquaredDifference need lowering."""
 
@@ -25,9 +23,11 @@ class GpuHardware(ConfiguredHardware):
     config_name = "gpu"
 
 
-@register("NNAPI")
 class NnapiHardware(ConfiguredHardware):
     """Android NNAPI delegate: float and int8 ops; no custom ops."""
 
     name = "NNAPI"
     config_name = "nnapi"
+
+
+BUILTIN = (CpuHardware, GpuHardware, NnapiHardware)

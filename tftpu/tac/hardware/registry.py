@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Callable
 
 from tftpu import errors
+from tftpu.tac.hardware import builtin, config
+from tftpu.tac.hardware.base import ConfiguredHardware, SimpleHardware, TargetHardware
 
 _FACTORIES: dict[str, Callable] = {}
 _INSTANCES: dict[str, object] = {}
@@ -39,8 +41,6 @@ def register(name: str, factory: Callable | None = None, *, replace: bool = Fals
 
 def names() -> list[str]:
     """Registered device names, plus those with a YAML file in configs/hardware."""
-    from tftpu.tac.hardware import config
-
     _builtins()
     found = {p.stem.upper() for p in config.config_dir().glob("*.yaml")} - {"SIMPLE"}
     return sorted(set(_FACTORIES) | found)
@@ -63,14 +63,13 @@ def get(name: str):
             hw.name = key
         if hw.name.upper() != key:
             hw.name = key
+        if isinstance(hw, SimpleHardware):
+            hw.reference = lambda: get("CPU")    # costs relative to the registered CPU
         _INSTANCES[key] = hw
     return _INSTANCES[key]
 
 
 def _from_yaml(key: str):
-    from tftpu.tac.hardware import config
-    from tftpu.tac.hardware.base import ConfiguredHardware
-
     path = config.find(key)
     if path is None:
         raise errors.UsageError(f"unknown hardware '{key}' (known: {', '.join(names())}; a plug-in is "
@@ -82,8 +81,6 @@ def _from_yaml(key: str):
 
 def load_plugin(spec: str) -> str:
     """Import `pkg.module:Class` or `path/to/file.py:Class`, register the class, return its name."""
-    from tftpu.tac.hardware.base import TargetHardware
-
     target, sep, attr = spec.rpartition(":")
     if not sep or not target or not attr:
         raise errors.UsageError(f"bad hardware plug-in '{spec}': expected package.module:Class or file.py:Class")
@@ -129,4 +126,5 @@ def _builtins() -> None:
     global _LOADED
     if not _LOADED:
         _LOADED = True
-        from tftpu.tac.hardware import builtin  # noqa: F401  (registers CPU, GPU, NNAPI)
+        for cls in builtin.BUILTIN:
+            _FACTORIES.setdefault(cls.name, cls)   # a device the user registered first keeps its name
