@@ -37,7 +37,9 @@ setup(
     ],
     extras_require={
         # joblib + lz4 read the mtcnn weight pickles once, in tests/material.py, to write .npz
-        "test": ["pytest==9.2.0", "pytest-xdist==3.8.0", "joblib==1.6.0", "lz4==4.4.5"],
+        # hypothesis sweeps shapes and fuzzes readers; import-linter (on grimp) enforces the layers
+        "test": ["pytest==9.2.0", "pytest-xdist==3.8.0", "joblib==1.6.0", "lz4==4.4.5",
+                 "hypothesis==6.170.15", "import-linter==2.16", "grimp==3.19"],
         # benchmarks/transposes.py compares against onnxsim
         "bench": ["onnxsim==0.8.1"],
     },

@@ -21,7 +21,7 @@ def main():
     import tensorflow as tf
 
     from tftpu.graph.capture import capture
-    from tftpu.graph.optimize import OptimizedFunction, default_passes
+    from tftpu.pipelines.optimize import OptimizedFunction, default_passes
     from tftpu.graph.pass_manager import GraphContext, PassManager
     from tftpu.graph.surgery import GraphEditor
     from tftpu.passes.cost import Target

@@ -34,7 +34,7 @@ def main():
     import numpy as np
     import tensorflow as tf
 
-    from tftpu.graph.optimize import optimize
+    from tftpu.pipelines.optimize import optimize
     from tftpu.passes import s2d_geometry as geo
 
     rng = np.random.default_rng(0)

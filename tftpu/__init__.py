@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import importlib
 
-__version__ = "0.1.0"
+from tftpu.version import __version__  # noqa: E402,F401
 
 from tftpu import errors  # noqa: E402  (light, no TensorFlow)
 
 # public name -> "module:attribute" (attribute empty for a submodule)
 _LAZY = {
-    "optimize": "tftpu.graph.optimize:optimize",
+    "optimize": "tftpu.pipelines.optimize:optimize",
     "keras": "tftpu.keras:",
     "data": "tftpu.data:",
     "tac": "tftpu.tac:",

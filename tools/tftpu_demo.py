@@ -13,7 +13,7 @@ FLAGS = flags.FLAGS
 
 
 def main(args):
-    from tftpu import demo
+    from tftpu.pipelines import demo
     from tftpu.errors import CheckFailed
 
     summary = demo.run(FLAGS.output_dir, FLAGS.image_size)

@@ -26,7 +26,7 @@ def main(args):
         raise UsageError("--saved_model_dir and --output_dir are required")
     if FLAGS.block_size < 2:
         raise UsageError(f"--block_size must be at least 2, got {FLAGS.block_size}")
-    from tftpu.graph.saved_model import optimize_saved_model
+    from tftpu.pipelines.saved_model import optimize_saved_model
     from tftpu.passes.cost import Target
 
     Target.load(FLAGS.target)  # a bad target fails before the model is loaded

@@ -27,7 +27,7 @@ def main(args):
     from tftpu import errors
     from tftpu.frontend.check import table
     from tftpu.frontend.onnx_load import parse_shapes
-    from tftpu.frontend.transform import transform
+    from tftpu.pipelines.transform import transform
     from tftpu.interp.similarity import parse_tolerance
     from tftpu.ir.weights import load_npz
 

@@ -40,7 +40,7 @@ def _sha(path) -> str:
 def artefacts(name: str, out) -> tuple[str, str, str]:
     """Transform the model, calibrate it on three photos; the digests of what was written."""
     from tftpu import quant
-    from tftpu.frontend.transform import transform
+    from tftpu.pipelines.transform import transform
 
     r = transform(material.get(f"{name}.tflite"), name=name, mlir=out / f"{name}.top.mlir")
     (inp,) = r.model.input_names

@@ -1,4 +1,4 @@
-"""tftpu.frontend.transform: the library form of tftpu-transform."""
+"""tftpu.pipelines.transform: the library form of tftpu-transform."""
 
 import numpy as np
 import onnx
@@ -6,7 +6,7 @@ import pytest
 
 from tests.frontend.onnx_graphs import conv_bn_relu_net, rand
 from tftpu import errors, ir
-from tftpu.frontend.transform import transform
+from tftpu.pipelines.transform import transform
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ def main(target="tpu"):
     tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
     import keras
 
-    from tftpu.graph.optimize import optimize
+    from tftpu.pipelines.optimize import optimize
 
     strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
     rng = np.random.default_rng(0)

@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 from tftpu.errors import ModelFileError, UsageError
-from tftpu.graph.saved_model import optimize_saved_model
+from tftpu.pipelines.saved_model import optimize_saved_model
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -5,7 +5,7 @@ import pytest
 import tensorflow as tf
 
 from tftpu.errors import ConfigError
-from tftpu.graph.optimize import optimize
+from tftpu.pipelines.optimize import optimize
 from tftpu.passes.cost import ConvGeometry, Target
 
 FORCE = {"space_to_depth": {"force": True}}

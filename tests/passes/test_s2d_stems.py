@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tftpu.graph.optimize import optimize
+from tftpu.pipelines.optimize import optimize
 
 
 def _rel(a, b):

@@ -15,7 +15,7 @@ import pytest
 import tensorflow as tf
 
 from tests.passes import s2d_cases
-from tftpu.graph.optimize import optimize
+from tftpu.pipelines.optimize import optimize
 
 # one tf.function per (dims, block, padding form): oneDNN crashes on some very large mixed graphs
 GROUPS = ([(2, b, p) for b in (2, 4) for p in ("VALID", "SAME", "EXPLICIT", "PAD")]

@@ -204,7 +204,7 @@ def run(tflite_path_or_bytes, device_specs: Sequence = ("GPU", "CPU"), *, max_st
 
 
 def _run(tflite_path_or_bytes, device_specs, max_states: int) -> TacResult:
-    from tftpu import __version__
+    from tftpu.version import __version__
 
     t0 = time.perf_counter()
     timings: dict[str, float] = {}

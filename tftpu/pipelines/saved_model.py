@@ -46,7 +46,7 @@ def optimize_saved_model(saved_model_dir, output_dir, *, target="tpu", disable: 
     loaded = load(saved_model_dir)
     import tensorflow as tf
 
-    from tftpu.graph.optimize import optimize
+    from tftpu.pipelines.optimize import optimize
 
     if not loaded.signatures:
         raise ModelFileError(saved_model_dir, "SavedModel has no signatures to optimize")

@@ -52,8 +52,8 @@ def run(output_dir: str | Path, image_size: int = 224, log=print) -> dict:
     """Run the demo pipeline, writing its artefacts to `output_dir`; return a summary dict."""
     import tensorflow as tf
 
-    import tftpu
-    from tftpu import models
+    from tftpu import frontend, models, quant, tac
+    from tftpu.pipelines.optimize import optimize
     from tftpu.frontend.check import compare, onnx_tensors
     from tftpu.interp.top_interpreter import run as run_top
     from tftpu.transforms.canonicalize import canonicalize
@@ -70,8 +70,8 @@ def run(output_dir: str | Path, image_size: int = 224, log=print) -> dict:
     step(f"built {model.name} ({model.count_params():,} parameters) and read the bundled photo {x.shape}")
 
     serve = tf.function(lambda image: model(image, training=False))
-    s2d = tftpu.optimize(serve, x, target="tpu")
-    declined = tftpu.optimize(serve, x, target="cpu")
+    s2d = optimize(serve, x, target="tpu")
+    declined = optimize(serve, x, target="cpu")
     s2d_err = float(np.abs(s2d(x).numpy() - expected).max())
     applied = len(s2d.report["space_to_depth"].changed)
     files.write_text(output_dir / "space_to_depth_report.txt",
@@ -81,9 +81,9 @@ def run(output_dir: str | Path, image_size: int = 224, log=print) -> dict:
          f"rewritten vs original max |diff| {s2d_err:.1e}")
     summary.update(s2d_applied=applied, s2d_max_abs_diff=s2d_err)
 
-    proto = tftpu.frontend.to_onnx(model, [[1, image_size, image_size, 3]])
+    proto = frontend.to_onnx(model, [[1, image_size, image_size, 3]])
     files.write_bytes(output_dir / f"{model.name}.onnx", proto.SerializeToString())
-    top = tftpu.frontend.onnx_to_top(proto, model.name)
+    top = frontend.onnx_to_top(proto, model.name)
     n_imported = _compute_ops(top)
     canonicalize(top)
     mlir, _ = top.save(output_dir / f"{model.name}.top.mlir")
@@ -99,9 +99,9 @@ def run(output_dir: str | Path, image_size: int = 224, log=print) -> dict:
 
     views = [x, x[:, :, ::-1], np.roll(x, image_size // 8, axis=1), np.roll(x, -image_size // 8, axis=2)]
     samples = [{"image": np.ascontiguousarray(v)} for v in views]  # the photo, mirrored and shifted
-    table = tftpu.quant.calibrate(top, samples, "mse")
+    table = quant.calibrate(top, samples, "mse")
     table.save(output_dir / f"{model.name}_cali_table")
-    int8 = tftpu.quant.evaluate(top, table, samples)
+    int8 = quant.evaluate(top, table, samples)
     int8_cos, int8_snr = int8.rows[top.output_names[0]]
     step(f"INT8 calibration (mse, {len(samples)} views of the photo): {len(table.entries)} tensors; "
          f"simulated INT8 vs float: cosine {int8_cos:.5f}, SQNR {int8_snr:.1f} dB; "
@@ -118,7 +118,7 @@ def run(output_dir: str | Path, image_size: int = 224, log=print) -> dict:
 
     with contextlib.redirect_stdout(io.StringIO()):  # the converter's Keras export prints its signature
         tflite = tf.lite.TFLiteConverter.from_keras_model(model).convert()
-    tac = tftpu.tac.run(tflite, device_specs=("GPU", "CPU"))
+    tac = tac.run(tflite, device_specs=("GPU", "CPU"))
     tac.save(output_dir / f"{model.name}_tac.tflite")
     files.write_text(output_dir / "tac_report.txt", tac.table() + "\n")
     step(f"TAC (GPU,CPU): estimated {tac.cost:.0f} us vs all-CPU {tac.cpu_cost:.0f} us "
