@@ -15,6 +15,7 @@ from typing import Callable
 
 import numpy as np
 
+from tftpu import geometry
 from tftpu.errors import ShapeError, UnsupportedOpError
 from tftpu.frontend.onnx_load import Prepared, prepare
 from tftpu.ir import attrs as A
@@ -197,18 +198,8 @@ def onnx_to_top(model, name: str | None = None, input_shapes=None) -> TopModel:
 # ================================================================ converters
 
 def _same_pads(in_sp, k, s, d, mode: str) -> list[int]:
-    begins, ends = [], []
-    for i, size in enumerate(in_sp):
-        out = -(-size // s[i])
-        total = max((out - 1) * s[i] + (k[i] - 1) * d[i] + 1 - size, 0)
-        small = total // 2
-        if mode == "SAME_LOWER":
-            begins.append(total - small)
-            ends.append(small)
-        else:
-            begins.append(small)
-            ends.append(total - small)
-    return begins + ends
+    pairs = [geometry.same_pads(size, k[i], s[i], d[i], lower=mode == "SAME_LOWER") for i, size in enumerate(in_sp)]
+    return [b for b, _ in pairs] + [e for _, e in pairs]
 
 
 def _window(imp: Importer, node, a: dict, k: list[int]) -> dict:
@@ -246,13 +237,12 @@ def _deconv(imp, node, a):
     auto = a.get("auto_pad", "NOTSET")
     if "output_shape" in a or auto in ("SAME_UPPER", "SAME_LOWER"):
         out = list(a["output_shape"])[-n:] if "output_shape" in a else [x[2 + i] * s[i] for i in range(n)]
-        total = [s[i] * (x[2 + i] - 1) + op[i] + (k[i] - 1) * d[i] + 1 - out[i] for i in range(n)]
-        if auto == "SAME_UPPER":
-            pads = [t // 2 for t in total] + [t - t // 2 for t in total]
-        else:  # NOTSET and SAME_LOWER put the larger half first, as onnxruntime does
-            pads = [t - t // 2 for t in total] + [t // 2 for t in total]
-        if any(p < 0 for p in pads):
-            raise Unsupported(f"output_shape {out} needs negative pads")
+        try:
+            pairs = [geometry.deconv_pads(x[2 + i], out[i], k[i], s[i], d[i], op[i], upper=auto == "SAME_UPPER")
+                     for i in range(n)]
+        except ShapeError:
+            raise Unsupported(f"output_shape {out} needs negative pads") from None
+        pads = [b for b, _ in pairs] + [e for _, e in pairs]
     elif auto == "VALID":
         pads = [0] * (2 * n)
     else:

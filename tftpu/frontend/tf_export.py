@@ -13,6 +13,7 @@ import logging
 import os
 from pathlib import Path
 
+from tftpu import geometry
 from tftpu.errors import ModelFileError, UnsupportedOpError, UsageError
 
 DEFAULT_OPSET = 17
@@ -264,9 +265,9 @@ def _lower_transpose_conv_bias(proto, data: bytes) -> None:
         wt = numpy_helper.to_array(inits[w])            # [O, kh, kw, I]
         o, kh, kw, _ = wt.shape
         pads = [0, 0, 0, 0]
-        if padding == 1:  # SAME: total = max(k - s, 0), the odd one at the end
-            th, tw = max(kh - sh, 0), max(kw - sw, 0)
-            pads = [th // 2, tw // 2, th - th // 2, tw - tw // 2]
+        if padding == 1:  # TF's SAME transposed conv
+            (hb, he), (wb, we) = geometry.transpose_same_pads(kh, sh), geometry.transpose_same_pads(kw, sw)
+            pads = [hb, wb, he, we]
         base = node.output[0]
         new_w = f"{base}_filter_iohw"
         proto.graph.initializer.append(numpy_helper.from_array(

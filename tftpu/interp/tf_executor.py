@@ -20,6 +20,7 @@ import os
 import numpy as np
 from xdsl.dialects.builtin import NoneType
 
+from tftpu import geometry
 from tftpu.errors import InternalError, KernelError, ShapeError, TftpuError
 from tftpu.ir import attrs as A
 from tftpu.ir import top
@@ -196,11 +197,7 @@ def _tf_padding(in_hw, k, s, d, p):
     kernels are fastest so), else explicit NHWC paddings."""
     if not any(p):
         return "VALID"
-    same = []
-    for i in range(2):
-        span = d[i] * (k[i] - 1) + 1
-        total = max((-(-in_hw[i] // s[i]) - 1) * s[i] + span - in_hw[i], 0)
-        same += [total // 2, total - total // 2]
+    same = [p for i in range(2) for p in geometry.same_pads(in_hw[i], k[i], s[i], d[i])]
     if same == [p[0], p[2], p[1], p[3]]:
         return "SAME"
     return [[0, 0], [p[0], p[2]], [p[1], p[3]], [0, 0]]
@@ -277,7 +274,7 @@ def _deconv(ins, attrs, out_shapes):
     d = _ints(attrs, "dilations", 2, 1)
     op_ = _ints(attrs, "output_padding", 2, 0)
     if d != [1, 1]:  # a dilated kernel as a plain one with zeros between the taps
-        dk = [d[i] * (wn.shape[2 + i] - 1) + 1 for i in range(2)]
+        dk = [geometry.span(wn.shape[2 + i], d[i]) for i in range(2)]
         full_w = np.zeros(wn.shape[:2] + tuple(dk), np.float32)
         full_w[:, :, ::d[0], ::d[1]] = wn
         wn = full_w
@@ -286,7 +283,7 @@ def _deconv(ins, attrs, out_shapes):
     xt = f32(xt)
     n, h, wd = (int(v) for v in xt.shape[:3])
     o = wn.shape[1]
-    full = [(h - 1) * s[0] + kh, (wd - 1) * s[1] + kw]
+    full = [geometry.deconv_out(h, kh, s[0]), geometry.deconv_out(wd, kw, s[1])]
     y = t.nn.conv2d_transpose(xt, const(np.ascontiguousarray(wn.transpose(2, 3, 1, 0))),
                               [n, *full, o], [1, *s, 1], "VALID")
     extra = [max(0, op_[i] - p[2 + i]) for i in range(2)]
@@ -449,7 +446,6 @@ def _pool_count(in_hw, k, s, p, include_pad, out):
 
 @lowering("MaxPool", "AvgPool")
 def _pool(ins, attrs, out_shapes, op_name):
-    from tftpu.interp.kernels.pool import pool_geometry
 
     t = _tf()
     x = ins[0]
@@ -463,7 +459,7 @@ def _pool(ins, attrs, out_shapes, op_name):
     ceil_mode = bool(attrs.get("ceil_mode", False))
     xt, perm = _channels_last_input(x, attrs)
     in_hw = [int(xt.shape[1]), int(xt.shape[2])]
-    geo = [pool_geometry(in_hw[i], k[i], s[i], p[i], p[2 + i], 1, ceil_mode) for i in range(2)]
+    geo = [geometry.pool_window(in_hw[i], k[i], s[i], p[i], p[2 + i], 1, ceil_mode) for i in range(2)]
     out = [g[0] for g in geo]
     widths = [[0, 0], [p[0], p[2] + geo[0][1]], [p[1], p[3] + geo[1][1]], [0, 0]]
     padded = any(w != [0, 0] for w in widths)

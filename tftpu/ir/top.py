@@ -21,6 +21,7 @@ from xdsl.ir import Dialect
 from xdsl.irdl import operand_def, result_def, var_operand_def, var_result_def
 from xdsl.utils.exceptions import VerifyException
 
+from tftpu import geometry
 from tftpu.errors import ShapeError
 from tftpu.ir.base import (  # noqa: F401  (REQUIRED and the loc helpers are re-exported)
     REQUIRED,
@@ -125,21 +126,6 @@ def _check_per_channel(shapes, attrs: dict) -> None:
     for s in shapes[1:]:
         if math.prod(s) != c:
             raise ValueError(f"per-channel operand {s} must have {c} values")
-
-
-def conv_out(size: int, k: int, s: int, d: int, pb: int, pe: int) -> int:
-    """Output length of a convolution window along one axis."""
-    return (size + pb + pe - d * (k - 1) - 1) // s + 1
-
-
-def pool_out(size: int, k: int, s: int, pb: int, pe: int, ceil_mode: bool) -> int:
-    """Output length of a pooling window (ceil mode drops a window starting in the end pad)."""
-    if not ceil_mode:
-        return (size + pb + pe - k) // s + 1
-    out = -(-(size + pb + pe - k) // s) + 1
-    if (out - 1) * s >= size + pb:
-        out -= 1
-    return out
 
 
 def slice_len(dim: int, start: int, end: int, step: int) -> tuple[int, int, int]:
@@ -263,7 +249,7 @@ class Conv(TopOp):
         sp, _ = _spatial(x, attrs["layout"])
         n = len(sp)
         p = attrs["pads"]
-        out = [conv_out(sp[i], attrs["kernel_shape"][i], attrs["strides"][i], attrs["dilations"][i],
+        out = [geometry.conv_out(sp[i], attrs["kernel_shape"][i], attrs["strides"][i], attrs["dilations"][i],
                         p[i], p[i + n]) for i in range(n)]
         if any(v <= 0 for v in out):
             raise ValueError(f"empty output spatial size {out}")
@@ -312,9 +298,8 @@ class Deconv(TopOp):
         x, w = shapes[0], shapes[1]
         sp, _ = _spatial(x, attrs["layout"])
         n, p = len(sp), attrs["pads"]
-        out = [attrs["strides"][i] * (sp[i] - 1) + attrs["output_padding"][i]
-               + (attrs["kernel_shape"][i] - 1) * attrs["dilations"][i] + 1 - p[i] - p[i + n]
-               for i in range(n)]
+        out = [geometry.deconv_out(sp[i], attrs["kernel_shape"][i], attrs["strides"][i], attrs["dilations"][i],
+                                   p[i], p[i + n], attrs["output_padding"][i]) for i in range(n)]
         return [_with_spatial(x, attrs["layout"], w[1] * attrs["group"], out)]
 
 
@@ -511,7 +496,7 @@ class _Pool(_Unary):
         x = shapes[0]
         sp, c = _spatial(x, attrs["layout"])
         n, p = len(sp), attrs["pads"]
-        out = [pool_out(sp[i], attrs["kernel_shape"][i], attrs["strides"][i], p[i], p[i + n],
+        out = [geometry.pool_out(sp[i], attrs["kernel_shape"][i], attrs["strides"][i], p[i], p[i + n],
                         attrs["ceil_mode"]) for i in range(n)]
         if any(v <= 0 for v in out):
             raise ValueError(f"empty output spatial size {out}")

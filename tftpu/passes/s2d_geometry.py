@@ -23,15 +23,13 @@ import dataclasses
 import math
 from typing import Sequence
 
+from tftpu import geometry
 from tftpu.errors import ShapeError
 
 
 def same_pads(size: int, kernel: int, stride: int, dilation: int = 1) -> tuple[int, int]:
     """TensorFlow's SAME padding (extra pixel at the end) for one axis."""
-    eff = (kernel - 1) * dilation + 1
-    out = -(-size // stride)
-    total = max((out - 1) * stride + eff - size, 0)
-    return total // 2, total - total // 2
+    return geometry.same_pads(size, kernel, stride, dilation)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,7 +65,7 @@ class AxisPlan:
 
     @property
     def out(self) -> int:
-        return (self.size + self.pads[0] + self.pads[1] - self.kernel) // self.stride + 1
+        return geometry.conv_out(self.size, self.kernel, self.stride, 1, *self.pads)
 
     @property
     def ph_top(self) -> int:

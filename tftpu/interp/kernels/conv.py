@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from tftpu import geometry
 from tftpu.interp.kernels._registry import (
     WEIGHTS, as_f32, channels_last, ints, per_channel, post_relu, register, relu,
     relu_limit, tf, tf_epilogue, bias_const, to_numpy, nchw_supported)
@@ -33,10 +34,6 @@ def _weight_oik(w, attrs):
     return as_f32(w)
 
 
-def _out_size(size, k, s, pb, pe, d):
-    return (size + pb + pe - (d * (k - 1) + 1)) // s + 1
-
-
 # ----------------------------------------------------------------------------- Conv
 
 def _conv_numpy(x, w, strides, pads, dil, group):
@@ -44,7 +41,7 @@ def _conv_numpy(x, w, strides, pads, dil, group):
     nsp = x.ndim - 2
     k = w.shape[2:]
     xp = np.pad(x, [(0, 0), (0, 0)] + [(pads[i], pads[i + nsp]) for i in range(nsp)])
-    out = [_out_size(x.shape[2 + i], k[i], strides[i], pads[i], pads[i + nsp], dil[i])
+    out = [geometry.conv_out(x.shape[2 + i], k[i], strides[i], dil[i], pads[i], pads[i + nsp])
            for i in range(nsp)]
     n, c = x.shape[:2]
     o = w.shape[0]
@@ -173,7 +170,7 @@ def _deconv_numpy(x, w, strides, dil, group):
     og = w.shape[1]
     cg = c // group
     ins = x.shape[2:]
-    full = [(ins[i] - 1) * strides[i] + dil[i] * (k[i] - 1) + 1 for i in range(nsp)]
+    full = [geometry.deconv_out(ins[i], k[i], strides[i], dil[i]) for i in range(nsp)]
     y = np.zeros((n, group, og, *full), np.float32)
     xg = x.reshape(n, group, cg, *ins)
     wg = w.reshape(group, cg, og, *k)
@@ -191,7 +188,7 @@ def _dilate_kernel(w, dil):
     if all(d == 1 for d in dil):
         return w
     k = w.shape[2:]
-    dk = [d * (kk - 1) + 1 for d, kk in zip(dil, k)]
+    dk = [geometry.span(kk, d) for d, kk in zip(dil, k)]
     out = np.zeros(w.shape[:2] + tuple(dk), w.dtype)
     out[(slice(None), slice(None)) + tuple(slice(None, None, d) for d in dil)] = w
     return out
@@ -205,7 +202,7 @@ def _deconv_tf_2d(x, w, strides, dil):
     kh, kw = int(f.shape[0]), int(f.shape[1])
     n, _, h, wd = x.shape
     o = w.shape[1]
-    shape = [n, o, (h - 1) * strides[0] + kh, (wd - 1) * strides[1] + kw]
+    shape = [n, o, geometry.deconv_out(h, kh, strides[0]), geometry.deconv_out(wd, kw, strides[1])]
     return to_numpy(t.nn.conv2d_transpose(x, f, shape, [1, 1, *strides], "VALID",
                                           data_format="NCHW"))
 

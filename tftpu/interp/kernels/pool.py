@@ -10,23 +10,10 @@ import math
 
 import numpy as np
 
+from tftpu import geometry
 from tftpu.interp.kernels._registry import (
     aligned_empty, as_f32, channels_last, ints, nchw_supported, post_relu, register,
     spatial_axes, tf, to_numpy)
-
-
-def pool_geometry(in_size, k, s, pb, pe, d, ceil_mode):
-    """(output size, extra end padding) of one spatial axis, as onnxruntime computes them."""
-    span = d * (k - 1) + 1
-    num = in_size + pb + pe - span
-    if ceil_mode:
-        out = -(-num // s) + 1
-        if (out - 1) * s >= in_size + pb:
-            out -= 1
-    else:
-        out = num // s + 1
-    extra = max(0, (out - 1) * s + span - (in_size + pb + pe))
-    return out, extra
 
 
 def _pad_const(x, widths, fill):
@@ -77,7 +64,7 @@ def _pool(x, attrs, kind):
     pads = ints(attrs, "pads", 2 * nsp, 0)
     d = ints(attrs, "dilations", nsp, 1)
     ceil_mode = bool(attrs.get("ceil_mode", False))
-    geo = [pool_geometry(x.shape[ax], k[i], s[i], pads[i], pads[nsp + i], d[i], ceil_mode)
+    geo = [geometry.pool_window(x.shape[ax], k[i], s[i], pads[i], pads[nsp + i], d[i], ceil_mode)
            for i, ax in enumerate(axes)]
     out = [g[0] for g in geo]
     widths = [(0, 0)] * x.ndim
