@@ -12,7 +12,7 @@ from tftpu import cli
 
 flags.DEFINE_string("saved_model_dir", None, "SavedModel to optimize")
 flags.DEFINE_string("output_dir", None, "where to write the optimized SavedModel")
-flags.DEFINE_string("target", "tpu", "target whose cost model decides (configs/targets/NAME.yaml or a path)")
+flags.DEFINE_string("target", "tpu", "chip whose cost model decides (configs/chips/NAME.yaml: tpu, cpu, npu1, edge16; or a path)")
 flags.DEFINE_list("disable", [], "passes to skip, e.g. space_to_depth")
 flags.DEFINE_integer("block_size", 2, "space-to-depth block size")
 

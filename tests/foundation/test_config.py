@@ -1,4 +1,4 @@
-"""tftpu.utils.config: one name-or-path resolution and YAML loading for chips, targets, hardware."""
+"""tftpu.utils.config: one name-or-path resolution and YAML loading for chips and hardware."""
 
 import pytest
 
@@ -8,7 +8,7 @@ from tftpu.passes.cost import Target
 from tftpu.tac.hardware import config as hw_config
 from tftpu.utils import config
 
-KINDS = ("chips", "targets", "hardware")
+KINDS = ("chips", "hardware")
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -46,8 +46,8 @@ def test_configs_root_env_and_kind_env(tmp_path, monkeypatch):
         (tmp_path / kind).mkdir()
         for name in config.known(kind):
             (tmp_path / kind / f"{name}.yaml").write_text((config.DEFAULT_ROOT / kind / f"{name}.yaml").read_text())
-    src = (config.DEFAULT_ROOT / "targets" / "tpu.yaml").read_text()
-    (tmp_path / "targets" / "mine.yaml").write_text(src.replace("name: tpu", "name: mine"))
+    src = (config.DEFAULT_ROOT / "chips" / "tpu.yaml").read_text()
+    (tmp_path / "chips" / "mine.yaml").write_text(src.replace("name: tpu", "name: mine"))
     monkeypatch.setenv("TFTPU_CONFIGS", str(tmp_path))
     assert config.config_dir("chips") == tmp_path / "chips"
     assert Target.load("mine").name == "mine"
@@ -57,5 +57,5 @@ def test_configs_root_env_and_kind_env(tmp_path, monkeypatch):
     monkeypatch.setenv("TFTPU_HARDWARE_CONFIGS", str(config.DEFAULT_ROOT / "hardware"))
     assert hw_config.config_dir() == config.DEFAULT_ROOT / "hardware"
     monkeypatch.delenv("TFTPU_CONFIGS")
-    with pytest.raises(ConfigError, match="known targets"):
+    with pytest.raises(ConfigError, match="known chips"):
         Target.load("mine")

@@ -75,22 +75,25 @@ def test_chip_config_npu1():
     chip = L.load_chip("npu1")
     assert chip.lanes == 64 and chip.eu_bytes == 64 and chip.local_mem_bytes == 16 * 2 ** 20
     assert chip.format_for("top.Conv") == L.MemoryFormat("lane_blocked", 64, 64)
-    assert chip.format_for("MatMul") == L.NCHW and chip.io_format == L.NCHW
+    assert chip.format_for("top.MatMul") == L.NCHW and chip.io_format == L.NCHW
     assert chip.format_for("top.Sigmoid") == chip.format_for("default")
     assert "i8" in chip.dtypes
 
 
 @pytest.mark.parametrize("text,msg", [
-    ("name: x\n", "missing key"),
+    ("name: x\n", "missing"),
     ("[1, 2]\n", "mapping"),
-    ("name: x\nnpu_lanes: 4\neu_bytes: 8\nlocal_mem_bytes: 1\nddr_bandwidth: 1\ndtypes: [f32]\n"
-     "formats: {Conv: NCWH}\n", "memory format"),
-    ("name: x\nnpu_lanes: 0\neu_bytes: 8\nlocal_mem_bytes: 1\nddr_bandwidth: 1\ndtypes: [f32]\n", "positive"),
+    ({"formats": {"io": "NCHW", "default": "NCHW", "top.Conv": "NCWH"}}, "is not NCHW, NHWC or lane_blocked"),
+    ({"npu_lanes": 0}, "positive"),
     ("name: [\n", "YAML"),
 ])
 def test_chip_config_errors(tmp_path, text, msg):
+    from tests.chips import chip_file
     p = tmp_path / "bad.yaml"
-    p.write_text(text)
+    if isinstance(text, dict):
+        chip_file(p, **text)
+    else:
+        p.write_text(text)
     with pytest.raises(ConfigError, match=msg) as e:
         L.load_chip(p)
     assert "bad.yaml" in str(e.value)
@@ -146,9 +149,9 @@ def test_plain_orders_are_not_reorders(tmp_path):
     only plans no reorder, whichever layout the model was converted to; lane-blocked ones count
     the same after either conversion."""
     from tftpu.transforms.convert_layout import convert_layout
-    p = tmp_path / "plain.yaml"
-    p.write_text("name: plain\nnpu_lanes: 8\neu_bytes: 16\nlocal_mem_bytes: 1024\nddr_bandwidth: 1e9\n"
-                 "dtypes: [f32]\nformats: {default: NCHW, Conv: NHWC}\n")
+    from tests.chips import chip_file
+    p = chip_file(tmp_path / "plain.yaml", name="plain", npu_lanes=8, eu_bytes=16, local_mem_bytes=1024,
+                  formats={"io": "NCHW", "default": "NCHW", "top.Conv": "NHWC"})
     plain, npu1 = L.load_chip(p), L.load_chip("npu1")
     counts = []
     for target in ("NCHW", "NHWC"):

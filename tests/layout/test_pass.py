@@ -104,9 +104,9 @@ def test_desired_from_chip(tmp_path):
     from tftpu.transforms.convert_layout import desired_for_chip
     d = desired_for_chip("npu1")        # lane-blocked convs: channels split over lanes, NCHW order
     assert d["top.Conv"] == ["NCHW", "default"] and d["top.SpaceToDepth"] == ["NCHW"]
-    p = tmp_path / "nhwc_chip.yaml"
-    p.write_text("name: c\nnpu_lanes: 8\neu_bytes: 16\nlocal_mem_bytes: 1024\nddr_bandwidth: 1e9\n"
-                 "dtypes: [f32]\nformats: {default: NHWC, Deconv: lane_blocked}\n")
+    from tests.chips import chip_file
+    p = chip_file(tmp_path / "nhwc_chip.yaml", name="c", npu_lanes=8, eu_bytes=16, local_mem_bytes=1024,
+                  formats={"io": "NCHW", "default": "NHWC", "top.Deconv": "lane_blocked"})
     d = desired_for_chip(load_chip(p))
     assert d["top.Conv"] == ["NHWC", "default"] and d["top.Deconv"] == ["NCHW"]
     new, rep = convert_and_compare(_net(), desired=d)

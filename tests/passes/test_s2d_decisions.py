@@ -141,11 +141,11 @@ def test_cost_model_per_target():
 
 
 def test_user_target_file(tmp_path):
-    from tftpu.passes.cost import TARGET_DIR
+    from tftpu.utils.config import DEFAULT_ROOT
 
     text = tmp_path / "narrow.yaml"
-    src = (TARGET_DIR / "tpu.yaml").read_text()
-    text.write_text(src.replace("name: tpu", "name: narrow").replace("matrix_rows: 128", "matrix_rows: 4"))
+    src = (DEFAULT_ROOT / "chips" / "tpu.yaml").read_text()
+    text.write_text(src.replace("name: tpu", "name: narrow").replace("  rows: 128", "  rows: 4", 1))
     narrow = Target.load(str(text))
     assert narrow.name == "narrow" and narrow.matrix_rows == 4
     # with 4 contraction lanes, 3 -> 12 channels gains little: ~49 vs 3*16 passes
@@ -157,7 +157,7 @@ def test_user_target_file(tmp_path):
 
 @pytest.mark.parametrize("content,match", [
     ("name: [unclosed", "not valid YAML"),
-    ("name: x\n", "missing fields"),
+    ("name: x\n", "field 'description': missing"),
     ("- 1\n- 2\n", "expected a mapping"),
 ])
 def test_bad_target_file(tmp_path, content, match):
@@ -165,7 +165,7 @@ def test_bad_target_file(tmp_path, content, match):
     path.write_text(content)
     with pytest.raises(ConfigError, match=match):
         Target.load(str(path))
-    with pytest.raises(ConfigError, match="no such target file"):
+    with pytest.raises(ConfigError, match="no such chip config"):
         Target.load("no_such_target")
 
 

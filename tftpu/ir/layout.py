@@ -14,17 +14,16 @@ memory. Changing format is an explicit `layout.Reorder` op, counted and costed.
 
 from __future__ import annotations
 
-import math
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from xdsl.dialects.builtin import IntAttr, StringAttr, TensorType
 from xdsl.ir import Dialect, ParametrizedAttribute
 from xdsl.irdl import IRDLOperation, attr_def, irdl_attr_definition, irdl_op_definition, operand_def, result_def
 
-from tftpu.errors import ConfigError
+from tftpu import chip as chips
+from tftpu.chip import FORMAT_KINDS, NCHW, NHWC, MemoryFormat  # noqa: F401  (FORMAT_KINDS re-exported)
 from tftpu.ir.base import loc_name, value_name
-from tftpu.utils import config
 
 Perm = tuple[int, ...]
 
@@ -114,84 +113,7 @@ def perm_name(perm) -> str:
     return "".join(str(p) if p < 10 else f"_{p}_" for p in perm)
 
 
-# ---------------------------------------------------------------- memory formats
-
-FORMAT_KINDS = ("NCHW", "NHWC", "lane_blocked")
-
-
-def _align_up(n: int, a: int) -> int:
-    return -(-n // a) * a if a > 1 else n
-
-
-@dataclass(frozen=True)
-class MemoryFormat:
-    """How an activation's bytes lie in a memory. Shapes given to its methods are logical NCHW
-    (N, C, *spatial), as oneDNN and PyTorch describe sizes whatever the memory format.
-
-    `lane_blocked`: channel c lives in NPU lane c % lanes at channel slot c // lanes; each lane
-    holds [N, ceil(C / lanes), *spatial], every (n, slot) plane starting at a multiple of
-    `align` bytes (the EU width; 0 or 1 = compact), as TPU-MLIR lays tensors in local memory.
-    """
-
-    kind: str
-    lanes: int = 0
-    align: int = 0
-
-    def __post_init__(self):
-        if self.kind not in FORMAT_KINDS:
-            raise ConfigError(f"memory format must be one of {FORMAT_KINDS}, got {self.kind!r}")
-        if self.kind == "lane_blocked" and self.lanes < 1:
-            raise ConfigError("lane_blocked format needs lanes >= 1")
-
-    @classmethod
-    def parse(cls, text: str) -> "MemoryFormat":
-        """"NCHW", "NHWC", "lane_blocked:LANES" or "lane_blocked:LANES:ALIGN_BYTES"."""
-        parts = str(text).split(":")
-        try:
-            nums = [int(p) for p in parts[1:]]
-        except ValueError:
-            raise ConfigError(f"bad memory format {text!r}") from None
-        if parts[0] != "lane_blocked" and nums or len(nums) > 2:
-            raise ConfigError(f"bad memory format {text!r}")
-        return cls(parts[0], *nums)
-
-    def __str__(self) -> str:
-        if self.kind != "lane_blocked":
-            return self.kind
-        return f"lane_blocked:{self.lanes}" + (f":{self.align}" if self.align > 1 else "")
-
-    def per_lane_bytes(self, shape, itemsize: int) -> int:
-        """Bytes one lane holds (the whole tensor for NCHW/NHWC)."""
-        n, c, sp = shape[0], shape[1], math.prod(shape[2:])
-        if self.kind != "lane_blocked":
-            return n * c * sp * itemsize
-        return n * -(-c // self.lanes) * _align_up(sp * itemsize, self.align)
-
-    def nbytes(self, shape, itemsize: int) -> int:
-        """Bytes the tensor occupies, padding included (over all lanes)."""
-        lanes = self.lanes if self.kind == "lane_blocked" else 1
-        return lanes * self.per_lane_bytes(shape, itemsize)
-
-    def address(self, index, shape, itemsize: int) -> tuple[int, int]:
-        """(lane, byte offset in that lane) of the element at logical NCHW `index`."""
-        n, c, *sp = index
-        dims = list(shape[2:])
-        flat_sp = 0
-        for i, d in zip(sp, dims):
-            flat_sp = flat_sp * d + i
-        plane = math.prod(dims)
-        if self.kind == "NCHW":
-            return 0, ((n * shape[1] + c) * plane + flat_sp) * itemsize
-        if self.kind == "NHWC":
-            return 0, ((n * plane + flat_sp) * shape[1] + c) * itemsize
-        slots = -(-shape[1] // self.lanes)
-        stride = _align_up(plane * itemsize, self.align)
-        return c % self.lanes, (n * slots + c // self.lanes) * stride + flat_sp * itemsize
-
-
-NCHW = MemoryFormat("NCHW")
-NHWC = MemoryFormat("NHWC")
-
+# ---------------------------------------------------------------- memory formats (the chip's)
 
 @irdl_attr_definition
 class FormatAttr(ParametrizedAttribute):
@@ -260,65 +182,8 @@ Layout = Dialect("layout", [Reorder], [FormatAttr])
 
 # ---------------------------------------------------------------- chips
 
-@dataclass
-class Chip:
-    """What the layout work needs from `configs/chips/NAME.yaml`: lanes, memories, formats."""
-
-    name: str
-    lanes: int
-    eu_bytes: int
-    local_mem_bytes: int
-    ddr_bandwidth: float              # bytes/s
-    dtypes: tuple[str, ...]
-    formats: dict[str, str] = field(default_factory=dict)   # op name -> format; "default", "io"
-    reorder_bandwidth: float = 0.0    # bytes/s of an in-memory reorder; DDR bandwidth if 0
-    raw: dict = field(default_factory=dict)
-
-    def format_for(self, op_name: str) -> MemoryFormat:
-        """The memory format `op_name` ("top.Conv" or "Conv") wants its data in."""
-        key = op_name[4:] if op_name.startswith("top.") else op_name
-        text = self.formats.get(key, self.formats.get("default", "NCHW"))
-        return self.resolve(text)
-
-    def resolve(self, text: str) -> MemoryFormat:
-        """A format name from the config, `lane_blocked` filled in with the chip's lanes/EU width."""
-        return MemoryFormat(text, self.lanes, self.eu_bytes) if text == "lane_blocked" else MemoryFormat.parse(text)
-
-    def data_layout(self, op_name: str) -> str:
-        """The TOP data layout (NCHW/NHWC) that leads to `op_name`'s memory format: NHWC for
-        NHWC; NCHW for NCHW and for lane_blocked, which splits NCHW's channel axis over lanes."""
-        return "NHWC" if self.format_for(op_name).kind == "NHWC" else "NCHW"
-
-    @property
-    def io_format(self) -> MemoryFormat:
-        """Format of model inputs and outputs in DDR."""
-        return self.resolve(self.formats.get("io", "NCHW"))
-
-
-CHIP_DIR = config.DEFAULT_ROOT / "chips"  # the bundled chips; $TFTPU_CONFIGS may point elsewhere
-_CHIP_KEYS = ("name", "npu_lanes", "eu_bytes", "local_mem_bytes", "ddr_bandwidth", "dtypes")
-
-
-def load_chip(name_or_path) -> Chip:
-    """A chip from `configs/chips/NAME.yaml` or a YAML path; ConfigError naming the file if bad."""
-    p = config.resolve("chips", name_or_path, "chip config")
-    raw = config.load_yaml(p, "chip config")
-    missing = [k for k in _CHIP_KEYS if k not in raw]
-    if missing:
-        raise ConfigError(f"{p}: missing key(s) {', '.join(missing)}")
-    try:
-        chip = Chip(name=str(raw["name"]), lanes=int(raw["npu_lanes"]), eu_bytes=int(raw["eu_bytes"]),
-                    local_mem_bytes=int(raw["local_mem_bytes"]), ddr_bandwidth=float(raw["ddr_bandwidth"]),
-                    dtypes=tuple(str(d) for d in raw["dtypes"]),
-                    formats={str(k): str(v) for k, v in (raw.get("formats") or {}).items()},
-                    reorder_bandwidth=float(raw.get("reorder_bandwidth", 0.0)), raw=raw)
-        if chip.lanes < 1 or chip.eu_bytes < 1 or chip.ddr_bandwidth <= 0:
-            raise ValueError("npu_lanes, eu_bytes and ddr_bandwidth must be positive")
-        for op, text in chip.formats.items():
-            chip.resolve(text)
-    except (TypeError, ValueError, ConfigError) as e:
-        raise ConfigError(f"{p}: {e}") from None
-    return chip
+Chip = chips.Chip
+load_chip = chips.load       # a chip from configs/chips/NAME.yaml or a YAML path
 
 
 # ---------------------------------------------------------------- reorders: plan, count, cost

@@ -1,12 +1,12 @@
-"""Per-target cost model that decides whether space-to-depth pays (configs/targets/*.yaml).
+"""Per-chip cost model that decides whether space-to-depth pays (`configs/chips/*.yaml`).
 
 A convolution costs max(compute, memory) on the device; compute counts the multiply-adds the
-matrix unit actually issues, with the contraction padded to `matrix_rows` (per kernel tap on a
-TPU-like unit, over the whole im2col row on a CPU) and output channels padded to `matrix_cols`.
-S2D adds the host transform, of which `host_overlap` is hidden behind the device.
+matrix unit actually issues, with the contraction padded to its rows (per kernel tap on a
+TPU-like unit, over the whole im2col row on a CPU) and output channels padded to its columns.
+S2D adds the host transform, of which the host's overlap is hidden behind the device.
 
 >>> t = Target.load("tpu")                                   # doctest: +SKIP
->>> t.s2d_estimate(stem_geometry)["speedup"] > 1             # doctest: +SKIP
+>>> t.s2d_estimate(stem, stem_s2d)["speedup"] > 1            # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -16,14 +16,8 @@ import math
 import os
 from typing import Sequence
 
-from tftpu.errors import ConfigError
-from tftpu.utils import config
-
-TARGET_DIR = config.DEFAULT_ROOT / "targets"  # the bundled targets; $TFTPU_CONFIGS may point elsewhere
-_FIELDS = {"name": str, "description": str, "contraction": str, "matrix_rows": int,
-           "matrix_cols": int, "peak_flops": float, "memory_bandwidth": float,
-           "dtype_bytes": int, "host_bandwidth": float, "host_overlap": float,
-           "min_speedup": float}
+from tftpu import chip as chips
+from tftpu.chip import DTYPE_BYTES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,7 +35,8 @@ class ConvGeometry:
 
 @dataclasses.dataclass(frozen=True)
 class Target:
-    """A target's matrix unit, memory and host, as read from its yaml file."""
+    """What the S2D cost model reads of a chip (`tftpu.chip.Chip`): its matrix unit, memory
+    and host."""
 
     name: str
     contraction: str
@@ -56,28 +51,19 @@ class Target:
     description: str = ""
 
     @classmethod
+    def of(cls, chip: chips.Chip) -> "Target":
+        """The cost view of a chip."""
+        m = chip.matrix
+        return cls(chip.name, m.contraction, m.rows, m.cols, chip.peak_flops(), chip.ddr_bandwidth,
+                   DTYPE_BYTES[m.dtype], chip.host.bandwidth, chip.host.overlap, chip.s2d_min_speedup,
+                   chip.description)
+
+    @classmethod
     def load(cls, name_or_path: str | os.PathLike) -> "Target":
-        """Load `configs/targets/NAME.yaml`, or a yaml file at a path."""
+        """The target of chip `configs/chips/NAME.yaml`, or of a chip yaml at a path."""
         if isinstance(name_or_path, Target):
             return name_or_path
-        path = config.resolve("targets", name_or_path, "target file")
-        data = config.load_yaml(path, "target file")
-        missing = sorted(set(_FIELDS) - {"description"} - set(data))
-        unknown = sorted(set(data) - set(_FIELDS))
-        if missing or unknown:
-            raise ConfigError(f"{path}: missing fields {missing}, unknown fields {unknown}")
-        try:
-            values = {k: _FIELDS[k](v) for k, v in data.items()}
-        except (TypeError, ValueError) as e:
-            raise ConfigError(f"{path}: bad field value: {e}") from None
-        if values["contraction"] not in ("per_tap", "im2col"):
-            raise ConfigError(f"{path}: contraction must be per_tap or im2col, got {values['contraction']!r}")
-        for k in ("matrix_rows", "matrix_cols", "peak_flops", "memory_bandwidth", "dtype_bytes", "host_bandwidth"):
-            if values[k] <= 0:
-                raise ConfigError(f"{path}: {k} must be positive")
-        if not 0 <= values["host_overlap"] <= 1:
-            raise ConfigError(f"{path}: host_overlap must lie in [0, 1]")
-        return cls(**values)
+        return cls.of(chips.load(name_or_path))
 
     def conv_seconds(self, g: ConvGeometry) -> dict:
         """Estimated device time of a convolution, with its parts."""

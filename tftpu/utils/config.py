@@ -1,9 +1,9 @@
-"""YAML configuration files under `configs/<kind>/` (chips, targets, hardware), found by name or path.
+"""YAML configuration files under `configs/<kind>/` (chips, hardware), found by name or path.
 
 One place resolves "name or path", reads the YAML safely and turns every failure into a
 one-line `ConfigError` naming the file; callers check their own fields.
 
->>> data = load_yaml(resolve("targets", "tpu"), "target file")  # doctest: +SKIP
+>>> data = load_yaml(resolve("chips", "tpu"), "chip config")  # doctest: +SKIP
 """
 
 from __future__ import annotations
