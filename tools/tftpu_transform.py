@@ -18,6 +18,9 @@ flags.DEFINE_string("test_input", None, ".npz (or .npy) input to verify the impo
 flags.DEFINE_string("test_result", None, ".npz to write the TOP outputs of the test input to")
 flags.DEFINE_string("tolerance", "0.99,0.99", "minimum cosine,euclidean similarity")
 flags.DEFINE_string("layout", None, "convert data layout: NCHW or NHWC")
+flags.DEFINE_string("passes", None, "TOP pass pipeline, MLIR syntax, e.g. "
+                    "\"canonicalize,convert-layout{layout=NHWC},canonicalize\" (default: canonicalize, "
+                    "plus convert-layout with --layout)")
 flags.DEFINE_string("mlir", None, "output .top.mlir path")
 
 FLAGS = flags.FLAGS
@@ -35,12 +38,14 @@ def main(args):
         raise errors.UsageError("--model_def is required")
     tolerance = parse_tolerance(FLAGS.tolerance)
     r = transform(FLAGS.model_def, name=FLAGS.model_name, input_shapes=parse_shapes(FLAGS.input_shapes),
-                  layout=FLAGS.layout, mlir=FLAGS.mlir,
+                  layout=FLAGS.layout, mlir=FLAGS.mlir, passes=FLAGS.passes,
                   test_input=load_npz(FLAGS.test_input) if FLAGS.test_input else None,
                   test_result=FLAGS.test_result, tolerance=tolerance)
-    if r.layout_report is not None:
-        print(f"convert layout to {FLAGS.layout}: {r.layout_report}")
-    print(f"{r.mlir}: {len(r.model.ops)} ops ({r.ops_before} before canonicalize: {r.canonicalize_report}); "
+    for p in r.passes:
+        if p.name == "convert-layout":
+            print(f"convert layout to {p.detail.layout}: {p.detail}")
+    ran = "; ".join(f"{p.name}: {p.detail}" for p in r.passes)
+    print(f"{r.mlir}: {len(r.model.ops)} ops ({r.ops_before} imported; {ran}); "
           f"{_flops(r.model.flops())}; weights {r.weights}; {r.seconds:.2f} s")
     if not FLAGS.test_input:
         return 0

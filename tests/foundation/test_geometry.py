@@ -61,7 +61,7 @@ def _ort_pool(size, k, s, pb, pe, d, ceil):
 @given(window, st.integers(0, 3), st.integers(0, 3), st.booleans())
 def test_pool_out_matches_onnxruntime(w, pb, pe, ceil):
     size, k, s, d = w
-    if pb >= G.span(k, d) or pe >= G.span(k, d) or size + pb + pe < G.span(k, d):
+    if pb >= k or pe >= k or size + pb + pe < G.span(k, d):
         return                                  # onnxruntime refuses pads as large as the window
     assert G.pool_out(size, k, s, pb, pe, ceil, d) == _ort_pool(size, k, s, pb, pe, d, ceil)
 

@@ -28,6 +28,7 @@ class TransformResult:
     layout_report: object | None
     seconds: float
     checks: list = dataclasses.field(default_factory=list)   # (reference name, Comparison)
+    passes: list = dataclasses.field(default_factory=list)   # each pass's PassResult, in order
 
     @property
     def rows(self) -> list:
@@ -46,20 +47,30 @@ class TransformResult:
         return min(self.rows, key=lambda r: (r.cosine, r.euclid)) if self.rows else None
 
 
+def default_passes(layout: str | None = None) -> str:
+    """The pipeline `transform` runs: canonicalize, then (given a layout) convert and fold."""
+    return "canonicalize" + (f",convert-layout{{layout={layout}}},canonicalize" if layout else "")
+
+
 def transform(model_def, *, name: str | None = None, input_shapes=None, layout: str | None = None,
               mlir=None, test_input: dict | None = None, test_result=None,
-              tolerance=(0.99, 0.99)) -> TransformResult:
-    """Import `model_def` into TOP, canonicalize, optionally convert to `layout`, save it; with a
-    `test_input`, compare every tensor TOP shares with onnxruntime, and the outputs with the
-    source framework (TFLite/Keras/SavedModel), writing TOP's tensors to `test_result`."""
+              tolerance=(0.99, 0.99), passes: str | None = None) -> TransformResult:
+    """Import `model_def` into TOP, run `passes` (a pipeline string; default: canonicalize, then
+    convert to `layout` when given), save it; with a `test_input`, compare every tensor TOP
+    shares with onnxruntime, and the outputs with the source framework (TFLite/Keras/SavedModel),
+    writing TOP's tensors to `test_result`. A test input that does not fit the model is refused
+    before anything is written."""
     from tftpu.frontend import source_kind, to_onnx
     from tftpu.frontend.check import compare, onnx_tensors, tf_outputs
     from tftpu.frontend.onnx_to_top import onnx_to_top
     from tftpu.ir.weights import save_npz
-    from tftpu.transforms.canonicalize import canonicalize
+    from tftpu.transforms.pipeline import parse_pipeline, run_pipeline
 
     if layout and layout not in ("NCHW", "NHWC"):
         raise errors.UsageError(f"layout must be NCHW or NHWC, not {layout!r}")
+    if passes and layout:
+        raise errors.UsageError("give either a layout or a pass pipeline (with convert-layout in it), not both")
+    pipeline = parse_pipeline(passes or default_passes(layout))
     kind = source_kind(model_def)
     if kind == "mlir":
         raise errors.UsageError(f"{model_def} is already a TOP .mlir; run it instead of transforming it")
@@ -68,22 +79,19 @@ def transform(model_def, *, name: str | None = None, input_shapes=None, layout: 
     proto = to_onnx(model_def, input_shapes)
     model = onnx_to_top(proto, name, input_shapes if kind == "onnx" else None)
     ops_before = len(model.ops)
-    report = canonicalize(model)
-    layout_report = None
-    if layout:
-        from tftpu.transforms.convert_layout import convert_layout
+    results = run_pipeline(model, pipeline)
+    report = next((r.detail for r in results if r.name == "canonicalize"), None)
+    layout_report = next((r.detail for r in results if r.name == "convert-layout"), None)
+    got = None
+    if test_input is not None:
+        from tftpu.interp.top_interpreter import run
 
-        layout_report = convert_layout(model, layout)
-        canonicalize(model)
+        got = run(model, test_input, dump_all=True)      # a wrong input fails here, before any write
     mlir_path, weight_path = model.save(Path(mlir or f"{name}.top.mlir"))
     result = TransformResult(model, mlir_path, weight_path, ops_before, report, layout_report,
-                             time.perf_counter() - t0)
+                             time.perf_counter() - t0, passes=results)
     if test_input is None:
         return result
-
-    from tftpu.interp.top_interpreter import run
-
-    got = run(model, test_input, dump_all=True)
     if test_result:
         save_npz(test_result, got)
     result.checks.append(("onnxruntime", compare(onnx_tensors(proto, test_input), got, tolerance)))

@@ -1,5 +1,8 @@
 """tftpu.transforms: passes over TOP (and later TPU) modules, one module per pass.
 
->>> from tftpu.transforms.canonicalize import canonicalize
->>> report = canonicalize(model)  # doctest: +SKIP
+Each pass is a `pipeline.ModulePass` registered by name (`canonicalize`, `convert-layout`)
+and runs from Python or a tool as a pipeline string:
+
+>>> from tftpu.transforms.pipeline import run_pipeline
+>>> results = run_pipeline(model, "canonicalize,convert-layout{layout=NHWC},canonicalize")  # doctest: +SKIP
 """

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import numpy as np
 from xdsl.dialects import func
@@ -32,6 +33,8 @@ from xdsl.rewriter import InsertPoint
 from tftpu.ir import attrs as A
 from tftpu.ir import top
 from tftpu.ir.module import TopModel, make_op
+from tftpu.transforms.pipeline import ModulePass, register
+from tftpu.utils.decisions import PassResult
 from tftpu.utils.names import unique_name
 
 F32_MAX = float(np.finfo(np.float32).max)
@@ -770,3 +773,20 @@ def canonicalize(model: TopModel, patterns=None, verify: bool = True) -> Report:
     if verify:
         model.verify()
     return report
+
+
+@register
+@dataclass
+class Canonicalize(ModulePass):
+    """`canonicalize`: the patterns above to a fixed point; a decision per pattern that fired."""
+
+    name: ClassVar[str] = "canonicalize"
+
+    def apply(self, model: TopModel) -> PassResult:
+        report = canonicalize(model, verify=False)
+        result = PassResult(self.name, detail=report)
+        for pattern, n in sorted(report.counts.items()):
+            result.apply(pattern, f"rewrote {n} op(s)", count=n)
+        if not report.counts:
+            result.decline("module", "nothing to rewrite: already canonical")
+        return result

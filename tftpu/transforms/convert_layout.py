@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import numpy as np
 from xdsl.dialects.builtin import NoneType
@@ -27,6 +28,8 @@ from tftpu.ir import layout as L
 from tftpu.ir import top
 from tftpu.ir.module import TopModel, make_op, value_name
 from tftpu.transforms import layout_rules as R
+from tftpu.transforms.pipeline import ModulePass, register
+from tftpu.utils.decisions import PassResult
 from tftpu.utils.names import unique_name
 
 
@@ -45,6 +48,7 @@ class LayoutReport:
     weights_transformed: int = 0
     layouts: Counter = field(default_factory=Counter)
     notes: list[str] = field(default_factory=list)
+    layout: str = ""        # the layout asked for (convert_layout's), "" for a desired-layouts map
 
     def __str__(self) -> str:
         lay = ", ".join(f"{k}: {v}" for k, v in sorted(self.layouts.items()))
@@ -113,7 +117,42 @@ def convert_layout(model, weights=None, layout: str = "NHWC", kernel_layout: str
     """Convert every heavy op of `model` to `layout` (convert_layout(model, "NCHW") works too)."""
     if isinstance(weights, str):
         weights, layout = None, weights
-    return ConvertLayout(desired_for(layout, kernel_layout)).apply(model, weights)
+    report = ConvertLayout(desired_for(layout, kernel_layout)).apply(model, weights)
+    report.layout = layout
+    return report
+
+
+@register
+@dataclass
+class ConvertLayoutPass(ModulePass):
+    """`convert-layout{layout=NHWC kernel_layout=default}`: every heavy op to `layout`, with the
+    fewest transposes left (run `canonicalize` after it to fold what it leaves)."""
+
+    name: ClassVar[str] = "convert-layout"
+    layout: str = "NHWC"
+    kernel_layout: str = "default"
+
+    def __post_init__(self):
+        if self.layout not in L.DATA_LAYOUTS:
+            raise ValueError(f"layout must be NCHW or NHWC, not {self.layout!r}")
+        if self.kernel_layout not in (*L.KERNEL_LAYOUTS, "default"):
+            raise ValueError(f"kernel_layout must be OIHW, HWIO or default, not {self.kernel_layout!r}")
+
+    def apply(self, model: TopModel) -> PassResult:
+        rep = convert_layout(model, self.layout, self.kernel_layout)
+        result = PassResult(self.name, detail=rep)
+        numbers = dict(permutes_before=rep.permutes_before, permutes_after=rep.permutes_after,
+                       absorbed=rep.absorbed, inserted=rep.inserted, weights_transformed=rep.weights_transformed)
+        for kind, n in sorted(rep.layouts.items()):
+            result.apply(kind, f"{n} op(s) now in this layout")
+        if rep.permutes_after:
+            result.decline("module", f"{rep.permutes_after} Permute(s) stay: {rep.at_inputs} at inputs, "
+                                     f"{rep.at_outputs} at outputs, {rep.inside} inside", **numbers)
+        else:
+            result.apply("module", "no Permute left", **numbers)
+        for note in rep.notes:
+            result.decline("module", note)
+        return result
 
 
 def count_permutes(model: TopModel) -> tuple[int, int, int, int]:
