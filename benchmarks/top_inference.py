@@ -64,7 +64,7 @@ def main() -> None:
         tf.config.threading.set_intra_op_parallelism_threads(args.threads)
 
     from tftpu import frontend
-    from tftpu.interp.tf_executor import CompiledTop
+    from tftpu.interp.compiled import CompiledTop
     from tftpu.interp.top_interpreter import TopInterpreter
 
     print(f"threads: onnxruntime {args.threads or 'default'}, TF intra-op "

@@ -22,7 +22,7 @@ class TopInterpreter:
     """A compiled plan for running one TOP model many times.
 
     `backend="eager"` calls the numpy/TF kernels op by op; `"compiled"` lowers the whole model
-    once into one TensorFlow graph (`tftpu.interp.tf_executor`), much faster on small-tensor
+    once into one TensorFlow graph (`tftpu.interp.compiled`), much faster on small-tensor
     models. `run(..., dump_all=True)` always takes the per-op path (it keeps every tensor).
     """
 
@@ -97,7 +97,7 @@ class TopInterpreter:
         """
         if self.backend == "compiled" and not dump_all and observe is None:
             if self._compiled is None:
-                from tftpu.interp.tf_executor import CompiledTop
+                from tftpu.interp.compiled import CompiledTop
                 self._compiled = CompiledTop(self.model)
             return self._compiled.run(inputs)
         env = dict(self.consts)

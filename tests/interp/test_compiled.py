@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tftpu import errors
-from tftpu.interp.tf_executor import CompiledTop
+from tftpu.interp.compiled import CompiledTop
 from tftpu.interp.top_interpreter import TopInterpreter, run
 from tftpu.ir import TopBuilder
 
@@ -536,3 +536,41 @@ def test_selfie_segmentation_tflite():
     got = check(top, {top.input_names[0]: x}, tol=5e-5)
     mask = next(iter(got.values()))
     assert 0.05 < float((mask > 0.5).mean()) < 0.95   # a person is found, not everything
+
+
+def test_every_op_has_a_lowering():
+    """Every computing TOP op has a TF lowering (keyed by its full name); graph ops need none."""
+    from tftpu.interp.compiled import LOWERINGS
+    from tftpu.ir import top
+
+    assert set(top.OPS_BY_NAME) - set(LOWERINGS) == {"top.Input", "top.Weight", "top.None"}
+    assert set(LOWERINGS) <= set(top.OPS_BY_NAME)
+
+
+def test_importing_the_executor_changes_no_environment():
+    import os
+    import subprocess
+    import sys
+
+    code = ("import os; import tftpu.interp.compiled; "
+            "print('TF_ONEDNN_THREADPOOL_USE_CALLER_THREAD' in os.environ)")
+    env = {k: v for k, v in os.environ.items() if k != "TF_ONEDNN_THREADPOOL_USE_CALLER_THREAD"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_fallbacks_are_named_and_logged(caplog):
+    """An op whose lowering declines runs its numpy kernel, and the log says which and why."""
+    import logging
+
+    from absl import logging as absl_logging
+
+    b = TopBuilder("fb")
+    x = b.input("x", (1, 2, 3))
+    m = b.finish([b.op("Conv", [x, b.weight("w", np.ones((2, 2, 1), np.float32)), b.none()],
+                       {"kernel_shape": [1]}, "conv1d")])
+    absl_logging.set_verbosity(absl_logging.INFO)
+    with caplog.at_level(logging.INFO):
+        ex = CompiledTop(m)
+    assert ex.fallbacks == ["Conv"] and "conv1d" in ex.fallback_notes[0]
+    assert any("runs its numpy kernel" in r.getMessage() and "conv1d" in r.getMessage() for r in caplog.records)
