@@ -27,11 +27,13 @@ from xdsl.pattern_rewriter import (
     PatternRewriter,
     PatternRewriteWalker,
     RewritePattern,
+    op_type_rewrite_pattern,
 )
 from xdsl.rewriter import InsertPoint
 
 from tftpu.ir import attrs as A
 from tftpu.ir import top
+from tftpu.ir.base import Commutative
 from tftpu.ir.module import TopModel, make_op
 from tftpu.transforms.pipeline import ModulePass, register
 from tftpu.utils.decisions import PassResult
@@ -91,12 +93,17 @@ def _single_use(value) -> bool:
     return len(list(value.uses)) == 1
 
 
+def commuted(op) -> tuple:
+    """The operand pairs of a binary op to try in a match: both orders when the op is
+    commutative (its `Commutative` trait), as they stand otherwise."""
+    a, b = op.operands[0], op.operands[1]
+    return ((a, b), (b, a)) if op.has_trait(Commutative) else ((a, b),)
+
+
 def _mul_operands(v):
     """The two operands of a plain Mul producing `v` (both orders), else ()."""
     op = v.owner
-    if isinstance(op, top.Mul) and not op.attrs()["do_relu"]:
-        return ((op.input, op.other), (op.other, op.input))
-    return ()
+    return commuted(op) if isinstance(op, top.Mul) and not op.do_relu else ()
 
 
 def _used_by_return(value) -> bool:
@@ -172,9 +179,8 @@ class FoldBatchNorm(TopPattern):
 
     NAME = "fold-batchnorm"
 
-    def match_and_rewrite(self, op, rewriter: PatternRewriter) -> None:
-        if not isinstance(op, top.BatchNorm):
-            return
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: top.BatchNorm, rewriter: PatternRewriter) -> None:
         params = _bn_params(self.w, op)
         if params is None:
             return
@@ -194,8 +200,9 @@ class FoldScaleIntoConv(TopPattern):
 
     NAME = "fold-scale-into-conv"
 
-    def match_and_rewrite(self, op, rewriter: PatternRewriter) -> None:
-        if not isinstance(op, top.Scale) or op.attrs()["do_relu"]:
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: top.Scale, rewriter: PatternRewriter) -> None:
+        if op.do_relu:
             return
         s, b = self.w.get(op.scale), self.w.get(op.bias)
         if s is None or b is None:
@@ -222,10 +229,9 @@ class FoldMulAddIntoConv(TopPattern):
 
     NAME = "fold-mul-add-into-conv"
 
-    def match_and_rewrite(self, op, rewriter: PatternRewriter) -> None:
-        if not isinstance(op, (top.Mul, top.Add)):
-            return
-        for conv_v, const_v in ((op.input, op.other), (op.other, op.input)):
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: top.Mul | top.Add, rewriter: PatternRewriter) -> None:
+        for conv_v, const_v in commuted(op):
             if not isinstance(conv_v.owner, top.Conv):
                 continue
             arr = self.w.get(const_v)
@@ -247,8 +253,9 @@ class FoldPadIntoConv(TopPattern):
 
     NAME = "fold-pad-into-conv"
 
-    def match_and_rewrite(self, op, rewriter: PatternRewriter) -> None:
-        if not isinstance(op, top.Conv) or not isinstance(op.input.owner, top.Pad):
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: top.Conv, rewriter: PatternRewriter) -> None:
+        if not isinstance(op.input.owner, top.Pad):
             return
         pad = op.input.owner
         pa, ca = pad.attrs(), op.attrs()
@@ -272,9 +279,8 @@ class ClipToRelu(TopPattern):
 
     NAME = "clip-to-relu"
 
-    def match_and_rewrite(self, op, rewriter: PatternRewriter) -> None:
-        if not isinstance(op, top.Clip):
-            return
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: top.Clip, rewriter: PatternRewriter) -> None:
         a = op.attrs()
         if a["min"] != 0.0 or a["max"] <= 0.0:
             return
@@ -292,9 +298,8 @@ class FuseRelu(TopPattern):
 
     NAME = "fuse-relu"
 
-    def match_and_rewrite(self, op, rewriter: PatternRewriter) -> None:
-        if not isinstance(op, top.Relu):
-            return
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: top.Relu, rewriter: PatternRewriter) -> None:
         prod = op.input.owner
         limit = op.attrs()["relu_limit"]
         if isinstance(prod, top.Concat):
@@ -320,8 +325,9 @@ class FuseSiLU(TopPattern):
 
     NAME = "fuse-silu"
 
-    def match_and_rewrite(self, op, rewriter: PatternRewriter) -> None:
-        for a, b in _mul_operands(op.results[0]) if isinstance(op, top.Mul) else ():
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: top.Mul, rewriter: PatternRewriter) -> None:
+        for a, b in _mul_operands(op.results[0]):
             sig = b.owner
             if isinstance(sig, top.Sigmoid) and sig.input is a and A.shape_of(a.type) == A.shape_of(op.output.type):
                 _replace(rewriter, op, make_op("SiLU", [a], {}, op.loc))
@@ -334,10 +340,11 @@ class FusePRelu(TopPattern):
 
     NAME = "fuse-prelu"
 
-    def match_and_rewrite(self, op, rewriter: PatternRewriter) -> None:
-        if not isinstance(op, top.Add) or op.attrs()["do_relu"]:
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: top.Add, rewriter: PatternRewriter) -> None:
+        if op.do_relu:
             return
-        for pos, neg in ((op.input, op.other), (op.other, op.input)):
+        for pos, neg in commuted(op):
             relu = pos.owner
             mul = neg.owner
             if not (isinstance(relu, top.Relu) and relu.attrs()["relu_limit"] < 0 and isinstance(mul, top.Mul)):
@@ -374,12 +381,11 @@ class FuseHardSigmoid(TopPattern):
 
     NAME = "fuse-hardsigmoid"
 
-    def match_and_rewrite(self, op, rewriter: PatternRewriter) -> None:
-        if not isinstance(op, (top.Mul, top.Div)):
-            return
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: top.Mul | top.Div, rewriter: PatternRewriter) -> None:
         if isinstance(op, top.Mul) and op.attrs()["do_relu"]:
             return
-        pairs = ((op.input, op.other),) if isinstance(op, top.Div) else ((op.input, op.other), (op.other, op.input))
+        pairs = commuted(op)
         for add_v, k_v in pairs:
             k = _scalar(self.w, k_v)
             add = add_v.owner
@@ -401,8 +407,9 @@ class FuseHardSwish(TopPattern):
 
     NAME = "fuse-hardswish"
 
-    def match_and_rewrite(self, op, rewriter: PatternRewriter) -> None:
-        for x, h in _mul_operands(op.results[0]) if isinstance(op, top.Mul) else ():
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: top.Mul, rewriter: PatternRewriter) -> None:
+        for x, h in _mul_operands(op.results[0]):
             hs = h.owner
             if isinstance(hs, top.HardSigmoid) and hs.input is x and \
                     abs(hs.attrs()["alpha"] * 6.0 - 1.0) < 1e-6 and hs.attrs()["beta"] == 0.5 and \
@@ -474,8 +481,9 @@ class FuseGELU(TopPattern):
 
     NAME = "fuse-gelu"
 
-    def match_and_rewrite(self, op, rewriter: PatternRewriter) -> None:
-        if not isinstance(op, top.Mul) or op.attrs()["do_relu"]:
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: top.Mul, rewriter: PatternRewriter) -> None:
+        if op.do_relu:
             return
         x = self._match(op)
         if x is not None and A.shape_of(x.type) == A.shape_of(op.output.type):
@@ -528,10 +536,11 @@ class FuseLayerNorm(TopPattern):
 
     NAME = "fuse-layernorm"
 
-    def match_and_rewrite(self, op, rewriter: PatternRewriter) -> None:
-        if not isinstance(op, top.Add) or op.attrs()["do_relu"]:
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: top.Add, rewriter: PatternRewriter) -> None:
+        if op.do_relu:
             return
-        for p, q in ((op.input, op.other), (op.other, op.input)):
+        for p, q in commuted(op):
             for x, m in _mul_operands(p):
                 found = self._match(x, m, q)
                 if found is not None:
@@ -609,8 +618,9 @@ class PointwiseMatMulToConv(TopPattern):
 
     NAME = "pointwise-matmul-to-conv"
 
-    def match_and_rewrite(self, op, rewriter: PatternRewriter) -> None:
-        mm = op.input.owner if isinstance(op, top.Reshape) else None
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: top.Reshape, rewriter: PatternRewriter) -> None:
+        mm = op.input.owner
         if not isinstance(mm, top.MatMul) or not _single_use(op.input):
             return
         flat = mm.input.owner
@@ -647,8 +657,9 @@ class FoldConstants(TopPattern):
 
     NAME = "fold-constants"
 
-    def match_and_rewrite(self, op, rewriter: PatternRewriter) -> None:
-        if not isinstance(op, top.TopOp) or isinstance(op, (top.Weight, top.Input, top.NoneOp)):
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: top.TopOp, rewriter: PatternRewriter) -> None:
+        if isinstance(op, (top.Weight, top.Input, top.NoneOp)):
             return
         arrays = []
         for v in op.operands:
@@ -703,8 +714,9 @@ class DropNoOps(TopPattern):
 
     NAME = "drop-noop"
 
-    def match_and_rewrite(self, op, rewriter: PatternRewriter) -> None:
-        if not isinstance(op, top.TopOp) or isinstance(op, (top.Weight, top.Input, top.NoneOp)):
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: top.TopOp, rewriter: PatternRewriter) -> None:
+        if isinstance(op, (top.Weight, top.Input, top.NoneOp)):
             return
         if _is_noop(op) and _bypass(rewriter, op, op.operands[0]):
             self.fired()
@@ -715,8 +727,9 @@ class MergePermutes(TopPattern):
 
     NAME = "merge-permutes"
 
-    def match_and_rewrite(self, op, rewriter: PatternRewriter) -> None:
-        if not isinstance(op, top.Permute) or not isinstance(op.input.owner, top.Permute):
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: top.Permute, rewriter: PatternRewriter) -> None:
+        if not isinstance(op.input.owner, top.Permute):
             return
         inner = op.input.owner
         a, b = inner.attrs()["order"], op.attrs()["order"]
@@ -729,9 +742,10 @@ class MergeReshapes(TopPattern):
 
     NAME = "merge-reshapes"
 
-    def match_and_rewrite(self, op, rewriter: PatternRewriter) -> None:
-        kinds = (top.Reshape, top.Flatten, top.Squeeze, top.Unsqueeze)
-        if not isinstance(op, kinds) or not isinstance(op.operands[0].owner, kinds):
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: top.Reshape | top.Flatten | top.Squeeze | top.Unsqueeze,
+                          rewriter: PatternRewriter) -> None:
+        if not isinstance(op.operands[0].owner, (top.Reshape, top.Flatten, top.Squeeze, top.Unsqueeze)):
             return
         inner = op.operands[0].owner
         shape = list(A.shape_of(op.results[0].type))
@@ -744,8 +758,9 @@ class DeadCode(TopPattern):
 
     NAME = "dead-code"
 
-    def match_and_rewrite(self, op, rewriter: PatternRewriter) -> None:
-        if not isinstance(op, top.TopOp) or isinstance(op, top.Input):
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: top.TopOp, rewriter: PatternRewriter) -> None:
+        if isinstance(op, top.Input):
             return
         if all(not list(r.uses) for r in op.results):
             rewriter.erase(op)
