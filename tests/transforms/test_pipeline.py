@@ -40,7 +40,7 @@ def test_pipeline_strings_parse_with_options():
 
 
 @pytest.mark.parametrize("spec,needle", [
-    ("canonicalise", "unknown pass 'canonicalise'"),
+    ("canonicalise", "unknown TOP pass 'canonicalise'"),
     ("convert-layout{layout=NCWH}", "layout must be NCHW or NHWC"),
     ("convert-layout{colour=blue}", "unknown option 'colour'"),
     ("convert-layout{layout=", "--passes"),
@@ -99,5 +99,5 @@ def test_tool_runs_a_pipeline(tmp_path):
     assert "convert layout to NHWC" in done.stdout and 'layout = "NHWC"' in (tmp_path / "m.top.mlir").read_text()
     bad = subprocess.run([str(tool), f"--model_def={tmp_path / 'm.onnx'}", f"--mlir={tmp_path / 'n.top.mlir'}",
                           "--passes=canonicalize,fold-everything"], capture_output=True, text=True, timeout=300)
-    assert bad.returncode == 2 and "unknown pass 'fold-everything'" in bad.stderr
+    assert bad.returncode == 2 and "unknown TOP pass 'fold-everything'" in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1 and not (tmp_path / "n.top.mlir").exists()
