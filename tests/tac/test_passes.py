@@ -198,3 +198,23 @@ def test_converted_models_run_identically(model_bytes, name, specs):
         assert len(ref) == len(got)
         for a, b in zip(ref, got):
             assert a.dtype == b.dtype and np.array_equal(a, b)
+
+
+def test_tac_stages_are_passes_with_decisions():
+    """TAC runs as the pipeline annotate, raise-subgraphs, alternative-views, compute-costs,
+    pick-subgraphs; each stage says what it did and why."""
+    from tftpu.tac.passes.pipeline import TAC_PASSES, pipeline
+
+    assert set(TAC_PASSES.passes()) == {"annotate", "raise-subgraphs", "alternative-views", "compute-costs",
+                                        "pick-subgraphs"}
+    assert [p.spec() for p in TAC_PASSES.parse(pipeline(1000))][-1] == "pick-subgraphs{max_states=1000}"
+    from tests.tac.models import mixed
+    from tftpu import tac
+
+    result = tac.run(mixed(), device_specs=("GPU", "CPU"))
+    part = result.partitions[0]
+    assert [r.name for r in part.passes] == ["annotate", "raise-subgraphs", "alternative-views", "compute-costs",
+                                              "pick-subgraphs"]
+    pick = part.passes[-1]
+    assert any("vs greedy" in d.reason for d in pick.decisions)
+    assert {d.where for d in part.passes[0].decisions} <= {"GPU", "CPU"}

@@ -18,10 +18,10 @@ from tftpu.tac import export, tflite_io
 from tftpu.tac.graph import Annotation, Graph
 from tftpu.tac.hardware import registry
 from tftpu.tac.hardware.base import TargetHardware
-from tftpu.tac.passes.annotate import annotate
-from tftpu.tac.passes.pick import Pick, Problem, pick_exact, pick_greedy, uniform_plan
-from tftpu.tac.passes.raise_subgraphs import Subgraph, raise_subgraphs
-from tftpu.tac.passes.views import Dropped, View, alternative_views, boundaries
+from tftpu.tac.passes.pick import Pick, Problem, uniform_plan
+from tftpu.tac.passes.pipeline import TAC_PASSES, TacState, pipeline
+from tftpu.tac.passes.raise_subgraphs import Subgraph
+from tftpu.tac.passes.views import Dropped, View
 from tftpu.utils import files
 
 
@@ -37,6 +37,7 @@ class Partition:
     problem: Problem
     picked: Pick
     greedy: Pick
+    passes: list = dataclasses.field(default_factory=list)   # each stage's PassResult: decisions and reasons
 
     def chosen(self) -> list[View]:
         return [self.views[s][b] for s, b in enumerate(self.picked.plan)]
@@ -165,31 +166,20 @@ def _control_flow_subgraphs(model) -> set[int]:
 
 def partition(graph: Graph, devices: list[TargetHardware], max_states: int = 200_000,
               timings: dict | None = None) -> Partition:
-    """Run annotate, raise, views, costs and pick on one subgraph."""
+    """Run TAC's pipeline (annotate, raise, views, costs, pick: `tac.passes.pipeline`) on one subgraph."""
     timings = timings if timings is not None else {}
     by_name = {hw.name: hw for hw in devices}
 
     def hardware(name):
         return by_name[name] if name in by_name else registry.get(name)
 
-    t = time.perf_counter()
-    ann = annotate(graph, devices)
-    t1 = time.perf_counter()
-    subs = raise_subgraphs(graph, ann)
-    t2 = time.perf_counter()
-    views, dropped = alternative_views(graph, subs, devices)
-    t3 = time.perf_counter()
-    edges, host_in, host_out = boundaries(graph, subs)
-    problem = Problem([[v.key for v in vs] for vs in views], [[v.cost for v in vs] for vs in views],
-                      edges, host_in, host_out, hardware, host=devices[-1].name)
-    t4 = time.perf_counter()
-    picked = pick_exact(problem, max_states=max_states)
-    greedy = pick_greedy(problem)
-    t5 = time.perf_counter()
-    for key, dt in (("annotate", t1 - t), ("raise_subgraphs", t2 - t1), ("alternative_views", t3 - t2),
-                    ("compute_costs", t4 - t3), ("pick_subgraphs", t5 - t4)):
-        timings[key] = timings.get(key, 0.0) + dt
-    return Partition(graph, ann, subs, views, dropped, problem, picked, greedy)
+    state = TacState(graph, devices, hardware)
+    results = TAC_PASSES.run(state, pipeline(max_states))
+    for r in results:
+        key = r.name.replace("-", "_")
+        timings[key] = timings.get(key, 0.0) + r.seconds
+    return Partition(graph, state.annotation, state.subgraphs, state.views, state.dropped, state.problem,
+                     state.picked, state.greedy, passes=results)
 
 
 def run(tflite_path_or_bytes, device_specs: Sequence = ("GPU", "CPU"), *, max_states: int = 200_000) -> TacResult:
