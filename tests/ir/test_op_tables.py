@@ -66,3 +66,16 @@ def test_accessors_give_plain_values_with_defaults():
     assert conv.attrs()["pads"] == [0, 0, 0, 0]          # rank-dependent default
     assert top.Add.has_trait(base.Commutative) and not top.Sub.has_trait(base.Commutative)
     assert top.Relu.has_trait(base.Elementwise) and top.Conv.has_trait(base.Pure)
+
+
+def test_onnx_converters_are_keyed_by_full_name_and_emit_known_ops():
+    import inspect
+    import re
+
+    from tftpu.frontend import onnx_to_top
+
+    assert onnx_to_top.CONVERTERS and all(k.startswith("onnx.") for k in onnx_to_top.CONVERTERS)
+    emitted = set()
+    for fn in set(onnx_to_top.CONVERTERS.values()):
+        emitted |= set(re.findall(r'emit\(node, "([A-Za-z]+)"', inspect.getsource(fn)))
+    assert emitted and {f"top.{n}" for n in emitted} <= set(top.OPS_BY_NAME), emitted

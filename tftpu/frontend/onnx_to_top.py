@@ -29,13 +29,15 @@ class Unsupported(Exception):
     """Raised by a converter for a case it cannot express (collected, reported at the end)."""
 
 
-CONVERTERS: dict[str, Callable] = {}
+CONVERTERS: dict[str, Callable] = {}   # full ONNX op name ("onnx.Conv") -> converter
 
 
 def converter(*op_types: str):
+    """Register the decorated converter for each ONNX op type of the default domain (keys are
+    full names, `onnx.Conv`, as every op table of tftpu is)."""
     def wrap(fn):
         for t in op_types:
-            CONVERTERS[t] = fn
+            CONVERTERS[f"onnx.{t}"] = fn
         return fn
     return wrap
 
@@ -132,7 +134,7 @@ class Importer:
         bad = []
         for node in self.p.nodes:
             ident = node.name or node.output[0]
-            fn = CONVERTERS.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+            fn = CONVERTERS.get(f"onnx.{node.op_type}") if node.domain in ("", "ai.onnx") else None
             if fn is None:
                 bad.append((f"{node.domain + '.' if node.domain else ''}{node.op_type}", ident))
                 self.failed.update(node.output)
@@ -643,4 +645,4 @@ def _expand(imp, node, a):
     imp.emit(node, "Mul", [x, ones], {})
 
 
-SUPPORTED = sorted(CONVERTERS)
+SUPPORTED = sorted(name[5:] for name in CONVERTERS)   # the ONNX op types imported
