@@ -79,3 +79,14 @@ def test_onnx_converters_are_keyed_by_full_name_and_emit_known_ops():
     for fn in set(onnx_to_top.CONVERTERS.values()):
         emitted |= set(re.findall(r'emit\(node, "([A-Za-z]+)"', inspect.getsource(fn)))
     assert emitted and {f"top.{n}" for n in emitted} <= set(top.OPS_BY_NAME), emitted
+
+
+def test_chip_format_tables_name_real_ops():
+    from tftpu import chip as chips
+
+    for name in chips.known():
+        formats = chips.load(name).formats
+        ops = set(formats) - {"io", "default"}
+        assert ops <= KNOWN, (name, sorted(ops - KNOWN))
+        for op in COMPUTE:                       # every op resolves to a format on every chip
+            assert chips.load(name).format_for(op).kind in ("NCHW", "NHWC", "lane_blocked")
