@@ -34,10 +34,14 @@ FLAGS = flags.FLAGS
 
 def _floats(values, flag):
     from tftpu import errors
+    import math
     try:
-        return [float(v) for v in values]
+        numbers = [float(v) for v in values]
     except ValueError:
         raise errors.UsageError(f"--{flag}={','.join(values)}: expected numbers") from None
+    if not all(math.isfinite(v) for v in numbers):
+        raise errors.UsageError(f"--{flag}={','.join(values)}: expected finite numbers")
+    return numbers
 
 
 def main(args):
@@ -47,9 +51,9 @@ def main(args):
     for flag in ("mlir", "dataset", "o"):
         if not getattr(FLAGS, flag):
             raise errors.UsageError(f"--{flag} is required")
+    mean, scale = _floats(FLAGS.mean, "mean"), _floats(FLAGS.scale, "scale")
     model = load(FLAGS.mlir)
-    samples = quant.load_samples(model, FLAGS.dataset, FLAGS.input_num, _floats(FLAGS.mean, "mean"),
-                                 _floats(FLAGS.scale, "scale"), FLAGS.pixel_format)
+    samples = quant.load_samples(model, FLAGS.dataset, FLAGS.input_num, mean, scale, FLAGS.pixel_format)
     table = quant.calibrate(model, samples, FLAGS.calibration_method)
     table.save(FLAGS.o)
     print(f"{FLAGS.o}: {len(table.entries)} tensors, {FLAGS.calibration_method} thresholds "

@@ -16,6 +16,10 @@ def main(args):
     from tftpu.pipelines import demo
     from tftpu.errors import CheckFailed
 
+    from tftpu.errors import UsageError
+
+    if not 32 <= FLAGS.image_size <= 1024:
+        raise UsageError(f"--image_size={FLAGS.image_size}: expected 32 to 1024 pixels")
     summary = demo.run(FLAGS.output_dir, FLAGS.image_size)
     worst = min(summary["cosine"], summary["nhwc_cosine"], summary["top_min_cosine"])
     if not summary["passed"] or worst < 0.99999 or summary["s2d_max_abs_diff"] > 1e-3:

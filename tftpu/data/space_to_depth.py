@@ -66,9 +66,29 @@ def _blocks(block_size) -> tuple[int, ...]:
     return blocks
 
 
+_DTYPES = ("float32", "bfloat16", "float16", "float64", "uint8", "int8", "uint16", "int16", "int32", "int64")
+
+
+def _as_dtype(dtype):
+    """TensorFlow's dtype for `dtype` (a name or a dtype); UsageError naming it if there is none."""
+    tf = _tf()
+    try:
+        out = tf.as_dtype(dtype)
+    except (TypeError, ValueError, tf.errors.NotFoundError):
+        out = None
+    if out is None or out.name not in _DTYPES:
+        raise UsageError(f"dtype {dtype!r}: expected one of {', '.join(_DTYPES)}") from None
+    return out
+
+
 def _channel_constant(value, channels: int, name: str):
     """A scalar, or one value per channel (applied before blocking, so never tiled)."""
-    arr = np.asarray(value, np.float64)
+    try:
+        arr = np.asarray(value, np.float64)
+    except (TypeError, ValueError):
+        raise UsageError(f"{name} {value!r}: expected a number or one number per channel") from None
+    if not np.isfinite(arr).all():
+        raise UsageError(f"{name} {value!r}: must be finite")
     if arr.size == 1:
         return arr.reshape(())
     if arr.ndim != 1 or arr.size != channels:
@@ -109,7 +129,7 @@ def transform(images, block_size=2, *, layout: str = "NHWC", dtype=None, scale=N
     if channels is None:
         raise ShapeError(f"images of shape {images.shape}: the channel count must be known")
     if dtype is not None or scale is not None or offset is not None:
-        out_dtype = tf.as_dtype(dtype) if dtype is not None else x.dtype
+        out_dtype = _as_dtype(dtype) if dtype is not None else x.dtype
         if not out_dtype.is_floating and (scale is not None or offset is not None):
             raise UsageError(f"scale/offset need a floating dtype, got {out_dtype.name}")
         x = tf.cast(x, out_dtype)
@@ -153,7 +173,7 @@ def _native_ops():
 def _native_unsupported(shape, in_dtype, blocks, layout, dtype, scale, offset) -> str | None:
     """Why the native kernel does not cover this case, or None if it does."""
     tf = _tf()
-    out_dtype = tf.as_dtype(dtype) if dtype is not None else in_dtype
+    out_dtype = _as_dtype(dtype) if dtype is not None else in_dtype
     if len(blocks) != 2 or blocks[0] != blocks[1]:
         return f"block {blocks}: the kernel takes square 2-D blocks"
     if layout != "NHWC":
@@ -187,7 +207,7 @@ def native_transform(images, block_size=2, *, dtype=None, scale=None, offset=Non
     if ops is None:
         raise native.NativeKernelError(why)
     channels = images.shape[-1]
-    out_dtype = tf.as_dtype(dtype) if dtype is not None else images.dtype
+    out_dtype = _as_dtype(dtype) if dtype is not None else images.dtype
     constants = [np.zeros([0], np.float32) if v is None else
                  np.asarray(_channel_constant(v, channels, name), np.float32).reshape([-1])
                  for v, name in ((scale, "scale"), (offset, "offset"))]

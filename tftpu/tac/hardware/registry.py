@@ -88,6 +88,8 @@ def load_plugin(spec: str) -> str:
         path = Path(target)
         if not path.is_file():
             raise errors.UsageError(f"hardware plug-in file {path} not found")
+        if path.suffix != ".py":
+            raise errors.UsageError(f"hardware plug-in file {path} is not a Python file (.py)")
         import hashlib
 
         mod_name = "tftpu_tac_plugin_" + hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:16]
@@ -98,7 +100,7 @@ def load_plugin(spec: str) -> str:
             sys.modules[mod_name] = module
             try:
                 spec_.loader.exec_module(module)
-            except Exception as e:  # a user's plug-in file: report its failure on one line
+            except (Exception, SystemExit) as e:  # a user's plug-in file: report its failure on one line
                 del sys.modules[mod_name]
                 raise errors.UsageError(f"hardware plug-in {path} failed to load: {type(e).__name__}: {e}") from None
     else:
@@ -106,6 +108,8 @@ def load_plugin(spec: str) -> str:
             module = importlib.import_module(target)
         except ImportError as e:
             raise errors.UsageError(f"hardware plug-in module {target} cannot be imported: {e}") from None
+        except (Exception, SystemExit) as e:  # a user's plug-in module: report its failure on one line
+            raise errors.UsageError(f"hardware plug-in module {target} failed to load: {type(e).__name__}: {e}") from None
     cls = getattr(module, attr, None)
     if cls is None:
         raise errors.UsageError(f"hardware plug-in {target} has no attribute {attr}")
