@@ -152,3 +152,13 @@ def test_input_shapes_out_of_range_are_refused(text, needle):
     from tftpu.frontend.onnx_load import parse_shapes
     with pytest.raises(errors.UsageError, match=needle):
         parse_shapes(text)
+
+
+def test_a_node_reading_a_missing_tensor_is_named():
+    graph = helper.make_graph([helper.make_node("Relu", ["ghost"], ["y"], name="r")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    with pytest.raises(errors.ModelFileError, match="Relu 'r' reads tensor 'ghost'"):
+        onnx_to_top(m)

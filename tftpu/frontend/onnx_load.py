@@ -153,6 +153,23 @@ def _evaluate(node, opset_imports, inputs: list):
     return ev.run(None, feeds)
 
 
+def _check_topology(model) -> None:
+    """Every tensor a node reads is a graph input, an initializer or an earlier node's output
+    (ONNX requires topological order); ModelFileError naming the node and the tensor otherwise."""
+    defined = {i.name for i in model.graph.input} | {i.name for i in model.graph.initializer}
+    for k, node in enumerate(model.graph.node):
+        for name in node.input:
+            if name and name not in defined:
+                who = node.name or f"node {k}"
+                raise ModelFileError(model.graph.name or "<onnx>",
+                                     f"{node.op_type} {who!r} reads tensor {name!r}, which no input, initializer "
+                                     f"or earlier node defines")
+        defined.update(o for o in node.output if o)
+    for out in model.graph.output:
+        if out.name not in defined:
+            raise ModelFileError(model.graph.name or "<onnx>", f"graph output {out.name!r} is never computed")
+
+
 def prepare(model, input_shapes=None) -> Prepared:
     """Fix input shapes (batch 1 for dynamic dims), infer shapes and fold every constant sub-graph."""
     import onnx
@@ -165,6 +182,7 @@ def prepare(model, input_shapes=None) -> Prepared:
     if not 1 <= opset <= newest:
         raise ModelFileError(model.graph.name or "<onnx>", f"ONNX opset {opset} is not one this tftpu reads "
                                                            f"(1 to {newest}, onnx {onnx.__version__})")
+    _check_topology(model)
     inputs = _fix_inputs(model, input_shapes)
     outputs = [o.name for o in model.graph.output]
     consts = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
