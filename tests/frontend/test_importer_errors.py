@@ -162,3 +162,21 @@ def test_a_node_reading_a_missing_tensor_is_named():
     m.ir_version = 8
     with pytest.raises(errors.ModelFileError, match="Relu 'r' reads tensor 'ghost'"):
         onnx_to_top(m)
+
+
+def test_dynamic_spatial_size_needs_input_shapes_and_batch_is_assumed_1():
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, "H", "W"])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    with pytest.raises(errors.ShapeError, match="dimension 2 \\(H\\) is dynamic; give --input_shapes"):
+        onnx_to_top(m)
+    top = onnx_to_top(m, input_shapes=[[2, 3, 8, 8]])
+    assert top.ops[0].results[0].type.get_shape() == (2, 3, 8, 8)
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    assert onnx_to_top(m).ops[0].results[0].type.get_shape() == (1, 3, 8, 8)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from absl import logging
 
 from tftpu.errors import ModelFileError, ShapeError, UsageError
 
@@ -131,10 +132,19 @@ def _fix_inputs(model, input_shapes) -> list[str]:
             for v in want:
                 inp.type.tensor_type.shape.dim.add().dim_value = v
         else:
-            for d in dims:
-                if not d.HasField("dim_value") or d.dim_value <= 0:
-                    d.Clear()
-                    d.dim_value = 1
+            shape = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else (d.dim_param or "?")
+                     for d in dims]
+            for j, d in enumerate(dims):
+                if d.HasField("dim_value") and d.dim_value > 0:
+                    continue
+                if j > 0:
+                    raise ShapeError(f"input {inp.name!r} has shape {shape}: dimension {j} "
+                                     f"({d.dim_param or 'unnamed'}) is dynamic; give --input_shapes "
+                                     f"(input_shapes=) with every size, e.g. {[[1] + [int(v) if isinstance(v, int) else 224 for v in shape[1:]]]}")
+                logging.warning("input %r has a dynamic batch dimension (%s): assuming 1; give --input_shapes "
+                                "to choose another", inp.name, d.dim_param or "unnamed")
+                d.Clear()
+                d.dim_value = 1
     return [i.name for i in inputs]
 
 
