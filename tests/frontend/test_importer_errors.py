@@ -180,3 +180,31 @@ def test_dynamic_spatial_size_needs_input_shapes_and_batch_is_assumed_1():
     m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     m.ir_version = 8
     assert onnx_to_top(m).ops[0].results[0].type.get_shape() == (1, 3, 8, 8)
+
+
+def test_tflite_of_another_schema_version_is_refused(tmp_path):
+    from tests import material
+    from tftpu.tac import tflite_io
+
+    model = tflite_io.read(material.get("face_detection_short_range.tflite"))
+    model.version = 2
+    p = tmp_path / "v2.tflite"
+    p.write_bytes(tflite_io.write(model))
+    with pytest.raises(errors.ModelFileError, match="schema version 2"):
+        frontend.load(p)
+
+
+def test_all_nan_test_input_is_refused_and_all_nan_tensors_do_not_pass(tmp_path):
+    from tftpu.interp.similarity import compare_arrays
+    from tftpu.pipelines.transform import transform
+
+    nan = np.full((1, 3, 8, 8), np.nan, np.float32)
+    assert not compare_arrays("t", nan, nan).passed
+    onnx_path = tmp_path / "m.onnx"
+    import onnx
+    onnx.save(conv_bn_relu_net(), onnx_path)
+    name = conv_bn_relu_net().graph.input[0].name
+    shape = [d.dim_value or 1 for d in conv_bn_relu_net().graph.input[0].type.tensor_type.shape.dim]
+    with pytest.raises(errors.UsageError, match="NaN"):
+        transform(onnx_path, mlir=tmp_path / "m.top.mlir", test_input={name: np.full(shape, np.nan, np.float32)})
+    assert not (tmp_path / "m.top.mlir").exists()

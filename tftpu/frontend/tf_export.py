@@ -11,6 +11,7 @@ import hashlib
 import io
 import logging
 import os
+import struct
 from pathlib import Path
 
 from tftpu import geometry
@@ -214,6 +215,14 @@ def tflite_to_onnx(path, opset: int = DEFAULT_OPSET):
     data = path.read_bytes()
     if len(data) < 8 or data[4:8] != b"TFL3":
         raise ModelFileError(path, "not a TFLite flatbuffer (no TFL3 identifier)")
+    try:
+        from tf2onnx.tflite.Model import Model
+
+        version = Model.GetRootAsModel(data, 0).Version()
+    except (IndexError, ValueError, TypeError, struct.error):  # too broken for a version: tf2onnx names it
+        version = 3
+    if version != 3:
+        raise ModelFileError(path, f"unsupported TFLite schema version {version} (tftpu reads version 3)")
     try:
         with _quiet():
             proto, _ = tf2onnx.convert.from_tflite(str(path), opset=_check_opset(opset))

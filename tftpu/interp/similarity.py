@@ -166,6 +166,8 @@ def compare_arrays(name: str, a, b, tolerance=(0.99, 0.99), floor: float = 0.0) 
                                     f"{int((~same).sum())} non-finite values differ")
         notes.append(f"{int(bad.sum())} matching non-finite values skipped")
         fa, fb = fa[finite], fb[finite]
+        if not fa.size:
+            return TensorComparison(name, shape, nan, nan, nan, False, "no finite value to compare")
     if a.dtype == b.dtype and np.array_equal(fa, fb):
         notes.insert(0, "equal")
     cos, euc, snr = cosine_similarity(fa, fb), euclidean_similarity(fa, fb), sqnr(fa, fb)

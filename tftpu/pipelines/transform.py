@@ -83,6 +83,11 @@ def transform(model_def, *, name: str | None = None, input_shapes=None, layout: 
     report = next((r.detail for r in results if r.name == "canonicalize"), None)
     layout_report = next((r.detail for r in results if r.name == "convert-layout"), None)
     got = None
+    for key, arr in (test_input or {}).items():
+        arr = np.asarray(arr)
+        if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+            raise errors.UsageError(f"test input {key!r} holds {int((~np.isfinite(arr)).sum())} NaN/Inf value(s): "
+                                    f"a check on it would prove nothing")
     if test_input is not None:
         from tftpu.interp.top_interpreter import run
 
