@@ -199,3 +199,22 @@ def test_plugin_missing_abstract_method_is_a_usage_error():
 
     with _pytest.raises(_errors.UsageError, match="advantage_over_cpu"):
         _registry.get("HALFDONE")
+
+
+@pytest.mark.parametrize("key,value,needle", [
+    ("max_rank", "four", "wrong type"), ("max_rank", -1, ">= 0"), ("custom_ops", "Foo", "wrong type"),
+    ("op_constraints", {"rank4_only": "ADD"}, "list of op names"), ("colour", "red", "unknown key"),
+    ("inference_types", [1, 2], "list of names"),
+])
+def test_hardware_config_field_types_are_checked(tmp_path, key, value, needle):
+    import yaml
+
+    from tftpu.errors import ConfigError
+    from tftpu.tac.hardware import config as hw_config
+
+    data = yaml.safe_load((hw_config.config_dir() / "gpu.yaml").read_text())
+    data[key] = value
+    p = tmp_path / "bad.yaml"
+    p.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError, match=needle):
+        hw_config.load(p)

@@ -11,6 +11,8 @@ from tftpu.utils import config as shared
 
 _REQUIRED = {"name": str, "inference_types": list, "supported_ops": (list, str), "cost": dict,
              "transfer": dict, "quant": dict}
+_OPTIONAL = {"description": str, "activation_dtypes": list, "max_rank": int, "custom_ops": list,
+             "op_constraints": dict, "transformations": list}
 _COST = ("throughput_gflops", "bandwidth_gbps", "op_overhead_us")
 _TRANSFER = ("us_per_byte", "fixed_us")
 _QUANT = ("quant_us_per_element", "dequant_us_per_element", "requant_us_per_element")
@@ -40,6 +42,24 @@ def load(path) -> dict:
         for key in keys:
             if key not in data[section]:
                 raise errors.ConfigError(f"{path}: missing key '{section}.{key}'")
+    for key, kind in _OPTIONAL.items():
+        if key in data and not isinstance(data[key], kind):
+            raise errors.ConfigError(f"{path}: key '{key}' has the wrong type (expected {kind.__name__}, got "
+                                     f"{type(data[key]).__name__})")
+    unknown = sorted(set(data) - set(_REQUIRED) - set(_OPTIONAL))
+    if unknown:
+        raise errors.ConfigError(f"{path}: unknown key(s) {', '.join(map(repr, unknown))}")
+    if isinstance(data.get("max_rank"), bool) or data.get("max_rank", 0) < 0:
+        raise errors.ConfigError(f"{path}: 'max_rank' must be a whole number >= 0")
+    for key in ("inference_types", "custom_ops", "activation_dtypes", "transformations"):
+        if not all(isinstance(v, str) for v in data.get(key) or []):
+            raise errors.ConfigError(f"{path}: '{key}' must be a list of names")
+    for key, ops in (data.get("op_constraints") or {}).items():
+        if not isinstance(ops, list) or not all(isinstance(v, str) for v in ops):
+            raise errors.ConfigError(f"{path}: 'op_constraints.{key}' must be a list of op names")
+    eff = data["cost"].get("efficiency", {}) or {}
+    if not isinstance(eff, dict) or not all(_positive(v) for v in eff.values()):
+        raise errors.ConfigError(f"{path}: 'cost.efficiency' must map op types to positive numbers")
     tp = data["cost"]["throughput_gflops"]
     if not isinstance(tp, dict) or not all(_positive(v) for v in tp.values()):
         raise errors.ConfigError(f"{path}: 'cost.throughput_gflops' must map inference types to positive numbers")
