@@ -195,7 +195,10 @@ def prepare(model, input_shapes=None) -> Prepared:
     _check_topology(model)
     inputs = _fix_inputs(model, input_shapes)
     outputs = [o.name for o in model.graph.output]
-    consts = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    try:
+        consts = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    except (ValueError, TypeError) as e:
+        raise ModelFileError(model.graph.name or "<onnx>", f"an initializer is corrupt: {e}") from None
     for _ in range(_MAX_PASSES):
         model = _infer(model)
         shapes, dtypes = {}, {}

@@ -16,7 +16,7 @@ from typing import Callable
 import numpy as np
 
 from tftpu import geometry
-from tftpu.errors import ShapeError, UnsupportedOpError
+from tftpu.errors import ModelFileError, ShapeError, UnsupportedOpError
 from tftpu.frontend.onnx_load import Prepared, prepare
 from tftpu.ir import attrs as A
 from tftpu.ir.module import TopBuilder, TopModel
@@ -174,17 +174,32 @@ class Importer:
         return self.b.op("Reshape", [v], {"shape": list(A.shape_of(v.type))}, name)
 
 
+class _NodeAttrs(dict):
+    """A node's attributes; a required one that is absent is a malformed model, named as such."""
+
+    def __init__(self, node, values: dict):
+        super().__init__(values)
+        self.node = node
+
+    def __missing__(self, key):
+        ident = self.node.name or (self.node.output[0] if self.node.output else "?")
+        raise ModelFileError("<onnx>", f"{self.node.op_type} {ident!r}: required attribute {key!r} is missing")
+
+
 def _attrs(node) -> dict:
     from onnx import helper
     out = {}
     for a in node.attribute:
         v = helper.get_attribute_value(a)
-        if isinstance(v, bytes):
-            v = v.decode()
-        elif isinstance(v, list):
-            v = [x.decode() if isinstance(x, bytes) else x for x in v]
+        try:
+            if isinstance(v, bytes):
+                v = v.decode()
+            elif isinstance(v, list):
+                v = [x.decode() if isinstance(x, bytes) else x for x in v]
+        except UnicodeDecodeError:
+            raise ModelFileError("<onnx>", f"{node.op_type} {node.name!r}: attribute {a.name!r} is not UTF-8 text") from None
         out[a.name] = v
-    return out
+    return _NodeAttrs(node, out)
 
 
 def onnx_to_top(model, name: str | None = None, input_shapes=None) -> TopModel:

@@ -57,6 +57,8 @@ def load_yaml(path, what: str = "config") -> dict:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (FileNotFoundError, IsADirectoryError):
         raise ConfigError(f"{path}: no such {what}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not a UTF-8 text file (byte {e.start})") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML ({' '.join(str(e).split())[:200]})") from None
     if not isinstance(data, dict):
