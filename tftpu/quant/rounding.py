@@ -1,0 +1,120 @@
+"""The rounding rules of integer inference, in one place, each exact and named for the rule it
+matches (the TPU lowering and its integer kernels will use only these).
+
+- Requantization: a real scale becomes an int32 multiplier and a shift (TFLite's
+  `QuantizeMultiplier`); an int32 accumulator is scaled with gemmlowp's
+  `SaturatingRoundingDoublingHighMul` then `RoundingDivideByPOT` (TFLite's
+  `MultiplyByQuantizedMultiplier`): the high multiply rounds ties up (toward +inf: -3.5 -> -3),
+  the shift rounds ties away from zero (-1.5 -> -2), exactly as gemmlowp does.
+- Float to int: `round_half_away` (TFLite's `Quantize`, C's `round`) and `round_half_even`
+  (numpy's `rint`, IEEE's default), then saturation to the integer type.
+- Float to BF16 / F16: round to nearest, ties to even (ml_dtypes, as the hardware does).
+
+>>> m, s = quantize_multiplier(0.5)
+>>> [int(v) for v in multiply_by_quantized_multiplier(np.array([7, -7], np.int32), m, s)]   # ties up
+[4, -3]
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from tftpu.errors import UsageError
+
+INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
+
+
+def quantize_multiplier(real: float) -> tuple[int, int]:
+    """(multiplier, shift) with `real ~= multiplier * 2**(shift - 31)`, multiplier in
+    [2**30, 2**31) (0 for a zero scale): TFLite's `QuantizeMultiplier`."""
+    if not math.isfinite(real) or real < 0:
+        raise UsageError(f"requantization scale {real!r}: must be finite and >= 0")
+    if real == 0.0:
+        return 0, 0
+    frac, shift = math.frexp(real)                       # real = frac * 2**shift, frac in [0.5, 1)
+    q = round_half_away_scalar(frac * (1 << 31))
+    if q == 1 << 31:
+        q //= 2
+        shift += 1
+    if shift < -31:                                     # too small to represent: it scales to zero
+        return 0, 0
+    if shift > 30:
+        raise UsageError(f"requantization scale {real!r}: too large (more than 2**30)")
+    return int(q), int(shift)
+
+
+def round_half_away_scalar(x: float) -> int:
+    """Round half away from zero (C's `round`)."""
+    return int(math.floor(abs(x) + 0.5)) * (1 if x >= 0 else -1)
+
+
+def saturating_rounding_doubling_high_mul(a, b: int) -> np.ndarray:
+    """gemmlowp's SaturatingRoundingDoublingHighMul: a * b / 2**31 rounded to nearest, ties up
+    (toward +inf), saturated to int32 (only INT32_MIN * INT32_MIN overflows)."""
+    a = np.asarray(a, np.int64)
+    ab = a * np.int64(b)
+    nudge = np.where(ab >= 0, np.int64(1 << 30), np.int64(1 - (1 << 30)))
+    total = ab + nudge
+    # C++ integer division truncates toward zero
+    q = np.where(total >= 0, total >> 31, -((-total) >> 31))
+    overflow = (a == INT32_MIN) & (b == INT32_MIN)
+    return np.where(overflow, INT32_MAX, q).astype(np.int32)
+
+
+def rounding_divide_by_pot(x, exponent: int) -> np.ndarray:
+    """gemmlowp's RoundingDivideByPOT: x / 2**exponent, rounded half away from zero."""
+    if not 0 <= exponent <= 31:
+        raise ValueError(f"exponent {exponent} outside 0..31")
+    x = np.asarray(x, np.int64)
+    mask = np.int64((1 << exponent) - 1)
+    remainder = x & mask
+    threshold = (mask >> 1) + np.where(x < 0, np.int64(1), np.int64(0))
+    return ((x >> exponent) + np.where(remainder > threshold, np.int64(1), np.int64(0))).astype(np.int32)
+
+
+def multiply_by_quantized_multiplier(x, multiplier: int, shift: int) -> np.ndarray:
+    """int32 `x` scaled by `multiplier * 2**(shift - 31)`, as TFLite's reference kernels do:
+    a left shift for a positive `shift`, the doubling high multiply, then a rounding right
+    shift for a negative one. Exact integer arithmetic, int32 result."""
+    x = np.asarray(x, np.int64)
+    left, right = max(shift, 0), max(-shift, 0)
+    scaled = np.clip(x * (np.int64(1) << left), INT32_MIN, INT32_MAX)
+    return rounding_divide_by_pot(saturating_rounding_doubling_high_mul(scaled, multiplier), right)
+
+
+def requantize(acc, multiplier: int, shift: int, zero_point: int = 0, qmin: int = -128, qmax: int = 127) -> np.ndarray:
+    """An int32 accumulator to the output's integer type: scale, add the zero point, saturate."""
+    y = multiply_by_quantized_multiplier(acc, multiplier, shift).astype(np.int64) + zero_point
+    return np.clip(y, qmin, qmax)
+
+
+def round_half_away(x) -> np.ndarray:
+    """Round half away from zero, element-wise (TFLite's `Quantize` rounding)."""
+    x = np.asarray(x, np.float64)
+    return np.sign(x) * np.floor(np.abs(x) + 0.5)
+
+
+def round_half_even(x) -> np.ndarray:
+    """Round half to even, element-wise (IEEE's default; numpy's `rint`)."""
+    return np.rint(np.asarray(x, np.float64))
+
+
+def quantize(x, scale: float, zero_point: int = 0, dtype=np.int8, rounding: str = "half_away") -> np.ndarray:
+    """Float values to integers: round(x / scale) + zero_point, saturated to `dtype`."""
+    info = np.iinfo(dtype)
+    q = {"half_away": round_half_away, "half_even": round_half_even}[rounding](np.asarray(x, np.float64) / scale)
+    return np.clip(q + zero_point, info.min, info.max).astype(dtype)
+
+
+def to_bf16(x) -> np.ndarray:
+    """Float32 values rounded to bfloat16 (nearest, ties to even)."""
+    import ml_dtypes
+
+    return np.asarray(x, np.float32).astype(ml_dtypes.bfloat16)
+
+
+def to_f16(x) -> np.ndarray:
+    """Float32 values rounded to float16 (nearest, ties to even; overflow to inf as IEEE)."""
+    return np.asarray(x, np.float32).astype(np.float16)
