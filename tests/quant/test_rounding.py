@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tftpu.errors import UsageError
-from tftpu.quant import rounding as R
+from tftpu import rounding as R
 
 I32 = st.integers(R.INT32_MIN, R.INT32_MAX)
 

@@ -29,8 +29,6 @@ class TopInterpreter:
     BACKENDS = ("eager", "compiled")
 
     def __init__(self, model: TopModel, backend: str = "eager"):
-        from tftpu.interp.kernels import KERNELS
-
         if backend not in self.BACKENDS:
             from tftpu.errors import UsageError
             raise UsageError(f"backend must be one of {', '.join(self.BACKENDS)}, not {backend!r}")
@@ -60,7 +58,7 @@ class TopInterpreter:
                     raise ShapeError(f"{model.name}: weight {op.key!r} is missing")
                 self.consts[outs[0]] = arr
             else:
-                kernel = KERNELS.get(op.name)
+                kernel = self.kernel_for(op)
                 if kernel is None:
                     missing.append(op.name)
                 ins = [None if isinstance(v.type, NoneType) else slot[v]
@@ -77,6 +75,12 @@ class TopInterpreter:
                 if s is not None:
                     last[s] = i
         self.free_after = [[s for s, i in last.items() if i == k and s not in keep] for k in range(len(self.steps))]
+
+    def kernel_for(self, op):
+        """The kernel that runs `op` (None if there is none): the TOP kernel of its full name."""
+        from tftpu.interp.kernels import KERNELS
+
+        return KERNELS.get(op.name)
 
     def _bind(self, inputs: dict) -> dict[int, np.ndarray]:
         arrays = match_inputs([n for n, _, _, _ in self.inputs], inputs)

@@ -1,4 +1,4 @@
-"""tftpu.ir: the TOP dialect (xDSL), its text form and its weight files.
+"""tftpu.ir: the TOP and TPU dialects (xDSL), quantized types, their text form and weight files.
 
 >>> from tftpu import ir
 >>> model = ir.load("resnet.top.mlir")  # doctest: +SKIP
@@ -7,6 +7,7 @@
 from tftpu.ir.module import (
     TopBuilder,
     TopModel,
+    TpuModel,
     context,
     default_weight_file,
     load,
@@ -19,7 +20,7 @@ from tftpu.ir.top import FLOPS, OPS_BY_NAME, TOP_OPS, Top, TopOp, loc_name, loc_
 from tftpu.ir.weights import load_npz, npz_bytes, save_npz
 
 __all__ = [
-    "TopBuilder", "TopModel", "context", "default_weight_file", "load", "make_op", "parse_module",
+    "TopBuilder", "TopModel", "TpuModel", "context", "default_weight_file", "load", "make_op", "parse_module",
     "print_module", "value_name", "FLOPS", "OPS_BY_NAME", "TOP_OPS", "Top", "TopOp",
     "loc_name", "loc_names", "set_loc", "load_npz", "npz_bytes", "save_npz",
 ]

@@ -92,7 +92,14 @@ def from_attr(kind: str, attr: Attribute):
 
 
 def dtype_name(t: Attribute) -> str:
-    """Short dtype name ("f32", "i64", ...) of an MLIR element type."""
+    """Short dtype name ("f32", "i64", ...) of an MLIR element type; a quantized type's storage
+    type (`!quant.uniform<i8:f32, ..>` -> "i8"), a calibrated type's expressed type."""
+    from tftpu.ir import quant
+
+    if isinstance(t, quant.UniformQuantType):
+        return t.storage
+    if isinstance(t, quant.CalibratedQuantType):
+        return t.expressed
     for name, ty in DTYPES.items():
         if ty == t:
             return name

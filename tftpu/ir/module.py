@@ -32,17 +32,17 @@ from xdsl.utils.exceptions import ParseError, VerifyException
 
 from tftpu.errors import ModelFileError, ShapeError
 from tftpu.ir import attrs as A
-from tftpu.ir import layout, top, xdsl_lexer
+from tftpu.ir import layout, quant, top, tpu, xdsl_lexer
 from tftpu.ir.base import make_attributes, value_name
 from tftpu.ir.weights import load_npz, save_npz
 from tftpu.utils.files import check_writable, write_text
 from tftpu.utils.names import unique_name
 
-DIALECTS = (builtin.Builtin, func.Func, top.Top, layout.Layout)
+DIALECTS = (builtin.Builtin, func.Func, top.Top, layout.Layout, tpu.Tpu, quant.Quant)
 
 
 def context() -> Context:
-    """An xDSL context with every dialect tftpu reads loaded (builtin, func, top, layout)."""
+    """An xDSL context with every dialect tftpu reads loaded (builtin, func, top, tpu, quant, layout)."""
     xdsl_lexer.install()
     ctx = Context()
     for d in DIALECTS:
@@ -192,7 +192,7 @@ class TopModel:
         """Write the `.mlir` and its weights `.npz` (beside it unless `weight_path`), atomically."""
         mlir_path = Path(mlir_path)
         if weight_path is None:
-            weight_path = mlir_path.parent / default_weight_file(self.name)
+            weight_path = mlir_path.parent / self.default_weight_name()
         weight_path = Path(weight_path)
         check_writable(mlir_path, weight_path)      # both checked before either is written
         # the .mlir names its weights relative to itself, so the pair moves together
@@ -201,19 +201,49 @@ class TopModel:
         write_text(mlir_path, self.text())
         return mlir_path, weight_path
 
+    def default_weight_name(self) -> str:
+        """The weight file's name when `save` is not given one."""
+        return default_weight_file(self.name)
+
     def flops(self) -> int:
         """Total FLOPs of the module."""
         return sum(op.flops() for op in self.ops if not isinstance(op, (top.Weight, top.NoneOp, top.Input)))
 
 
-def default_weight_file(name: str) -> str:
+class TpuModel(TopModel):
+    """A TPU module (lowered for one chip and mode) and its weights (INT8, INT32, float)."""
+
+    def __repr__(self) -> str:
+        return f"TpuModel({self.name!r}, chip={self.chip!r}, mode={self.mode!r}, {len(self.ops)} ops)"
+
+    @property
+    def chip(self) -> str:
+        return self.module.attributes["module.chip"].data
+
+    @property
+    def mode(self) -> str:
+        return self.module.attributes["module.mode"].data
+
+    @property
+    def asymmetric(self) -> bool:
+        attr = self.module.attributes.get("module.asymmetric")
+        return bool(attr is not None and attr.value.data)
+
+    def default_weight_name(self) -> str:
+        return default_weight_file(self.name, f"tpu_{self.mode.lower()}")
+
+    def flops(self) -> int:
+        return sum(op.flops() for op in self.ops if isinstance(op, tpu.TpuOp))
+
+
+def default_weight_file(name: str, stage: str = "top_f32") -> str:
     """Weight file name for a model name, as TPU-MLIR: `NAME_top_f32_weights.npz` (path
     separators and control characters in the name become `_`; a long name is shortened)."""
     safe = re.sub(r"[\x00-\x1f/\\]", "_", name).lstrip(".") or "model"
     if len(safe.encode()) > 120:
         digest = hashlib.sha256(name.encode()).hexdigest()[:12]
         safe = safe.encode()[:100].decode("utf-8", "ignore") + "_" + digest
-    return f"{safe}_top_f32_weights.npz"
+    return f"{safe}_{stage}_weights.npz"
 
 
 def load(mlir_path, weights: dict | None = None) -> TopModel:
@@ -229,7 +259,8 @@ def load(mlir_path, weights: dict | None = None) -> TopModel:
     for key in ("module.name", "module.weight_file"):
         if not isinstance(module.attributes.get(key), StringAttr):
             raise ModelFileError(mlir_path, f"module has no {key} attribute")
-    model = TopModel(module)
+    state = module.attributes.get("module.state")
+    model = (TpuModel if isinstance(state, StringAttr) and state.data.startswith("TPU") else TopModel)(module)
     if weights is None:
         wf = Path(model.weight_file)
         wf = wf if wf.is_absolute() else mlir_path.parent / wf
@@ -311,9 +342,9 @@ class TopBuilder:
 
 
 def op_class(op_name: str):
-    """The op class of a full name (`top.Conv`); a bare name (`Conv`) means the TOP op."""
+    """The op class of a full name (`top.Conv`, `tpu.Conv`); a bare name (`Conv`) means the TOP op."""
     full = op_name if "." in op_name else f"top.{op_name}"
-    cls = top.OPS_BY_NAME.get(full)
+    cls = top.OPS_BY_NAME.get(full) or tpu.OPS_BY_NAME.get(full)
     if cls is None:
         raise ValueError(f"no op named {full}")
     return cls
@@ -323,7 +354,6 @@ def make_op(op_name: str, operands: list, attrs: dict, loc, result_types=None):
     """Create (not insert) the op `op_name` (`top.Conv`, or `Conv` for the TOP op) with
     plain-Python `attrs`, stored in declaration order; result types inferred unless given."""
     cls = op_class(op_name)
-    op_name = cls.name[4:]
     attributes = make_attributes(cls, attrs)
     if result_types is None:
         probe = cls.create(operands=list(operands), attributes=attributes)
@@ -335,7 +365,7 @@ def make_op(op_name: str, operands: list, attrs: dict, loc, result_types=None):
             result_types = [A.tensor_type(s, d)
                             for s, d in zip(cls.infer(shapes, full), cls.infer_dtypes(dtypes, full))]
         except (ValueError, IndexError, TypeError, ZeroDivisionError, VerifyException) as e:
-            raise ShapeError(f"top.{op_name} at {loc!r}: {e}") from None
+            raise ShapeError(f"{cls.name} at {loc!r}: {e}") from None
         finally:
             probe.drop_all_references()
     op = cls.create(operands=list(operands), result_types=list(result_types), attributes=attributes)

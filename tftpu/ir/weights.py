@@ -38,5 +38,11 @@ def save_npz(path, arrays: dict[str, np.ndarray]) -> None:
 
 
 def load_npz(path) -> dict[str, np.ndarray]:
-    """Read every array of an `.npz` (or a single `.npy`); ModelFileError if it is not one."""
-    return _npz.load_npz(path, allow_npy=True)
+    """Read every array of an `.npz` (or a single `.npy`); ModelFileError if it is not one.
+    bfloat16 arrays (which numpy writes as 2-byte voids, `<V2`) come back as bfloat16."""
+    arrays = _npz.load_npz(path, allow_npy=True)
+    for key, arr in arrays.items():
+        if arr.dtype == np.dtype("V2"):
+            import ml_dtypes
+            arrays[key] = arr.view(ml_dtypes.bfloat16)
+    return arrays

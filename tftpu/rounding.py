@@ -9,6 +9,11 @@ matches (the TPU lowering and its integer kernels will use only these).
 - Float to int: `round_half_away` (TFLite's `Quantize`, C's `round`) and `round_half_even`
   (numpy's `rint`, IEEE's default), then saturation to the integer type.
 - Float to BF16 / F16: round to nearest, ties to even (ml_dtypes, as the hardware does).
+- Quantize (`tpu.Cast` float -> INT8): `x / scale` in float64, round half away from zero (TFLite's
+  `Quantize`), add the zero point, saturate. Dequantize (INT8 -> float): `(q - zp) * scale` in
+  float32 (TPU-MLIR's and TFLite's `Dequantize`), then rounded to the float type of the mode.
+- INT8 Add/Sub (TPU-MLIR's BM1684X rule): `sum_i m_i * (x_i - zp_i)` with int16 multipliers,
+  one `rounding_divide_by_pot` (ties away from zero), plus the output zero point, saturated.
 
 >>> m, s = quantize_multiplier(0.5)
 >>> [int(v) for v in multiply_by_quantized_multiplier(np.array([7, -7], np.int32), m, s)]   # ties up
@@ -50,11 +55,13 @@ def round_half_away_scalar(x: float) -> int:
     return int(math.floor(abs(x) + 0.5)) * (1 if x >= 0 else -1)
 
 
-def saturating_rounding_doubling_high_mul(a, b: int) -> np.ndarray:
+def saturating_rounding_doubling_high_mul(a, b) -> np.ndarray:
     """gemmlowp's SaturatingRoundingDoublingHighMul: a * b / 2**31 rounded to nearest, ties up
-    (toward +inf), saturated to int32 (only INT32_MIN * INT32_MIN overflows)."""
+    (toward +inf), saturated to int32 (only INT32_MIN * INT32_MIN overflows). `b` may be an
+    array broadcasting against `a` (one multiplier per channel)."""
     a = np.asarray(a, np.int64)
-    ab = a * np.int64(b)
+    b = np.asarray(b, np.int64)
+    ab = a * b
     nudge = np.where(ab >= 0, np.int64(1 << 30), np.int64(1 - (1 << 30)))
     total = ab + nudge
     # C++ integer division truncates toward zero
@@ -63,28 +70,32 @@ def saturating_rounding_doubling_high_mul(a, b: int) -> np.ndarray:
     return np.where(overflow, INT32_MAX, q).astype(np.int32)
 
 
-def rounding_divide_by_pot(x, exponent: int) -> np.ndarray:
-    """gemmlowp's RoundingDivideByPOT: x / 2**exponent, rounded half away from zero."""
-    if not 0 <= exponent <= 31:
-        raise ValueError(f"exponent {exponent} outside 0..31")
+def rounding_divide_by_pot(x, exponent) -> np.ndarray:
+    """gemmlowp's RoundingDivideByPOT: x / 2**exponent, rounded half away from zero (`exponent`
+    may be an array broadcasting against `x`)."""
+    exponent = np.asarray(exponent, np.int64)
+    if exponent.size and (exponent.min() < 0 or exponent.max() > 31):
+        raise ValueError(f"exponent {exponent.tolist()} outside 0..31")
     x = np.asarray(x, np.int64)
-    mask = np.int64((1 << exponent) - 1)
+    mask = (np.int64(1) << exponent) - 1
     remainder = x & mask
     threshold = (mask >> 1) + np.where(x < 0, np.int64(1), np.int64(0))
     return ((x >> exponent) + np.where(remainder > threshold, np.int64(1), np.int64(0))).astype(np.int32)
 
 
-def multiply_by_quantized_multiplier(x, multiplier: int, shift: int) -> np.ndarray:
+def multiply_by_quantized_multiplier(x, multiplier, shift) -> np.ndarray:
     """int32 `x` scaled by `multiplier * 2**(shift - 31)`, as TFLite's reference kernels do:
     a left shift for a positive `shift`, the doubling high multiply, then a rounding right
-    shift for a negative one. Exact integer arithmetic, int32 result."""
+    shift for a negative one. Exact integer arithmetic, int32 result. `multiplier` and `shift`
+    may be arrays broadcasting against `x` (per channel)."""
     x = np.asarray(x, np.int64)
-    left, right = max(shift, 0), max(-shift, 0)
+    shift = np.asarray(shift, np.int64)
+    left, right = np.maximum(shift, 0), np.maximum(-shift, 0)
     scaled = np.clip(x * (np.int64(1) << left), INT32_MIN, INT32_MAX)
     return rounding_divide_by_pot(saturating_rounding_doubling_high_mul(scaled, multiplier), right)
 
 
-def requantize(acc, multiplier: int, shift: int, zero_point: int = 0, qmin: int = -128, qmax: int = 127) -> np.ndarray:
+def requantize(acc, multiplier, shift, zero_point: int = 0, qmin: int = -128, qmax: int = 127) -> np.ndarray:
     """An int32 accumulator to the output's integer type: scale, add the zero point, saturate."""
     y = multiply_by_quantized_multiplier(acc, multiplier, shift).astype(np.int64) + zero_point
     return np.clip(y, qmin, qmax)
@@ -106,6 +117,24 @@ def quantize(x, scale: float, zero_point: int = 0, dtype=np.int8, rounding: str 
     info = np.iinfo(dtype)
     q = {"half_away": round_half_away, "half_even": round_half_even}[rounding](np.asarray(x, np.float64) / scale)
     return np.clip(q + zero_point, info.min, info.max).astype(dtype)
+
+
+def dequantize(q, scale: float, zero_point: int = 0, dtype="f32") -> np.ndarray:
+    """INT8 values back to float: `(q - zp) * scale` in float32, then rounded to `dtype`
+    ("f32", "f16" or "bf16")."""
+    y = (np.asarray(q, np.int32) - np.int32(zero_point)).astype(np.float32) * np.float32(scale)
+    return to_float(y, dtype)
+
+
+def to_float(x, dtype: str) -> np.ndarray:
+    """Float values rounded to the float type `dtype` of a mode: "f32", "f16" or "bf16"."""
+    if dtype == "f32":
+        return np.asarray(x, np.float32)
+    if dtype == "f16":
+        return to_f16(x)
+    if dtype == "bf16":
+        return to_bf16(x)
+    raise ValueError(f"not a float type: {dtype!r}")
 
 
 def to_bf16(x) -> np.ndarray:

@@ -1,0 +1,6 @@
+"""Inference of TPU modules: exact INT8 kernels, BF16/F16 float kernels, one interpreter."""
+
+from tftpu.interp.tpu.info import OpInfo, TensorInfo, info_of
+from tftpu.interp.tpu.interpreter import TpuInterpreter, kernel_of, run
+
+__all__ = ["TpuInterpreter", "run", "kernel_of", "TensorInfo", "OpInfo", "info_of"]

@@ -1,0 +1,33 @@
+"""Float TPU ops (F32, BF16, F16): the TOP op's kernel in float32 on the (exactly widened)
+operands, its result rounded to the mode's type (ties to even), as a chip that computes in
+float32 and stores BF16/F16 does. In F32 the result is the TOP kernel's, bit for bit."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tftpu import rounding
+from tftpu.interp.kernels import KERNELS
+
+
+def _widen(x):
+    if x is None:
+        return None
+    if x.dtype == np.float16 or x.dtype.name == "bfloat16":
+        return x.astype(np.float32)
+    return x
+
+
+def float_kernel(top_name: str):
+    """The float kernel of the TPU op mirroring `top_name`, or None when TOP has none."""
+    kernel = KERNELS.get(top_name)
+    if kernel is None:
+        return None
+
+    def run(operands, attrs, info):
+        results = kernel([_widen(x) for x in operands], attrs)
+        return [rounding.to_float(r, i.dtype) if i.dtype in ("f32", "f16", "bf16") and r.dtype.kind == "f" else r
+                for r, i in zip(results, info.outs)]
+
+    run.__name__ = f"float_{top_name.replace('.', '_')}"
+    return run

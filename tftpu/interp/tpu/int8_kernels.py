@@ -1,0 +1,233 @@
+"""INT8 kernels of the TPU ops: exact integer arithmetic, bit-exact by construction.
+
+Products of INT8 values accumulate in INT32 (saturating); convolutions and matmuls run in
+float64 (TensorFlow's / BLAS's), which holds every such sum exactly whatever the summation
+order (|sum| < 2**53 for any reduction shorter than 2**38 taps), then requantize with the
+rules of `tftpu.rounding` (multiplier and right shift per channel).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tftpu import rounding
+from tftpu.interp.kernels import KERNELS
+from tftpu.interp.kernels._registry import tf
+from tftpu.interp.tpu.registry import int8, own
+from tftpu.ir import attrs as A
+
+
+# ---------------------------------------------------------------- requantization and clamps
+
+def _per_channel(v, ndim: int, axis: int) -> np.ndarray:
+    v = np.asarray(v, np.int64)
+    if v.size <= 1:
+        return v.reshape(())
+    shape = [1] * ndim
+    shape[axis] = -1
+    return v.reshape(shape)
+
+
+def _clamp(y: np.ndarray, attrs: dict, out) -> np.ndarray:
+    """Saturate to the output type and apply a fused ReLU (at the zero point; `relu_limit`
+    quantized on the output grid)."""
+    lo, hi = out.qmin, out.qmax
+    if attrs.get("do_relu"):
+        lo = max(lo, out.zp)
+        limit = attrs.get("relu_limit", -1.0)
+        if limit is not None and limit >= 0:
+            hi = min(hi, out.zp + int(rounding.round_half_away_scalar(limit / out.scale)))
+    return np.clip(y, lo, hi).astype(np.dtype(_NUMPY[out.dtype]))
+
+
+_NUMPY = {"i8": "int8", "u8": "uint8", "i16": "int16", "i32": "int32"}
+
+
+def _requant(acc, attrs: dict, out, axis: int) -> np.ndarray:
+    """INT32 accumulator -> output type: multiplier/rshift (per channel of `axis` or one)."""
+    acc = np.clip(np.asarray(acc, np.int64), rounding.INT32_MIN, rounding.INT32_MAX)
+    m = _per_channel(attrs["multiplier"], acc.ndim, axis)
+    r = _per_channel(attrs["rshift"], acc.ndim, axis)
+    y = rounding.multiply_by_quantized_multiplier(acc, m, -r).astype(np.int64) + out.zp
+    return _clamp(y, attrs, out)
+
+
+def _centered(x, info) -> np.ndarray:
+    """x - zero point, as float64 (exact)."""
+    return x.astype(np.float64) - (info.zp if info.quantized and info.axis is None else 0)
+
+
+# ---------------------------------------------------------------- conv / matmul
+
+def _conv2d_f64(x, w, strides, pads, dil, group):
+    """Exact-integer 2-D conv in float64: x NHWC (already centred), w HWIO [kh, kw, C/g, O]."""
+    raw = tf().raw_ops
+    x = np.pad(x, ((0, 0), (pads[0], pads[2]), (pads[1], pads[3]), (0, 0)))
+    st, dl = [1, *strides, 1], [1, *dil, 1]
+    c, o = x.shape[-1], w.shape[-1]
+    if group == 1:
+        return np.asarray(raw.Conv2D(input=x, filter=w, strides=st, padding="VALID", dilations=dl))
+    if group == c and w.shape[2] == 1 and dil == [1, 1]:
+        kh, kw = w.shape[:2]
+        dw = w.reshape(kh, kw, c, o // c)
+        return np.asarray(raw.DepthwiseConv2dNative(input=x, filter=dw, strides=st, padding="VALID"))
+    cg, og = c // group, o // group
+    parts = [np.asarray(raw.Conv2D(input=np.ascontiguousarray(x[..., g * cg:(g + 1) * cg]),
+                                   filter=np.ascontiguousarray(w[..., g * og:(g + 1) * og]),
+                                   strides=st, padding="VALID", dilations=dl)) for g in range(group)]
+    return np.concatenate(parts, axis=-1)
+
+
+def conv_accumulate(x, w, attrs) -> np.ndarray:
+    """The exact integer sums of a 1-D/2-D conv (float64), in the data's own layout."""
+    nhwc = attrs["layout"] == "NHWC"
+    hwio = attrs["kernel_layout"] == "HWIO"
+    one_d = x.ndim == 3
+    strides, pads, dil = list(attrs["strides"]), list(attrs["pads"]), list(attrs["dilations"])
+    if one_d:           # a 1-D conv is a 2-D one of height 1
+        x = x[:, None] if nhwc else x[:, :, None]
+        w = w[None] if hwio else w[:, :, None]
+        strides, dil, pads = [1, *strides], [1, *dil], [0, pads[0], 0, pads[1]]
+    xt = x if nhwc else x.transpose(0, 2, 3, 1)
+    wt = w.astype(np.float64) if hwio else w.astype(np.float64).transpose(2, 3, 1, 0)
+    y = _conv2d_f64(np.ascontiguousarray(xt), np.ascontiguousarray(wt), strides, pads, dil, attrs["group"])
+    if not nhwc:
+        y = y.transpose(0, 3, 1, 2)
+    return y[:, :, 0] if one_d and not nhwc else (y[:, 0] if one_d else y)
+
+
+@int8("tpu.Conv")
+def conv(operands, attrs, info):
+    x, w, b = operands
+    acc = conv_accumulate(_centered(x, info.ins[0]), w, attrs)
+    axis = acc.ndim - 1 if attrs["layout"] == "NHWC" else 1
+    acc = np.rint(acc).astype(np.int64)
+    if b is not None:
+        acc += _per_channel(b, acc.ndim, axis)
+    return [_requant(acc, attrs, info.outs[0], axis)]
+
+
+@int8("tpu.MatMul")
+def matmul(operands, attrs, info):
+    x, w, b = operands
+    wf = _centered(w, info.ins[1])
+    if attrs["right_transpose"]:
+        wf = np.swapaxes(wf, -1, -2)
+    acc = np.rint(np.matmul(_centered(x, info.ins[0]), wf)).astype(np.int64)
+    if b is not None:
+        acc += np.asarray(b, np.int64).reshape(-1)
+    return [_requant(acc, attrs, info.outs[0], acc.ndim - 1)]
+
+
+# ---------------------------------------------------------------- element-wise
+
+def _add_sub(operands, attrs, info, sign: int):
+    m, r = attrs["multiplier"], attrs["rshift"][0]
+    a = (operands[0].astype(np.int64) - info.ins[0].zp) * m[0]
+    b = (operands[1].astype(np.int64) - info.ins[1].zp) * m[1]
+    y = rounding.rounding_divide_by_pot(a + sign * b, r).astype(np.int64) + info.outs[0].zp
+    return [_clamp(y, attrs, info.outs[0])]
+
+
+@int8("tpu.Add")
+def add(operands, attrs, info):
+    return _add_sub(operands, attrs, info, 1)
+
+
+@int8("tpu.Sub")
+def sub(operands, attrs, info):
+    return _add_sub(operands, attrs, info, -1)
+
+
+@int8("tpu.Mul")
+def mul(operands, attrs, info):
+    acc = (operands[0].astype(np.int64) - info.ins[0].zp) * (operands[1].astype(np.int64) - info.ins[1].zp)
+    return [_requant(acc, attrs, info.outs[0], 0)]
+
+
+@own("tpu.Lut")
+def lut(operands, attrs, info):
+    x, table = operands
+    return [table[x.astype(np.int32) - info.ins[0].qmin]]
+
+
+# ---------------------------------------------------------------- pools
+
+def _same_grid_pool(top_name: str):
+    kernel = KERNELS[top_name]
+
+    def run(operands, attrs, info):
+        y = kernel([operands[0]], {**attrs, "do_relu": False})[0]
+        return [_clamp(np.asarray(y, np.int64), attrs, info.outs[0])]
+
+    return run
+
+
+int8("tpu.MaxPool")(_same_grid_pool("top.MaxPool"))
+int8("tpu.GlobalMaxPool")(_same_grid_pool("top.GlobalMaxPool"))
+
+
+@int8("tpu.AvgPool")
+def avg_pool(operands, attrs, info):
+    """Window sums (a depthwise conv of ones, exact), one multiplier for the constant count."""
+    x = operands[0]
+    nhwc = attrs["layout"] == "NHWC"
+    c = x.shape[-1] if nhwc else x.shape[1]
+    ones = np.ones((c, 1, *attrs["kernel_shape"]), np.float64)
+    conv_attrs = {**attrs, "group": c, "kernel_layout": "OIHW"}
+    acc = np.rint(conv_accumulate(_centered(x, info.ins[0]), ones, conv_attrs)).astype(np.int64)
+    return [_requant(acc, attrs, info.outs[0], 0)]
+
+
+@int8("tpu.GlobalAvgPool")
+def global_avg_pool(operands, attrs, info):
+    x = operands[0]
+    nhwc = attrs["layout"] == "NHWC"
+    axes = tuple(range(1, x.ndim - 1)) if nhwc else tuple(range(2, x.ndim))
+    acc = (x.astype(np.int64) - info.ins[0].zp).sum(axis=axes, keepdims=bool(attrs["keepdims"]))
+    return [_requant(acc, attrs, info.outs[0], 0)]
+
+
+# ---------------------------------------------------------------- data movement
+
+@int8("tpu.Concat")
+def concat(operands, attrs, info):
+    y = np.concatenate(operands, axis=int(attrs["axis"]) % operands[0].ndim)
+    return [_clamp(y.astype(np.int64), attrs, info.outs[0]) if attrs.get("do_relu") else y]
+
+
+def _movement(top_name: str):
+    kernel = KERNELS[top_name]
+
+    def run(operands, attrs, info):
+        return [np.asarray(r) for r in kernel(operands, attrs)]
+
+    return run
+
+
+for _name in ("Reshape", "Flatten", "Permute", "Squeeze", "Unsqueeze", "Slice", "Split", "Pad",
+              "SpaceToDepth", "DepthToSpace", "Gather"):
+    int8(f"tpu.{_name}")(_movement(f"top.{_name}"))
+
+
+# ---------------------------------------------------------------- casts
+
+def _widen(x):
+    return x.astype(np.float32) if x.dtype == np.float16 or x.dtype.name == "bfloat16" else x
+
+
+@own("tpu.Cast")
+def cast(operands, attrs, info):
+    x = operands[0]
+    src, dst = info.ins[0], info.outs[0]
+    if src.quantized and dst.quantized:
+        acc = x.astype(np.int64) - src.zp
+        y = rounding.multiply_by_quantized_multiplier(acc, attrs["multiplier"][0], -attrs["rshift"][0])
+        return [_clamp(y.astype(np.int64) + dst.zp, {}, dst)]
+    if dst.quantized:
+        return [rounding.quantize(_widen(x), dst.scale, dst.zp, np.dtype(_NUMPY[dst.dtype]))]
+    if src.quantized:
+        return [rounding.dequantize(x, src.scale, src.zp, dst.dtype)]
+    if dst.dtype in ("f32", "f16", "bf16"):
+        return [rounding.to_float(_widen(x), dst.dtype)]
+    return [np.asarray(x).astype(A.numpy_dtype(dst.dtype))]

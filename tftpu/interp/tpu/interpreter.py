@@ -1,0 +1,68 @@
+"""Inference of a TPU module: each op's kernel for its mode (INT8 integer kernels, float kernels
+rounding to BF16/F16), over the same plan as the TOP interpreter.
+
+>>> out = TpuInterpreter(tpu_model).run({"input": x})                            # doctest: +SKIP
+>>> every = TpuInterpreter(tpu_model).run({"input": x}, dump_all=True, dequantize=True)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tftpu.interp.top_interpreter import TopInterpreter
+from tftpu.interp.tpu import float_kernels, int8_kernels  # noqa: F401  (registers the kernels)
+from tftpu.interp.tpu.info import OpInfo, info_of
+from tftpu.interp.tpu.registry import INT8, OWN
+from tftpu.ir import tpu
+
+
+def kernel_of(op):
+    """A `(operands, attrs) -> results` callable for one TPU (or TOP) op, None if none exists."""
+    if not isinstance(op, tpu.TpuOp):
+        return TopInterpreter.kernel_for(None, op)
+    info = OpInfo.of(op)
+    fn = OWN.get(op.name)
+    if fn is None:
+        fn = INT8.get(op.name) if op.quantized else float_kernels.float_kernel(op.TOP.name)
+    if fn is None:
+        return None
+
+    def kernel(operands, attrs):
+        return fn(operands, attrs, info)
+
+    kernel.__name__ = getattr(fn, "__name__", op.name)
+    return kernel
+
+
+class TpuInterpreter(TopInterpreter):
+    """A compiled plan for running one TPU model many times (per-op path only)."""
+
+    def __init__(self, model):
+        super().__init__(model, backend="eager")
+        self.infos = {}
+        for op in model.ops:
+            for r in op.results:
+                info = info_of(r.type)
+                if info is not None and info.quantized:
+                    self.infos[tpu_value_name(r)] = info
+
+    def kernel_for(self, op):
+        return kernel_of(op)
+
+    def run(self, inputs: dict, dump_all: bool = False, observe=None, dequantize: bool = False) -> dict:
+        """Outputs (every tensor when `dump_all`) by name; `dequantize` turns INT8 tensors into
+        the float values they stand for (to compare with TOP)."""
+        out = super().run(inputs, dump_all=dump_all, observe=observe)
+        if dequantize:
+            out = {k: self.infos[k].dequantize(np.asarray(v)) if k in self.infos else v for k, v in out.items()}
+        return out
+
+
+def tpu_value_name(v) -> str:
+    from tftpu.ir.module import value_name
+    return value_name(v)
+
+
+def run(model, inputs: dict, dump_all: bool = False, dequantize: bool = False) -> dict:
+    """Run a TPU `model` on `inputs` (name -> array)."""
+    return TpuInterpreter(model).run(inputs, dump_all=dump_all, dequantize=dequantize)

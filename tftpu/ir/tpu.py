@@ -1,0 +1,180 @@
+"""The TPU dialect: the ops a chip runs, each in one arithmetic mode (F32, BF16, F16, INT8).
+
+A TPU op mirrors the TOP op it lowers (`tpu.Conv` from `top.Conv`): the same operands and
+attributes, shape function and FLOPs (taken from the TOP class, so shape arithmetic lives in one
+place), plus how it requantizes. Its mode is in its types: float tensors (`f32`, `bf16`, `f16`)
+or quantized ones (`!quant.uniform<i8:f32, scale:zp>`, weights per axis). Two ops are the
+TPU's own: `tpu.Cast`, wherever precision changes (model inputs/outputs, mode boundaries,
+one INT8 scale to another), and `tpu.Lut`, an INT8 activation as a 256-entry table.
+
+Requantization (INT8): `multiplier` and `rshift`, per output channel or one for the tensor,
+mean `y = RoundingRightShift(SaturatingRoundingDoublingHighMul(acc, multiplier), rshift)`,
+TFLite's `MultiplyByQuantizedMultiplier` (`tftpu.rounding`); a negative `rshift` is a
+left shift before the multiply.
+
+>>> Conv.name, Conv.TOP.name, "multiplier" in Conv.ATTRS
+('tpu.Conv', 'top.Conv', True)
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from xdsl.dialects.builtin import TensorType
+from xdsl.ir import Dialect
+from xdsl.irdl import VarOperandDef, VarResultDef, operand_def, result_def, var_operand_def, var_result_def
+
+from tftpu.ir import attrs as A
+from tftpu.ir import quant, top
+from tftpu.ir.base import Elementwise, Ints, Pure, Str, TensorOp, define_op, numel
+
+__all__ = ["TpuOp", "Cast", "Lut", "TPU_OPS", "OPS_BY_NAME", "FROM_TOP", "Tpu", "MODES", "is_quantized"]
+
+MODES = ("F32", "BF16", "F16", "INT8")
+FLOAT_DTYPES = ("f32", "bf16", "f16")
+_REQUANT = {"multiplier": Ints(()), "rshift": Ints(())}
+
+
+def is_quantized(value) -> bool:
+    """Whether an SSA value holds quantized (integer-stored) data."""
+    return isinstance(value.type, TensorType) and quant.is_quant(value.type.element_type)
+
+
+_PROBES: dict = {}
+
+
+def _probe(cls):
+    """An empty instance of a TOP op class, to call its instance-level shape checks with."""
+    if cls not in _PROBES:
+        _PROBES[cls] = cls.__new__(cls)
+    return _PROBES[cls]
+
+
+class TpuOp(TensorOp):
+    """Base of every TPU op: the shape rules of its TOP op, and mode-consistent types."""
+
+    TRAITS: ClassVar[tuple] = (Pure(),)
+    TOP: ClassVar[type | None] = None
+
+    @property
+    def op_name(self) -> str:
+        return self.name[4:]
+
+    @property
+    def quantized(self) -> bool:
+        """Whether the op computes in integers (its first result is quantized)."""
+        return is_quantized(self.results[0])
+
+    def fill_defaults(self, attrs, shapes):
+        return self.TOP.fill_defaults(_probe(self.TOP), attrs, shapes) if self.TOP else attrs
+
+    def check(self, shapes, attrs):
+        if self.TOP is not None:
+            self.TOP.check(_probe(self.TOP), shapes, attrs)
+        self.check_types()
+
+    def check_types(self) -> None:
+        """Float ops compute in one float type; an INT8 op's activations are all quantized."""
+        data = [v for v in (*self.operands, *self.results) if isinstance(v.type, TensorType)]
+        if self.quantized:
+            bad = [A.dtype_name(v.type.element_type) for v in data
+                   if not quant.is_quant(v.type.element_type) and not _is_weight(v)]
+            if bad:
+                raise ValueError(f"an INT8 op's tensors must all be quantized, found {', '.join(bad)}")
+        else:
+            kinds = {A.dtype_name(v.type.element_type) for v in data if A.is_float(v.type)}
+            if len(kinds) > 1:
+                raise ValueError(f"a float op computes in one type, found {', '.join(sorted(kinds))}")
+
+    @classmethod
+    def infer(cls, shapes, attrs):
+        return cls.TOP.infer(shapes, attrs) if cls.TOP else [shapes[0]]
+
+    def infer_dtypes(self, dtypes, attrs):
+        # the lowering chooses result types (the mode); `check_types` keeps them consistent
+        return [A.dtype_name(r.type.element_type) for r in self.results]
+
+    @classmethod
+    def count_flops(cls, ins, outs, attrs):
+        return cls.TOP.count_flops(ins, outs, attrs) if cls.TOP else 0
+
+
+def _is_weight(v) -> bool:
+    return isinstance(v.owner, top.Weight)
+
+
+# ---------------------------------------------------------------- the TPU's own ops
+
+@define_op
+class Cast(TpuOp):
+    """A precision change: float <-> float (round to nearest even), float -> INT8 (quantize:
+    round half away from zero, saturate), INT8 -> float (dequantize), or one INT8 scale to
+    another (`multiplier`/`rshift` on the zero-point-free value)."""
+
+    name = "tpu.Cast"
+    input = operand_def(TensorType)
+    output = result_def(TensorType)
+    TRAITS: ClassVar[tuple] = (Pure(), Elementwise())
+    ATTRS: ClassVar[dict] = dict(_REQUANT)
+
+    def check_types(self) -> None:
+        pass
+
+    @classmethod
+    def count_flops(cls, ins, outs, attrs):
+        return numel(outs[0])
+
+
+@define_op
+class Lut(TpuOp):
+    """An INT8 element-wise function as a table: `y = table[x - min(storage)]` (256 entries,
+    computed once at lowering from the float function and both tensors' scales)."""
+
+    name = "tpu.Lut"
+    input = operand_def(TensorType)
+    table = operand_def(TensorType)
+    output = result_def(TensorType)
+    TRAITS: ClassVar[tuple] = (Pure(), Elementwise())
+    ATTRS: ClassVar[dict] = {"function": Str("")}    # the TOP op it replaces, for reports
+
+    def check(self, shapes, attrs):
+        if shapes[1] != (256,):
+            raise ValueError(f"table must have 256 entries, got {list(shapes[1])}")
+        self.check_types()
+
+    @classmethod
+    def infer(cls, shapes, attrs):
+        return [shapes[0]]
+
+
+# ---------------------------------------------------------------- ops mirrored from TOP
+
+def _mirror(top_cls) -> type[TpuOp]:
+    """`tpu.<Name>`: the operands, attributes and shape rules of `top.<Name>`, plus requantization."""
+    op_def = top_cls.get_irdl_definition()
+    ns: dict = {"name": "tpu." + top_cls.name[4:], "TOP": top_cls, "__module__": __name__,
+                "__doc__": f"{top_cls.name} on the chip, in one mode. " + (top_cls.__doc__ or "").strip(),
+                "ATTRS": {**top_cls.ATTRS, **_REQUANT}, "OPTIONAL_OPERANDS": top_cls.OPTIONAL_OPERANDS,
+                "TRAITS": tuple(top_cls.TRAITS) if top_cls.TRAITS else (Pure(),),
+                "__annotations__": {"ATTRS": ClassVar[dict], "TRAITS": ClassVar[tuple],
+                                    "TOP": ClassVar[type], "OPTIONAL_OPERANDS": ClassVar[tuple]}}
+    for name, d in op_def.operands:
+        ns[name] = var_operand_def() if isinstance(d, VarOperandDef) else operand_def()
+    for name, d in op_def.results:
+        ns[name] = var_result_def(TensorType) if isinstance(d, VarResultDef) else result_def(TensorType)
+    return define_op(type(top_cls.__name__, (TpuOp,), ns))
+
+
+# TOP ops with no TPU counterpart: graph plumbing stays `top.*` (as in TPU-MLIR), and `top.Cast`
+# (a dtype change) lowers to `tpu.Cast`
+_NOT_MIRRORED = ("top.Input", "top.Weight", "top.None", "top.Cast")
+MIRRORED = [_mirror(cls) for cls in top.TOP_OPS if cls.name not in _NOT_MIRRORED]
+globals().update({cls.name[4:]: cls for cls in MIRRORED})   # tpu.Conv as `tpu.Conv` in Python too
+FROM_TOP: dict[str, type[TpuOp]] = {cls.TOP.name: cls for cls in MIRRORED}   # "top.Conv" -> tpu.Conv
+
+TPU_OPS = [Cast, Lut, *MIRRORED]
+OPS_BY_NAME: dict[str, type[TpuOp]] = {cls.name: cls for cls in TPU_OPS}
+FLOPS = {cls.name: cls.flops_of for cls in TPU_OPS}
+
+Tpu = Dialect("tpu", TPU_OPS, [])
+

@@ -1,0 +1,118 @@
+"""INT8 quantization parameters: activation scales and zero points from a calibration table,
+per-channel weights, INT32 biases and the integer requantization of each op.
+
+Symmetric activations (TPU-MLIR's default): `scale = threshold / 127`, zero point 0.
+Asymmetric (TFLite's scheme): the calibrated [min, max], widened to hold 0, over 255 steps,
+`zero_point = round(-128 - min / scale)`. Weights are symmetric per output channel,
+`scale = max|w| / 127`; a bias is INT32 at `scale_in * scale_w`. Every rounding is
+`tftpu.rounding`'s.
+
+>>> act = activation(4.0, -1.0, 3.0)
+>>> round(act.scale, 6), act.zero_point
+(0.031496, 0)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from tftpu import rounding
+from tftpu.errors import UsageError
+
+__all__ = ["QParams", "activation", "weights_per_channel", "weights_per_tensor", "bias", "requant",
+           "add_multipliers", "ADD_MULTIPLIER_BITS"]
+
+QMAX = 127
+ADD_MULTIPLIER_BITS = 15     # an Add's input multipliers fit int16, as TPU-MLIR's
+
+
+@dataclasses.dataclass(frozen=True)
+class QParams:
+    """One tensor's INT8 quantization: real = scale * (q - zero_point)."""
+
+    scale: float
+    zero_point: int = 0
+    storage: str = "i8"
+
+    def quantize(self, x) -> np.ndarray:
+        """Float values to this grid (round half away from zero, saturate)."""
+        return rounding.quantize(x, self.scale, self.zero_point, np.int8)
+
+    def dequantize(self, q) -> np.ndarray:
+        return (self.scale * (np.asarray(q, np.float64) - self.zero_point)).astype(np.float32)
+
+
+def _positive(v: float, fallback: float) -> float:
+    return v if math.isfinite(v) and v > 0 else fallback
+
+
+def activation(threshold: float, lo: float, hi: float, asymmetric: bool = False) -> QParams:
+    """The INT8 grid of one activation from its calibration entry (threshold, min, max).
+    A tensor that was always zero gets scale 1/127 (any scale represents it exactly)."""
+    if not asymmetric:
+        return QParams(_positive(threshold / QMAX, 1.0 / QMAX))
+    lo, hi = min(float(lo), 0.0), max(float(hi), 0.0)
+    scale = _positive((hi - lo) / 255.0, 1.0 / 255.0)
+    zp = int(np.clip(rounding.round_half_away_scalar(-128.0 - lo / scale), -128, 127))
+    return QParams(scale, zp)
+
+
+def weights_per_channel(w: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
+    """(int8 weights, float64 scale per channel of `axis`): symmetric, max|w| / 127 each
+    (an all-zero channel gets scale 1)."""
+    w = np.asarray(w, np.float64)
+    axis %= w.ndim
+    reduce = tuple(a for a in range(w.ndim) if a != axis)
+    amax = np.abs(w).max(axis=reduce) if w.size else np.zeros(w.shape[axis])
+    scales = np.where(amax > 0, amax / QMAX, 1.0)
+    shape = [1] * w.ndim
+    shape[axis] = -1
+    q = np.clip(rounding.round_half_away(w / scales.reshape(shape)), -QMAX, QMAX).astype(np.int8)
+    return q, scales
+
+
+def weights_per_tensor(w: np.ndarray) -> tuple[np.ndarray, float]:
+    """(int8 weights, scale): one symmetric scale for the whole tensor."""
+    w = np.asarray(w, np.float64)
+    amax = float(np.abs(w).max()) if w.size else 0.0
+    scale = amax / QMAX if amax > 0 else 1.0
+    return np.clip(rounding.round_half_away(w / scale), -QMAX, QMAX).astype(np.int8), scale
+
+
+def bias(b: np.ndarray, scales) -> np.ndarray:
+    """An INT32 bias at `scales` (per channel: scale_in * scale_w), saturated."""
+    q = rounding.round_half_away(np.asarray(b, np.float64).ravel() / np.asarray(scales, np.float64))
+    return np.clip(q, rounding.INT32_MIN, rounding.INT32_MAX).astype(np.int32)
+
+
+def requant(real_scales) -> tuple[list[int], list[int]]:
+    """(multipliers, rshifts) of real requantization scales (TFLite's QuantizeMultiplier;
+    rshift = -shift). A scale too large for the integer path is a UsageError naming it."""
+    ms, rs = [], []
+    for real in np.asarray(real_scales, np.float64).ravel():
+        try:
+            m, shift = rounding.quantize_multiplier(float(real))
+        except UsageError as e:
+            raise UsageError(f"cannot requantize in INT8: {e}") from None
+        ms.append(m)
+        rs.append(-shift)
+    return ms, rs
+
+
+def add_multipliers(ratios) -> tuple[list[int], int]:
+    """Integer multipliers (< 2**15) and one right shift with `m_i / 2**rshift ~= ratio_i`,
+    the largest multiplier as large as fits (TPU-MLIR's INT8 Add)."""
+    ratios = [float(r) for r in ratios]
+    top = max(abs(r) for r in ratios)
+    if top == 0:
+        return [0] * len(ratios), 0
+    # the largest shift that keeps every multiplier under 2**15, at most 31
+    rshift = min(31, ADD_MULTIPLIER_BITS - 1 - math.frexp(top)[1] + 1)
+    while rshift > 0 and max(abs(rounding.round_half_away_scalar(r * 2 ** rshift)) for r in ratios) >= 1 << ADD_MULTIPLIER_BITS:
+        rshift -= 1
+    if rshift < 0:
+        raise UsageError(f"cannot requantize in INT8: input/output scale ratio {top:g} is too large")
+    return [rounding.round_half_away_scalar(r * 2 ** rshift) for r in ratios], rshift

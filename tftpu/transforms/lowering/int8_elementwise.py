@@ -1,0 +1,88 @@
+"""INT8 element-wise ops: Add/Sub with one int16 multiplier per input and a shared right shift
+(TPU-MLIR's rule), Mul with one requantization, and every unary activation as a 256-entry
+table computed from the TOP kernel on the input grid (exact whatever the function)."""
+
+from __future__ import annotations
+
+import numpy as np
+from xdsl.dialects.builtin import StringAttr, TensorType
+
+from tftpu.interp.kernels import KERNELS
+from tftpu.ir.base import value_name
+from tftpu.quant import params as P
+from tftpu.transforms.lowering.registry import int8
+
+
+def _grid(ctx, v):
+    """The INT8 grid of an operand: its calibration entry, or for a constant its own range."""
+    if ctx.is_weight(v):
+        arr = ctx.weight_array(v)
+        if arr.dtype.kind != "f":
+            return None
+        _, scale = P.weights_per_tensor(arr)
+        return P.QParams(scale)
+    return ctx.grid(v)
+
+
+def _binary(ctx, op, rule):
+    x0, x1 = op.operands
+    ps = [_grid(ctx, x0), _grid(ctx, x1), ctx.qparams(op.results[0])]
+    if any(p is None for p in ps):
+        missing = [value_name(v) for v, p in zip((x0, x1, op.results[0]), ps) if p is None]
+        return f"no calibration entry for {missing[0]!r}"
+    p0, p1, po = ps
+    extra = rule(p0, p1, po)
+    if isinstance(extra, str):
+        return extra
+    tpu_name = "tpu." + op.name[4:]
+    out = TensorType(ctx.qtype(po), op.results[0].type.get_shape())
+    new = ctx.emit(tpu_name, [ctx.quantized(x0, p0), ctx.quantized(x1, p1)],
+                   ctx.attributes(op, tpu_name, **extra), op.loc, [out])
+    ctx.values[op.results[0]] = new.results[0]
+    return None
+
+
+def _add_rule(p0, p1, po):
+    try:
+        ms, r = P.add_multipliers([p0.scale / po.scale, p1.scale / po.scale])
+    except Exception as e:          # a ratio too large for int16 multipliers
+        return str(e)
+    return {"multiplier": ms, "rshift": [r]}
+
+
+@int8("top.Add", "top.Sub")
+def add_sub(ctx, op):
+    return _binary(ctx, op, _add_rule)
+
+
+@int8("top.Mul")
+def mul(ctx, op):
+    def rule(p0, p1, po):
+        ms, rs = P.requant([p0.scale * p1.scale / po.scale])
+        return {"multiplier": ms, "rshift": rs}
+
+    return _binary(ctx, op, rule)
+
+
+ACTIVATIONS = ("top.Relu", "top.Clip", "top.LeakyRelu", "top.Sigmoid", "top.HardSigmoid", "top.HardSwish",
+               "top.SiLU", "top.Tanh", "top.Exp", "top.Log", "top.Sqrt", "top.Erf", "top.Abs", "top.Neg",
+               "top.GELU")
+
+
+@int8(*ACTIVATIONS)
+def activation(ctx, op):
+    x = op.operands[0]
+    pin, pout = ctx.grid(x), ctx.qparams(op.results[0])
+    if pin is None or pout is None:
+        return f"no calibration entry for {value_name(x if pin is None else op.results[0])!r}"
+    grid = np.arange(-128, 128, dtype=np.int32)
+    with np.errstate(all="ignore"):
+        ys = np.asarray(KERNELS[op.name]([pin.dequantize(grid)], op.attrs())[0], np.float64)
+    ys = np.where(np.isnan(ys), 0.0, ys)              # log/sqrt of negatives: no such real input
+    table = pout.quantize(np.clip(ys, -3.0e38, 3.0e38))
+    out = TensorType(ctx.qtype(pout), op.results[0].type.get_shape())
+    new = ctx.emit("tpu.Lut", [ctx.quantized(x, pin), ctx.weight(f"{op.loc}_lut", table, ctx.qtype(pout))],
+                   {"function": StringAttr(op.name)},
+                   op.loc, [out])
+    ctx.values[op.results[0]] = new.results[0]
+    return None

@@ -1,0 +1,160 @@
+"""Lower a TOP model to the TPU dialect for one chip and mode: each op in the mode asked (or
+the qtable's), INT8 where an INT8 lowering takes it, otherwise the chip's float mode, with
+every choice and its reason kept for the report.
+
+>>> tpu_model, report = lower(top_model, "npu1", "INT8", table)   # doctest: +SKIP
+>>> print(report)                                                  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+
+from absl import logging
+from xdsl.dialects.builtin import NoneType, TensorType
+
+from tftpu import chip as chips
+from tftpu.errors import UsageError
+from tftpu.ir import attrs as A
+from tftpu.ir import top, tpu
+from tftpu.ir.base import set_loc, loc_names, value_name
+from tftpu.transforms.lowering import int8_conv, int8_elementwise, int8_movement, int8_pool  # noqa: F401
+from tftpu.transforms.lowering.context import Decision, Lowering, float_dtype
+from tftpu.transforms.lowering.float_ops import lower_float
+from tftpu.transforms.lowering.registry import INT8
+
+__all__ = ["lower", "LoweringReport", "float_mode_of"]
+
+# cheap ops that follow their input's mode rather than cast it back to INT8
+_FOLLOWERS = set(int8_movement.MOVEMENT) | {"top.Pad", "top.Gather", "top.MaxPool", "top.GlobalMaxPool"}
+
+
+def float_mode_of(chip) -> str:
+    """The float mode a chip falls back to: F32 where it has one, else F16, else BF16."""
+    for mode in ("F32", "F16", "BF16"):
+        if mode in chip.modes:
+            return mode
+    raise UsageError(f"chip {chip.name} has no float mode to run ops that INT8 cannot")
+
+
+@dataclasses.dataclass
+class LoweringReport:
+    """Each TOP op's mode and why, with counts."""
+
+    chip: str
+    mode: str
+    decisions: list[Decision]
+
+    def counts(self) -> dict[str, int]:
+        return dict(Counter(d.mode for d in self.decisions))
+
+    @property
+    def fallbacks(self) -> list[Decision]:
+        """Ops that did not run in the mode asked for, with the reason."""
+        return [d for d in self.decisions if d.mode != self.mode]
+
+    def __str__(self) -> str:
+        counts = ", ".join(f"{n} {m}" for m, n in sorted(self.counts().items()))
+        lines = [f"lowered for {self.chip} in {self.mode}: {counts}"]
+        for d in self.fallbacks:
+            lines.append(f"  {d.name} ({d.op}): {d.mode}: {d.reason}")
+        return "\n".join(lines)
+
+
+def lower(model, chip, mode: str, table=None, qtable: dict | None = None, asymmetric: bool = False):
+    """(TpuModel, LoweringReport): `model` lowered for `chip` (name, path or Chip) in `mode`.
+
+    `table` (a CalibrationTable) is required for INT8. `qtable` maps TOP op names to the mode
+    each must run in (TPU-MLIR's quantize table)."""
+    chip = chips.load(chip)
+    mode = mode.upper()
+    if mode not in chips.MODES:
+        raise UsageError(f"mode {mode!r}: expected one of {', '.join(chips.MODES)}")
+    if mode not in chip.modes:
+        raise UsageError(f"chip {chip.name} does not run {mode} (it runs {', '.join(chip.modes)})")
+    if asymmetric and mode != "INT8":
+        raise UsageError("asymmetric quantization is an INT8 mode")
+    qtable = dict(qtable or {})
+    if mode == "INT8" and table is None and any(m == "INT8" for m in qtable.values()) or \
+            mode == "INT8" and table is None:
+        raise UsageError("INT8 needs a calibration table (make one with tftpu-calibrate)")
+    names = {op.loc for op in model.ops}
+    unknown = sorted(set(qtable) - names)
+    if unknown:
+        raise UsageError(f"quantize table names op(s) the model does not have: {', '.join(unknown[:5])}")
+    for name, m in qtable.items():
+        if m not in chip.modes:
+            raise UsageError(f"quantize table: {name}: chip {chip.name} does not run {m}")
+    fallback = float_mode_of(chip)
+    ctx = Lowering(model, chip, mode, table, asymmetric)
+    for op in model.ops:
+        if isinstance(op, top.NoneOp):
+            continue
+        if isinstance(op, top.Weight):
+            continue                                     # weights are made where they are used
+        if isinstance(op, top.Input):
+            new = top.Input.create(operands=[ctx.block.insert_arg(op.output.type, len(ctx.block.args))],
+                                   result_types=[op.output.type])
+            set_loc(new, op.loc)
+            ctx.block.add_op(new)
+            ctx.input_types.append(op.output.type)
+            ctx.values[op.results[0]] = new.results[0]
+            continue
+        _lower_op(ctx, op, qtable.get(op.loc, mode), fallback, op.loc in qtable)
+    outputs, names_out = [], []
+    for v in model.return_op.operands:
+        name = value_name(v)
+        cur = ctx.current(v)
+        if A.is_float(cur.type) and A.dtype_name(cur.type.element_type) == "f32" or \
+                not A.is_float(cur.type) and not tpu.is_quantized(cur):
+            outputs.append(cur)
+        else:                                            # the output keeps its name, in f32
+            _rename(cur, f"{name}_{A.dtype_name(cur.type.element_type)}")
+            out = ctx.floating(v, "f32")
+            set_loc(out.owner, name)
+            outputs.append(out)
+        names_out.append(name)
+    tpu_model = ctx.finish(outputs, names_out)
+    report = LoweringReport(chip.name, mode, ctx.decisions)
+    for d in report.fallbacks:
+        logging.info("%s (%s) runs in %s: %s", d.name, d.op, d.mode, d.reason)
+    return tpu_model, report
+
+
+def _rename(value, new: str) -> None:
+    names = loc_names(value.owner) or [value_name(value)]
+    names = list(names) + [f"{names[0]}_{i}" for i in range(len(names), len(value.owner.results))]
+    names[value.index] = new
+    set_loc(value.owner, names if len(names) > 1 else names[0])
+
+
+def _lower_op(ctx, op, want: str, fallback: str, pinned: bool) -> None:
+    if op.name not in tpu.FROM_TOP and op.name != "top.Cast":
+        raise UsageError(f"{op.name} at {op.loc!r} has no TPU op")
+    if want == "INT8":
+        reason = None
+        follows_float = op.name in _FOLLOWERS and _float_input(ctx, op)
+        rule = INT8.get(op.name)
+        if follows_float:
+            reason = "follows its float input (a data move costs nothing to keep in float)"
+        elif rule is None:
+            reason = f"no INT8 lowering for {op.name}"
+        else:
+            reason = rule(ctx, op)
+        if reason is None:
+            ctx.record(op, "INT8")
+            return
+        ctx.record(op, fallback, reason)
+        lower_float(ctx, op, float_dtype(fallback))
+        return
+    ctx.record(op, want, "quantize table" if pinned else "")
+    lower_float(ctx, op, float_dtype(want))
+
+
+def _float_input(ctx, op) -> bool:
+    v = op.operands[0]
+    if isinstance(v.type, NoneType) or ctx.is_weight(v):
+        return False
+    cur = ctx.current(v)
+    return isinstance(cur.type, TensorType) and A.is_float(cur.type)
