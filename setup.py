@@ -5,7 +5,7 @@
 
 from setuptools import find_packages, setup
 
-TOOLS = ["optimize", "transform", "calibrate", "deploy", "run", "compare", "tac", "demo"]
+TOOLS = ["optimize", "transform", "calibrate", "deploy", "run", "compare", "tac", "demo", "convert"]
 
 setup(
     name="tftpu",
@@ -34,6 +34,7 @@ setup(
         "flatbuffers==25.12.19",   # TFLite models, read with TF's own schema (tftpu.tac)
         "protobuf==7.36.2",
         "PyYAML==6.0.3",
+        "matplotlib==3.11.2",      # the plots of tftpu-deploy's HTML report
     ],
     extras_require={
         # joblib + lz4 read the mtcnn weight pickles once, in tests/material.py, to write .npz

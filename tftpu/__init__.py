@@ -27,6 +27,7 @@ _LAZY = {
     "models": "tftpu.models:",
     "compat": "tftpu.compat:",
     "quant": "tftpu.quant:",
+    "lite": "tftpu.lite:",
 }
 
 

@@ -70,7 +70,8 @@ def _image(path: Path, shape: tuple, mean, scale, pixel_format: str) -> np.ndarr
 
 def load_samples(model, dataset, input_num: int | None = None, mean=None, scale=None,
                  pixel_format: str = "rgb") -> list[dict[str, np.ndarray]]:
-    """Up to `input_num` input dicts for `model` from the files of directory `dataset`."""
+    """Up to `input_num` input dicts for `model` (a TOP model, or a dict of input name -> shape,
+    as `tftpu.lite` passes for a TFLite conversion) from the files of directory `dataset`."""
     if pixel_format not in ("rgb", "bgr", "gray"):
         raise UsageError(f"pixel_format {pixel_format!r}: expected rgb, bgr or gray")
     root = Path(dataset)
@@ -83,7 +84,7 @@ def load_samples(model, dataset, input_num: int | None = None, mean=None, scale=
         files = files[:input_num]
     if not files:
         raise InputError(f"{root}: no images or .npz/.npy files in the dataset directory")
-    shapes = _input_shapes(model)
+    shapes = {n: tuple(s) for n, s in model.items()} if isinstance(model, dict) else _input_shapes(model)
     names = list(shapes)
     samples = []
     for path in files:

@@ -183,7 +183,8 @@ def partition(graph: Graph, devices: list[TargetHardware], max_states: int = 200
 
 
 def run(tflite_path_or_bytes, device_specs: Sequence = ("GPU", "CPU"), *, max_states: int = 200_000) -> TacResult:
-    """Target-aware conversion of a `.tflite` (path or bytes) for `device_specs` (preference order)."""
+    """Target-aware conversion of a `.tflite` (path or bytes; any file a registered importer
+    reads, `tftpu.tac.formats`) for `device_specs` (preference order)."""
     enabled = gc.isenabled()
     gc.disable()  # the pipeline makes many small objects and frees none: collection passes are wasted
     try:
@@ -199,7 +200,9 @@ def _run(tflite_path_or_bytes, device_specs, max_states: int) -> TacResult:
     t0 = time.perf_counter()
     timings: dict[str, float] = {}
     devices = resolve_devices(device_specs)
-    model = tflite_io.read(tflite_path_or_bytes)
+    from tftpu.tac import formats
+
+    model = formats.read(tflite_path_or_bytes)
     _, label = (None, "<tflite bytes>") if isinstance(tflite_path_or_bytes, (bytes, bytearray, memoryview)) \
         else (None, str(tflite_path_or_bytes))
     timings["read"] = time.perf_counter() - t0

@@ -1,0 +1,155 @@
+"""`tftpu.lite.TFLiteConverter`: TensorFlow's `tf.lite.TFLiteConverter` plus tftpu's options.
+
+The constructors build TensorFlow's own converter and give it a subclass that adds four
+attributes; with none of them set, `convert()` is TensorFlow's, byte for byte:
+
+- `space_to_depth` (True: the target cost model decides, with block 2; an int: that block size)
+  and `s2d_input`: the S2D rewrite of the first stride-2 conv before conversion (`tftpu.lite.s2d`).
+- `calibration_method` ("mse", "kl", "percentile", "minmax") for INT8: tftpu's thresholds
+  replace the ranges TFLite's calibrator recorded, then TF's quantizer writes the model.
+- `device_specs` (e.g. ("GPU", "CPU")): TAC on the converted model (`tftpu.tac.run`).
+
+`converter.report` holds what each of them did, with the numbers behind it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import tempfile
+
+from tftpu import errors
+
+__all__ = ["TFLiteConverter", "TFTPU_OPTIONS"]
+
+TFTPU_OPTIONS = ("device_specs", "space_to_depth", "s2d_input", "s2d_target", "calibration_method")
+
+
+class _TftpuOptions:
+    """Mixed into TensorFlow's converter classes: tftpu's attributes and the convert() around TF's."""
+
+    device_specs = None
+    space_to_depth = None
+    s2d_input = False
+    s2d_target = "tpu"
+    calibration_method = None
+    report = None
+    _tftpu_source = None
+
+    def _tftpu_active(self) -> bool:
+        return bool(self.device_specs) or self.space_to_depth not in (None, False) or \
+            self.calibration_method is not None
+
+    def convert(self):
+        """TensorFlow's conversion, then tftpu's options in order: S2D, INT8 ranges, TAC."""
+        if not self._tftpu_active():
+            self.report = None
+            return super().convert()
+        from tftpu.lite import pipeline
+
+        model, self.report = pipeline.convert(self)
+        return model
+
+    def _tf_convert(self):
+        """TensorFlow's convert() on this converter (with the INT8 range hook when asked)."""
+        return super().convert()
+
+    def _quantize(self, result, input_type, output_type, activations_type, bias_type, allow_float,
+                  enable_variable_quantization, debug_options):
+        if self.calibration_method is None:
+            return super()._quantize(result, input_type, output_type, activations_type, bias_type, allow_float,
+                                     enable_variable_quantization, debug_options)
+        from tftpu.lite import quantize
+
+        return quantize.quantize_with_tftpu_ranges(
+            self, super()._quantize, result, input_type, output_type, activations_type, bias_type,
+            allow_float, enable_variable_quantization, debug_options)
+
+
+_CLASSES: dict[type, type] = {}
+
+
+def _adopt(converter, source):
+    """Give TF's `converter` the tftpu subclass of its own class (nothing else changes)."""
+    cls = type(converter)
+    sub = _CLASSES.get(cls)
+    if sub is None:
+        sub = type(cls.__name__, (_TftpuOptions, cls), {"__module__": __name__,
+                                                         "__doc__": f"tftpu's {cls.__name__}."})
+        _CLASSES[cls] = sub
+    converter.__class__ = sub
+    converter._tftpu_source = source
+    return converter
+
+
+class TFLiteConverter:
+    """Drop-in for `tf.lite.TFLiteConverter`: same constructors and attributes, plus
+    `device_specs`, `space_to_depth`, `s2d_input`, `s2d_target`, `calibration_method`, `report`."""
+
+    @classmethod
+    def from_keras_model(cls, model):
+        import tensorflow as tf
+
+        return _adopt(tf.lite.TFLiteConverter.from_keras_model(model), ("keras", model))
+
+    @classmethod
+    def from_saved_model(cls, saved_model_dir, signature_keys=None, tags=None):
+        import tensorflow as tf
+
+        return _adopt(tf.lite.TFLiteConverter.from_saved_model(saved_model_dir, signature_keys, tags),
+                      ("saved_model", str(saved_model_dir), signature_keys, tags))
+
+    @classmethod
+    def from_concrete_functions(cls, funcs, trackable_obj=None):
+        import tensorflow as tf
+
+        return _adopt(tf.lite.TFLiteConverter.from_concrete_functions(funcs, trackable_obj),
+                      ("concrete_functions", list(funcs), trackable_obj))
+
+
+def settings(converter) -> dict:
+    """The user-settable attributes of TF's converter (public ones and `_experimental_*`)."""
+    return {k: v for k, v in vars(converter).items()
+            if (not k.startswith("_") or k.startswith("_experimental_")) and k not in ("report",)
+            and k not in TFTPU_OPTIONS}
+
+
+def rebuild(converter, source, **tftpu_options):
+    """A tftpu converter for another `source` with `converter`'s settings and the given options."""
+    kind = source[0]
+    if kind == "keras":
+        new = TFLiteConverter.from_keras_model(source[1])
+    elif kind == "saved_model":
+        new = TFLiteConverter.from_saved_model(*source[1:])
+    else:
+        new = TFLiteConverter.from_concrete_functions(*source[1:])
+    for k, v in settings(converter).items():
+        setattr(new, k, v)
+    for k, v in tftpu_options.items():
+        setattr(new, k, v)
+    return new
+
+
+@contextlib.contextmanager
+def scratch_dir(prefix: str):
+    path = tempfile.mkdtemp(prefix=prefix)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def check_options(converter) -> None:
+    """Refuse malformed tftpu options before any work, one line each."""
+    s2d = converter.space_to_depth
+    if s2d not in (None, False, True) and not (isinstance(s2d, int) and s2d >= 2):
+        raise errors.UsageError(f"space_to_depth={s2d!r}: expected True (the cost model decides) or a block "
+                                f"size >= 2")
+    if converter.s2d_input and s2d in (None, False):
+        raise errors.UsageError("s2d_input=True needs space_to_depth")
+    if converter.calibration_method is not None:
+        from tftpu.lite.calibration import check_method
+
+        check_method(converter.calibration_method)
+        if converter.representative_dataset is None:
+            raise errors.UsageError("calibration_method needs a representative_dataset (INT8 calibration)")

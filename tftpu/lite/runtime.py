@@ -1,0 +1,94 @@
+"""The one place that picks the `.tflite` interpreter: LiteRT (`ai-edge-litert`) when installed,
+else TensorFlow's `tf.lite.Interpreter` (deprecated in its favour); everything in tftpu.lite
+runs `.tflite` files through here.
+
+>>> outputs = run(model_bytes, [x])        # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from tftpu import errors
+
+__all__ = ["interpreter", "name", "run", "input_details", "output_details"]
+
+
+@functools.lru_cache(maxsize=None)
+def _interpreter_class():
+    try:
+        from ai_edge_litert.interpreter import Interpreter
+        return Interpreter, "LiteRT (ai-edge-litert)"
+    except ImportError:  # not installable with the pinned stack on this platform
+        import tensorflow as tf
+        return tf.lite.Interpreter, "TensorFlow tf.lite.Interpreter"
+
+
+def name() -> str:
+    """Which interpreter runs `.tflite` files here."""
+    return _interpreter_class()[1]
+
+
+def interpreter(model, *, preserve_all_tensors: bool = False, num_threads: int | None = None):
+    """An allocated interpreter for `model` (bytes or path); all tensors kept on request
+    (no default delegate then, so every intermediate tensor is readable)."""
+    cls, _ = _interpreter_class()
+    kwargs = {"experimental_preserve_all_tensors": preserve_all_tensors}
+    if num_threads is not None:
+        kwargs["num_threads"] = num_threads
+    try:
+        if isinstance(model, (bytes, bytearray, memoryview)):
+            interp = cls(model_content=bytes(model), **kwargs)
+        else:
+            interp = cls(model_path=str(model), **kwargs)
+        interp.allocate_tensors()
+    except (ValueError, RuntimeError) as exc:
+        where = "<tflite bytes>" if isinstance(model, (bytes, bytearray, memoryview)) else str(model)
+        raise errors.ModelFileError(where, f"the TFLite interpreter cannot load it: "
+                                           f"{str(exc).strip().splitlines()[0]}") from None
+    return interp
+
+
+def input_details(interp) -> list[dict]:
+    return sorted(interp.get_input_details(), key=lambda d: d["index"])
+
+
+def output_details(interp) -> list[dict]:
+    return sorted(interp.get_output_details(), key=lambda d: d["index"])
+
+
+def _quantize(x: np.ndarray, detail: dict) -> np.ndarray:
+    dtype = np.dtype(detail["dtype"])
+    if dtype.kind in "iu" and np.asarray(x).dtype.kind == "f":
+        scale, zero = detail["quantization"]
+        info = np.iinfo(dtype)
+        return np.clip(np.round(np.asarray(x) / scale + zero), info.min, info.max).astype(dtype)
+    return np.asarray(x, dtype)
+
+
+def _dequantize(y: np.ndarray, detail: dict) -> np.ndarray:
+    scale, zero = detail["quantization"]
+    if y.dtype.kind in "iu" and scale:
+        return (y.astype(np.float32) - zero) * np.float32(scale)
+    return y
+
+
+def run(model_or_interp, inputs, *, dequantize: bool = True) -> list[np.ndarray]:
+    """Outputs (in output-index order) for `inputs` (a list in input-index order); float inputs
+    of an integer model are quantized with its input scale, integer outputs dequantized."""
+    interp = model_or_interp if hasattr(model_or_interp, "invoke") else interpreter(model_or_interp)
+    ins = input_details(interp)
+    if len(inputs) != len(ins):
+        raise errors.ShapeError(f"the model has {len(ins)} inputs, {len(inputs)} given")
+    for d, x in zip(ins, inputs):
+        if tuple(np.shape(x)) != tuple(d["shape"]):
+            raise errors.ShapeError(f"input {d['name']!r}: shape {list(np.shape(x))}, the model wants "
+                                    f"{list(map(int, d['shape']))}")
+        interp.set_tensor(d["index"], _quantize(x, d))
+    interp.invoke()
+    outs = [interp.get_tensor(d["index"]).copy() for d in output_details(interp)]
+    if dequantize:
+        outs = [_dequantize(y, d) for y, d in zip(outs, output_details(interp))]
+    return outs

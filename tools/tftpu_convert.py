@@ -1,0 +1,75 @@
+"""tftpu-convert: TensorFlow's tflite_convert plus tftpu's options (S2D, TAC devices, better INT8).
+
+    tftpu-convert --saved_model_dir=DIR | --keras_model_file=M.keras --output_file=m.tflite
+        [--signature_key=serving_default] [--device_specs=GPU,CPU] [--space_to_depth [--s2d_block_size=2]
+        [--s2d_input] [--s2d_target=tpu]] [--quantize=int8 --representative_data=DIR
+        [--calibration_method=mse] [--mean=127.5 --scale=0.0078125]] [--report=report.json]
+
+Without tftpu flags the output is TensorFlow's converter output, byte for byte.
+"""
+
+from absl import flags
+
+from tftpu import cli
+
+flags.DEFINE_string("saved_model_dir", None, "SavedModel directory to convert")
+flags.DEFINE_string("keras_model_file", None, "Keras model file (.keras or .h5) to convert")
+flags.DEFINE_string("output_file", None, "output .tflite")
+flags.DEFINE_string("signature_key", None, "SavedModel signature to convert (default: all / the serving one)")
+flags.DEFINE_list("device_specs", [], "TAC: devices in order of preference, e.g. GPU,CPU (CPU is always last)")
+flags.DEFINE_bool("space_to_depth", False, "S2D of the first stride-2 conv; the target's cost model decides "
+                  "unless --s2d_block_size forces a block size")
+flags.DEFINE_integer("s2d_block_size", None, "force S2D with this block size", lower_bound=2)
+flags.DEFINE_bool("s2d_input", False, "the model takes space-to-depth input (Keras sources; the host "
+                  "transform is recorded in the metadata)")
+flags.DEFINE_string("s2d_target", "tpu", "chip whose cost model decides S2D (configs/chips/NAME.yaml or a path)")
+flags.DEFINE_enum("quantize", None, ["int8"], "full-integer post-training quantization")
+flags.DEFINE_string("representative_data", None, "directory of images or .npz/.npy inputs for INT8 calibration")
+flags.DEFINE_integer("input_num", 100, "number of calibration inputs (the first, by file name)", lower_bound=1)
+flags.DEFINE_list("mean", ["0"], "per-channel mean subtracted from image pixels")
+flags.DEFINE_list("scale", ["1"], "per-channel scale applied after the mean")
+flags.DEFINE_enum("pixel_format", "rgb", ["rgb", "bgr", "gray"], "channel order images are fed in")
+flags.DEFINE_enum("calibration_method", None, ["mse", "kl", "percentile", "minmax"],
+                  "tftpu's ranges for INT8 (default mse with --quantize=int8)")
+flags.DEFINE_string("report", None, "write the JSON report here")
+
+FLAGS = flags.FLAGS
+
+
+def _floats(values, flag):
+    import math
+
+    from tftpu import errors
+    try:
+        numbers = [float(v) for v in values]
+    except ValueError:
+        raise errors.UsageError(f"--{flag}={','.join(values)}: expected numbers") from None
+    if not all(math.isfinite(v) for v in numbers):
+        raise errors.UsageError(f"--{flag}={','.join(values)}: expected finite numbers")
+    return numbers
+
+
+def main(args):
+    from tftpu import errors
+    from tftpu.lite import command
+
+    if FLAGS.s2d_block_size and not FLAGS.space_to_depth:
+        raise errors.UsageError("--s2d_block_size needs --space_to_depth")
+    s2d = (FLAGS.s2d_block_size or True) if FLAGS.space_to_depth else None
+    report = command.convert(
+        FLAGS.output_file, saved_model_dir=FLAGS.saved_model_dir, keras_model_file=FLAGS.keras_model_file,
+        signature_key=FLAGS.signature_key, device_specs=FLAGS.device_specs, space_to_depth=s2d,
+        s2d_input=FLAGS.s2d_input, s2d_target=FLAGS.s2d_target, quantize=FLAGS.quantize,
+        representative_data=FLAGS.representative_data, input_num=FLAGS.input_num,
+        mean=_floats(FLAGS.mean, "mean"), scale=_floats(FLAGS.scale, "scale"), pixel_format=FLAGS.pixel_format,
+        calibration_method=FLAGS.calibration_method, report=FLAGS.report)
+    print(command.summary(FLAGS.output_file, report))
+    return 0
+
+
+def run():
+    cli.run(main, __doc__, tensorflow=True)
+
+
+if __name__ == "__main__":
+    run()
