@@ -34,6 +34,7 @@ setup(
         "flatbuffers==25.12.19",   # TFLite models, read with TF's own schema (tftpu.tac)
         "protobuf==7.36.2",
         "PyYAML==6.0.3",
+        "ai-edge-litert==2.3.0",   # LiteRT runs .tflite files (tftpu.lite.runtime); installs with the stack above
         "matplotlib==3.11.2",      # the plots of tftpu-deploy's HTML report
     ],
     extras_require={
