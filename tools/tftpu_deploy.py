@@ -1,8 +1,15 @@
-"""tftpu-deploy: lower a TOP model to the TPU dialect for a chip and write the model file.
+"""tftpu-deploy: lower a TOP model to the TPU dialect for a chip and mode, check it against TOP.
 
-    tftpu-deploy --mlir=resnet.top.mlir --quantize=INT8 --chip=npu1 \
-        --calibration_table=resnet_cali_table --test_input=in.npz \
-        --test_reference=resnet_top_outputs.npz --tolerance=0.99,0.9 --model=resnet.tpumodel
+    tftpu-deploy --mlir=resnet.top.mlir --quantize=INT8 --chip=npu1 \\
+        --calibration_table=resnet_cali_table --test_input=in.npz --tpu_mlir=resnet.tpu.mlir \\
+        --report=deploy.html
+
+Writes the TPU module (.tpu.mlir + its weights .npz). With --test_input every tensor the TPU
+model shares with TOP is compared (INT8 tensors dequantized) and the outputs are judged against
+--tolerance (default per mode, as TPU-MLIR: F32 0.99,0.99; F16 0.95,0.85; BF16 0.95,0.80;
+INT8 0.8,0.5); an output made by a Concat is also judged part by part. Exit status 1 when a
+check falls short. --quantize_table pins ops to modes (`op_name MODE` per line);
+--mixed_precision=COS,SQNR_DB searches the fewest ops to keep in float to reach that target.
 """
 
 from absl import flags
@@ -11,18 +18,67 @@ from tftpu import cli
 
 flags.DEFINE_string("mlir", None, "TOP .mlir to deploy")
 flags.DEFINE_enum("quantize", "F32", ["F32", "BF16", "F16", "INT8"], "arithmetic of the TPU model")
-flags.DEFINE_string("chip", None, "chip name (configs/chips/NAME.yaml) or a path")
-flags.DEFINE_string("calibration_table", None, "calibration table (INT8)")
-flags.DEFINE_string("test_input", None, ".npz input to verify with")
-flags.DEFINE_string("test_reference", None, ".npz of reference outputs")
-flags.DEFINE_string("tolerance", "0.99,0.99", "minimum cosine,euclidean similarity")
-flags.DEFINE_string("model", None, "output model file")
+flags.DEFINE_string("chip", None, "chip name (configs/chips/NAME.yaml, e.g. npu1, edge16) or a YAML path")
+flags.DEFINE_string("calibration_table", None, "calibration table from tftpu-calibrate (needed for INT8)")
+flags.DEFINE_string("quantize_table", None, "per-op mode overrides: one 'op_name MODE' per line")
+flags.DEFINE_bool("asymmetric", False, "INT8 with zero points (activations over their calibrated min..max)")
+flags.DEFINE_string("test_input", None, ".npz input to verify with (keys: input names, or in input order)")
+flags.DEFINE_string("test_reference", None, ".npz of reference outputs (default: TOP's own outputs)")
+flags.DEFINE_string("tolerance", None, "minimum cosine,euclidean similarity of the outputs (default per mode)")
+flags.DEFINE_string("mixed_precision", None, "target 'cosine,sqnr_db' of the outputs: keep the fewest ops "
+                    "in float (F16 where the chip has it) until --test_input reaches it")
+flags.DEFINE_string("tpu_mlir", None, "output TPU module (.tpu.mlir; its weights .npz go beside it)")
+flags.DEFINE_string("report", None, "report file: .json for data, .html (any other suffix) for a page")
+flags.DEFINE_string("model", None, "model file (.tpumodel): comes with the backend (layer groups, codegen)")
 
-main = cli.not_yet_available("tftpu-deploy", "TPU dialect and backend issues")
+FLAGS = flags.FLAGS
+
+
+def main(args):
+    from tftpu import errors
+    from tftpu.pipelines.deploy import deploy
+
+    for flag in ("mlir", "chip"):
+        if not getattr(FLAGS, flag):
+            raise errors.UsageError(f"--{flag} is required")
+    if FLAGS.model:
+        raise errors.UsageError("--model: the .tpumodel file comes with the backend (layer groups, memory, "
+                                "codegen), not in this version; use --tpu_mlir")
+    if not (FLAGS.tpu_mlir or FLAGS.test_input or FLAGS.report):
+        raise errors.UsageError("nothing to do: give --tpu_mlir, --test_input or --report")
+    result = deploy(FLAGS.mlir, quantize=FLAGS.quantize, chip=FLAGS.chip,
+                    calibration_table=FLAGS.calibration_table, quantize_table=FLAGS.quantize_table,
+                    asymmetric=FLAGS.asymmetric, test_input=FLAGS.test_input, test_reference=FLAGS.test_reference,
+                    tolerance=FLAGS.tolerance, tpu_mlir=FLAGS.tpu_mlir, report=FLAGS.report,
+                    mixed_precision=FLAGS.mixed_precision)
+    print(result.lowering)
+    if result.search is not None:
+        print(result.search)
+    if result.checked:
+        cos, euc = result.tolerance
+        print(f"outputs against {result.reference} (tolerance cosine {cos}, euclidean {euc}):")
+        for r in result.outputs:
+            print(f"  {r.name}: cosine {r.cosine:.6f}, euclidean {r.euclid:.6f}, SQNR {r.sqnr:.1f} dB"
+                  f"{'' if r.passed else '  << under tolerance'}")
+        for out, rows in result.parts:
+            for r in rows:
+                print(f"  part {r.name}: cosine {r.cosine:.6f}, SQNR {r.sqnr:.1f} dB{'' if r.passed else '  << under tolerance'}")
+        worst = result.worst_tensors(3)
+        if worst:
+            print("worst tensors: " + ", ".join(f"{r.name} (cosine {r.cosine:.4f}, SQNR {r.sqnr:.1f} dB)" for r in worst))
+    for path in (result.mlir, result.weights):
+        if path is not None:
+            print(f"wrote {path}")
+    if FLAGS.report:
+        print(f"wrote {FLAGS.report}")
+    if result.checked and not result.passed:
+        names = ", ".join(r.name for r in result.failed)
+        raise errors.ToleranceError(f"TPU model under tolerance {result.tolerance[0]},{result.tolerance[1]}: {names}")
+    return 0
 
 
 def run():
-    cli.run(main, __doc__)
+    cli.run(main, __doc__, tensorflow=True)
 
 
 if __name__ == "__main__":

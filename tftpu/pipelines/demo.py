@@ -9,8 +9,10 @@ replaces:
    compared with onnxruntime;
 3. INT8 calibration of the TOP model (mse thresholds) on views of the photo, and how close
    simulated INT8 stays to float;
-4. ConvertLayout to NHWC: the transposes tf2onnx left are gone, outputs unchanged;
-5. target-aware conversion of the TFLite form of the model across GPU and CPU.
+4. lowering to the TPU dialect for the npu1 chip in INT8, run with integer arithmetic and
+   compared with TOP;
+5. ConvertLayout to NHWC: the transposes tf2onnx left are gone, outputs unchanged;
+6. target-aware conversion of the TFLite form of the model across GPU and CPU.
 """
 
 from __future__ import annotations
@@ -57,11 +59,12 @@ def run(output_dir: str | Path, image_size: int = 224, log=print) -> dict:
     from tftpu.frontend.check import compare, onnx_tensors
     from tftpu.interp.top_interpreter import run as run_top
     from tftpu.transforms.canonicalize import canonicalize
+    from tftpu.pipelines.deploy import deploy
     from tftpu.transforms.convert_layout import convert_layout
     from tftpu.utils import files
 
     output_dir = Path(output_dir)
-    step = _Steps(6, log)
+    step = _Steps(7, log)
     summary: dict = {}
 
     model = models.resnet18_like((image_size, image_size, 3))
@@ -108,11 +111,19 @@ def run(output_dir: str | Path, image_size: int = 224, log=print) -> dict:
          f"wrote {model.name}_cali_table")
     summary.update(int8_cosine=int8_cos, int8_sqnr=int8_snr)
 
+    deployed = deploy(top, quantize="INT8", chip="npu1", calibration_table=table, test_input={"image": x},
+                      samples=samples[1:], tpu_mlir=output_dir / f"{model.name}_npu1_int8.tpu.mlir")
+    out = deployed.outputs[0]
+    step(f"TPU dialect for npu1 in INT8 ({', '.join(f'{n} {m}' for m, n in sorted(deployed.lowering.counts().items()))} "
+         f"ops): integer inference vs TOP on {1 + len(samples[1:])} views: cosine {out.cosine:.5f}, "
+         f"SQNR {out.sqnr:.1f} dB; wrote {deployed.mlir.name}")
+    summary.update(tpu_int8_cosine=out.cosine, tpu_int8_sqnr=out.sqnr, tpu_passed=deployed.passed)
+
     layout = convert_layout(top, "NHWC")
     canonicalize(top)
     nhwc_out = run_top(top, {"image": x})[top.output_names[0]]
     nhwc_cos = _cosine(nhwc_out, expected)
-    top.save(output_dir / f"{model.name}_nhwc.top.mlir")
+    top.save(output_dir / f"{model.name}_nhwc.top.mlir", output_dir / f"{model.name}_nhwc_top_f32_weights.npz")
     step(f"ConvertLayout to NHWC: {layout}; output vs Keras cosine {nhwc_cos:.7f}")
     summary.update(nhwc_cosine=nhwc_cos)
 

@@ -1,0 +1,206 @@
+"""The `tftpu-deploy` job as a library call: lower a TOP model for a chip and mode, check the
+TPU model against TOP tensor by tensor, write the `.tpu.mlir` (+ weights) and a report.
+
+>>> result = deploy("resnet.top.mlir", quantize="INT8", chip="npu1",
+...                 calibration_table="resnet_cali_table", test_input={"input": x})  # doctest: +SKIP
+>>> result.passed, result.outputs[0].cosine                                         # doctest: +SKIP
+(True, 0.9993)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+
+from tftpu import chip as chips
+from tftpu import errors
+from tftpu.interp.similarity import Comparison, compare_arrays, compare_tensors, parse_tolerance
+from tftpu.interp.top_interpreter import TopInterpreter
+from tftpu.interp.tpu import TpuInterpreter
+from tftpu.ir import top
+from tftpu.transforms.lowering.search import output_parts
+
+__all__ = ["deploy", "DeployResult", "DEFAULT_TOLERANCE", "verify", "output_parts"]
+
+# TPU-MLIR's default (cosine, euclidean) tolerances of a TPU model against TOP, per mode
+DEFAULT_TOLERANCE = {"F32": (0.99, 0.99), "F16": (0.95, 0.85), "BF16": (0.95, 0.80), "INT8": (0.8, 0.5)}
+
+
+@dataclasses.dataclass
+class DeployResult:
+    """What `deploy` made, what its checks found, and how long each stage took."""
+
+    model: object                               # tftpu.ir.module.TpuModel
+    lowering: object                            # LoweringReport
+    tolerance: tuple[float, float]
+    tensors: Comparison | None = None           # every tensor TPU shares with TOP
+    outputs: list = dataclasses.field(default_factory=list)      # each model output vs the reference
+    parts: list = dataclasses.field(default_factory=list)        # (output, part rows) for concatenated outputs
+    reference: str = "TOP"
+    mlir: Path | None = None
+    weights: Path | None = None
+    seconds: dict = dataclasses.field(default_factory=dict)
+    search: object | None = None                # MixedPrecisionResult, when one ran
+
+    @property
+    def checked(self) -> bool:
+        return bool(self.outputs)
+
+    @property
+    def failed(self) -> list:
+        """Output rows (and parts of concatenated outputs) under tolerance."""
+        rows = list(self.outputs) + [r for _, part in self.parts for r in part]
+        return [r for r in rows if not r.passed]
+
+    @property
+    def passed(self) -> bool:
+        return self.checked and not self.failed
+
+    def worst_tensors(self, n: int = 5) -> list:
+        if self.tensors is None:
+            return []
+        finite = [r for r in self.tensors.rows if not math.isnan(r.cosine)]
+        return sorted(finite, key=lambda r: (r.cosine, r.sqnr))[:n]
+
+
+def verify(top_model, tpu_model, samples: list[dict], tolerance, reference: dict | None = None):
+    """(tensor comparison on the first sample, output rows over all samples, concat part rows).
+
+    Outputs and parts are judged on every sample (the worst sample's figures are kept);
+    `reference` (the outputs of the first sample) replaces TOP's outputs when given."""
+    tol = parse_tolerance(tolerance)
+    top_run, tpu_run = TopInterpreter(top_model), TpuInterpreter(tpu_model)
+    parts = output_parts(top_model)
+    worst_out: dict = {}
+    worst_parts: dict = {}
+    tensors = None
+    for i, sample in enumerate(samples):
+        ref = top_run.run(sample, dump_all=True)
+        got = tpu_run.run(sample, dump_all=True, dequantize=True)
+        if i == 0:
+            tensors = compare_tensors(ref, got, tol)
+        for name in top_model.output_names:
+            expected = reference[name] if (reference is not None and i == 0 and name in reference) else ref[name]
+            row = compare_arrays(name, expected, got[name], tol)
+            if name not in worst_out or _worse(row, worst_out[name]):
+                worst_out[name] = row
+        for out, names in parts.items():
+            for p in names:
+                if p in ref and p in got:
+                    row = compare_arrays(f"{out}[{p}]", ref[p], got[p], tol)
+                    key = (out, p)
+                    if key not in worst_parts or _worse(row, worst_parts[key]):
+                        worst_parts[key] = row
+    grouped = [(out, [worst_parts[(out, p)] for p in names if (out, p) in worst_parts]) for out, names in parts.items()]
+    return tensors, [worst_out[n] for n in top_model.output_names], grouped
+
+
+def _worse(a, b) -> bool:
+    ka = (a.passed, -math.inf if math.isnan(a.cosine) else a.cosine)
+    kb = (b.passed, -math.inf if math.isnan(b.cosine) else b.cosine)
+    return ka < kb
+
+
+def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=None, asymmetric: bool = False,
+           test_input=None, test_reference=None, tolerance=None, tpu_mlir=None, report=None,
+           mixed_precision: str | None = None, samples: list[dict] | None = None) -> DeployResult:
+    """Lower the TOP model `mlir` (a path or TopModel) for `chip` in `quantize` mode.
+
+    `test_input` (a dict of arrays or an .npz path) checks the TPU model against TOP, and
+    `test_reference` (outputs) against a reference of your own; `mixed_precision`
+    ("cos,sqnr_db", e.g. "0.99,20") keeps the fewest ops in float until the outputs reach it.
+    Inputs are all checked before anything is written."""
+    from tftpu.ir.module import TopModel, TpuModel, load
+    from tftpu.quant.qtable import read_qtable
+    from tftpu.quant.table import read_table
+    from tftpu.transforms.lowering import lower
+    from tftpu.utils.files import check_writable
+
+    t0 = time.perf_counter()
+    seconds = {}
+    mode = quantize.upper()
+    if mode not in DEFAULT_TOLERANCE:
+        raise errors.UsageError(f"--quantize={quantize}: expected one of {', '.join(DEFAULT_TOLERANCE)}")
+    tol = parse_tolerance(tolerance) if tolerance is not None else DEFAULT_TOLERANCE[mode]
+    the_chip = chips.load(chip)
+    top_model = mlir if isinstance(mlir, TopModel) else load(mlir)
+    if isinstance(top_model, TpuModel):
+        raise errors.ModelFileError(mlir, "is already a TPU module: tftpu-deploy takes a TOP .mlir")
+    table = read_table(calibration_table) if isinstance(calibration_table, (str, Path)) else calibration_table
+    qtable = read_qtable(quantize_table) if isinstance(quantize_table, (str, Path)) else quantize_table
+    inputs = _inputs(top_model, test_input)
+    reference = _reference(top_model, test_reference)
+    if reference is not None and inputs is None:
+        raise errors.UsageError("--test_reference needs --test_input")
+    outputs = [p for p in (tpu_mlir, report) if p is not None]
+    if outputs:
+        check_writable(*outputs)
+    seconds["load"] = time.perf_counter() - t0
+    search = None
+    if mixed_precision:
+        from tftpu.transforms.lowering.search import search_mixed_precision
+        pool = samples or ([inputs] if inputs is not None else None)
+        if pool is None:
+            raise errors.UsageError("--mixed_precision needs --test_input (or samples) to measure with")
+        t1 = time.perf_counter()
+        search = search_mixed_precision(top_model, the_chip, table, pool, mixed_precision, asymmetric=asymmetric,
+                                        qtable=qtable)
+        qtable = search.qtable
+        seconds["mixed precision search"] = time.perf_counter() - t1
+    t1 = time.perf_counter()
+    tpu_model, lowering = lower(top_model, the_chip, mode, table, qtable=qtable, asymmetric=asymmetric)
+    tpu_model.verify()
+    seconds["lower"] = time.perf_counter() - t1
+    result = DeployResult(tpu_model, lowering, tol, search=search)
+    if inputs is not None:
+        t1 = time.perf_counter()
+        pool = [inputs] + [s for s in (samples or []) if s is not inputs]
+        result.tensors, result.outputs, result.parts = verify(top_model, tpu_model, pool, tol, reference)
+        result.reference = "--test_reference" if reference is not None else "TOP"
+        seconds["verify"] = time.perf_counter() - t1
+    if tpu_mlir is not None:
+        t1 = time.perf_counter()
+        result.mlir, result.weights = tpu_model.save(tpu_mlir)
+        seconds["save"] = time.perf_counter() - t1
+    result.seconds = seconds
+    if report is not None:
+        from tftpu.pipelines.deploy_report import write_report
+        write_report(report, result)
+    return result
+
+
+def _inputs(model, test_input):
+    if test_input is None:
+        return None
+    from tftpu.ir.weights import load_npz
+    from tftpu.utils.inputs import match_inputs
+
+    arrays = load_npz(test_input) if isinstance(test_input, (str, Path)) else dict(test_input)
+    values = match_inputs(model.input_names, arrays)
+    out = {}
+    for op, arr in zip([op for op in model.ops if isinstance(op, top.Input)], values):
+        arr = np.asarray(arr)
+        want = tuple(op.output.type.get_shape())
+        if tuple(arr.shape) != want:
+            raise errors.ShapeError(f"--test_input {op.loc!r} has shape {list(arr.shape)}, the model wants {list(want)}")
+        if arr.dtype.kind == "f" and not np.isfinite(arr).any():
+            raise errors.InputError(f"--test_input {op.loc!r} has no finite value")
+        out[op.loc] = arr
+    return out
+
+
+def _reference(model, test_reference):
+    if test_reference is None:
+        return None
+    from tftpu.ir.weights import load_npz
+
+    ref = load_npz(test_reference) if isinstance(test_reference, (str, Path)) else dict(test_reference)
+    missing = [n for n in model.output_names if n not in ref]
+    if missing:
+        raise errors.InputError(f"--test_reference has no tensor {missing[0]!r} (it holds {', '.join(sorted(ref)[:5])})")
+    return ref
+

@@ -1,0 +1,191 @@
+"""Mixed precision: keep the fewest ops in float until the INT8 model's outputs reach a target.
+
+One INT8 run ranks the ops by how much accuracy each loses locally (the SQNR of its output
+against TOP, below the worst SQNR of its inputs: the drop is this op's own doing, not its
+inputs'); a binary search over that ranking then finds the shortest prefix to keep in float
+(F16 where the chip has it) whose outputs, and every part of a concatenated output, reach the
+target on every sample. The result is a quantize table (TPU-MLIR's format).
+
+>>> result = search_mixed_precision(model, "npu1", table, samples, "0.99,20")   # doctest: +SKIP
+>>> print(result)                                                               # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+
+from tftpu import chip as chips
+from tftpu.errors import UsageError
+from tftpu.interp.similarity import cosine_similarity, sqnr
+from tftpu.interp.top_interpreter import TopInterpreter
+from tftpu.interp.tpu import TpuInterpreter
+from tftpu.ir import top
+from tftpu.ir.base import value_name
+from tftpu.transforms.lowering.lower import lower
+from tftpu.utils.progress import progress
+
+__all__ = ["search_mixed_precision", "MixedPrecisionResult", "parse_target", "output_parts"]
+
+_CAP = 100.0   # dB: an exact tensor counts as this
+
+
+def parse_target(text) -> tuple[float, float]:
+    """'cosine,sqnr_db' -> (cosine, sqnr)."""
+    try:
+        cos, snr = (float(v) for v in str(text).split(","))
+    except ValueError:
+        raise UsageError(f"mixed precision target must be 'cosine,sqnr_db', e.g. 0.99,20, not {text!r}") from None
+    if not (-1 <= cos <= 1) or math.isnan(snr):
+        raise UsageError(f"mixed precision target {text!r}: cosine must lie in [-1, 1], SQNR be a number")
+    return cos, snr
+
+
+@dataclasses.dataclass
+class MixedPrecisionResult:
+    """The quantize table found, the ops it keeps in float (with their local SQNR drop), and
+    the worst output figures reached."""
+
+    qtable: dict
+    kept: list                 # (op name, mode, drop dB)
+    target: tuple
+    reached: tuple             # worst (cosine, sqnr) over outputs and parts, all samples
+    int8_reached: tuple        # the same for pure INT8
+    evaluations: int
+    seconds: float
+    candidates: int
+
+    @property
+    def met(self) -> bool:
+        return self.reached[0] >= self.target[0] and self.reached[1] >= self.target[1]
+
+    @property
+    def summary(self) -> str:
+        c, s = self.reached
+        c8, s8 = self.int8_reached
+        if not self.kept:
+            return f"pure INT8 reaches the target (cosine {c8:.5f}, SQNR {s8:.1f} dB)"
+        status = "reaches" if self.met else "does NOT reach"
+        return (f"keeping {len(self.kept)} of {self.candidates} INT8 ops in float {status} the target "
+                f"{self.target[0]},{self.target[1]} dB: cosine {c:.5f}, SQNR {s:.1f} dB "
+                f"(pure INT8: {c8:.5f}, {s8:.1f} dB; {self.evaluations} trial lowerings, {self.seconds:.1f} s)")
+
+    def __str__(self) -> str:
+        lines = ["mixed precision: " + self.summary]
+        for name, mode, drop in self.kept:
+            lines.append(f"  {name}: {mode} (loses {drop:.1f} dB of SQNR in INT8)")
+        return "\n".join(lines)
+
+    def as_dict(self) -> dict:
+        return {"summary": self.summary, "target": list(self.target), "reached": list(self.reached),
+                "int8_reached": list(self.int8_reached), "met": self.met, "evaluations": self.evaluations,
+                "seconds": round(self.seconds, 3),
+                "kept": [{"name": n, "mode": m, "sqnr_drop_db": round(d, 3)} for n, m, d in self.kept]}
+
+
+def _snr(a, b) -> float:
+    v = sqnr(a, b)
+    return _CAP if math.isinf(v) and v > 0 else min(v, _CAP)
+
+
+def output_parts(model) -> dict[str, list[str]]:
+    """For each output made by a Concat (through reshapes), the names of the concatenated parts:
+    one similarity for the whole can hide a part that is lost (scores beside boxes)."""
+    producers = {r: op for op in model.ops for r in op.results}
+    moves = {"top.Reshape", "top.Flatten", "top.Permute", "top.Squeeze", "top.Unsqueeze"}
+    parts = {}
+    for v in model.return_op.operands:
+        op = producers.get(v)
+        while op is not None and op.name in moves:
+            op = producers.get(op.operands[0])
+        if op is not None and op.name == "top.Concat" and len(op.operands) > 1:
+            parts[value_name(v)] = [value_name(x) for x in op.operands if not isinstance(x.owner, top.Weight)]
+    return parts
+
+
+def _judged(model) -> list[str]:
+    """Names judged: every output and every part of a concatenated output."""
+    names = list(model.output_names) + [p for parts in output_parts(model).values() for p in parts]
+    return list(dict.fromkeys(names))
+
+
+def _search(model, chip, table, samples, target, asymmetric, qtable, float_mode) -> MixedPrecisionResult:
+    t0 = time.perf_counter()
+    chip = chips.load(chip)
+    cos_t, snr_t = parse_target(target)
+    if "INT8" not in chip.modes:
+        raise UsageError(f"chip {chip.name} has no INT8 mode to search from")
+    fmode = float_mode or next((m for m in ("F16", "BF16", "F32") if m in chip.modes), None)
+    if fmode is None:
+        raise UsageError(f"chip {chip.name} has no float mode to keep ops in")
+    base = dict(qtable or {})
+    judged = _judged(model)
+    ref_run = TopInterpreter(model)
+    refs = [ref_run.run(s, dump_all=True) for s in samples]
+    evaluations = 0
+
+    def evaluate(extra: dict) -> tuple[tuple[float, float], dict]:
+        nonlocal evaluations
+        evaluations += 1
+        tpu_model, report = lower(model, chip, "INT8", table, qtable={**base, **extra}, asymmetric=asymmetric)
+        run = TpuInterpreter(tpu_model)
+        worst_c, worst_s, first = 1.0, _CAP, None
+        for i, (s, ref) in enumerate(zip(samples, refs)):
+            got = run.run(s, dump_all=True, dequantize=True)
+            if i == 0:
+                first = (got, report)
+            for n in judged:
+                if n in ref and n in got:
+                    worst_c = min(worst_c, cosine_similarity(ref[n], got[n]))
+                    worst_s = min(worst_s, _snr(ref[n], got[n]))
+        return (worst_c, worst_s), first
+
+    def meets(r) -> bool:
+        return r[0] >= cos_t and r[1] >= snr_t
+
+    int8_reached, (dump, report) = evaluate({})
+    int8_ops = [d.name for d in report.decisions if d.mode == "INT8" and d.name not in base]
+    by_name = {op.loc: op for op in model.ops}
+    ref0 = refs[0]
+    drops = []
+    for name in int8_ops:
+        op = by_name[name]
+        outs = [value_name(r) for r in op.results]
+        ins = [value_name(v) for v in op.operands if hasattr(v.type, "get_shape") and not isinstance(v.owner, top.Weight)]
+        out_snr = min((_snr(ref0[n], dump[n]) for n in outs if n in dump and n in ref0), default=_CAP)
+        in_snr = min((_snr(ref0[n], dump[n]) for n in ins if n in dump and n in ref0), default=_CAP)
+        drops.append((in_snr - out_snr, name))
+    ranked = [(name, d) for d, name in sorted(drops, key=lambda t: (-t[0], t[1])) if d > 0]
+    if meets(int8_reached) or not ranked:
+        return MixedPrecisionResult({**base}, [], (cos_t, snr_t), int8_reached, int8_reached, evaluations,
+                                    time.perf_counter() - t0, len(int8_ops))
+    lo, hi = 0, len(ranked)                          # invariant: keeping `hi` ops meets (checked below)
+    reached_hi, _ = evaluate({n: fmode for n, _ in ranked})
+    best = reached_hi
+    if meets(reached_hi):
+        steps = progress(range(max(1, math.ceil(math.log2(len(ranked) + 1)))), desc="mixed precision search",
+                         unit="trial")
+        it = iter(steps)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            reached, _ = evaluate({n: fmode for n, _ in ranked[:mid]})
+            next(it, None)
+            if meets(reached):
+                hi, best = mid, reached
+            else:
+                lo = mid
+    kept = [(n, fmode, d) for n, d in ranked[:hi]]
+    return MixedPrecisionResult({**base, **{n: m for n, m, _ in kept}}, kept, (cos_t, snr_t), best, int8_reached,
+                                evaluations, time.perf_counter() - t0, len(int8_ops))
+
+
+def search_mixed_precision(model, chip, table, samples: list[dict], target, *, asymmetric: bool = False,
+                           qtable: dict | None = None, float_mode: str | None = None) -> MixedPrecisionResult:
+    """The shortest list of ops to keep in float for the INT8 model to reach `target`
+    ("cosine,sqnr_db") on every sample."""
+    if not samples:
+        raise UsageError("the mixed precision search needs at least one sample input")
+    if table is None:
+        raise UsageError("the mixed precision search needs a calibration table")
+    return _search(model, chip, table, samples, target, asymmetric, qtable, float_mode)
