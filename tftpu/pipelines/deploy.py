@@ -22,7 +22,7 @@ from tftpu.interp.similarity import Comparison, compare_arrays, compare_tensors,
 from tftpu.interp.top_interpreter import TopInterpreter
 from tftpu.interp.tpu import TpuInterpreter
 from tftpu.ir import top
-from tftpu.transforms.lowering.search import output_parts
+from tftpu.transforms.lowering.search import output_parts, part_slices
 
 __all__ = ["deploy", "DeployResult", "DEFAULT_TOLERANCE", "verify", "output_parts"]
 
@@ -88,14 +88,14 @@ def verify(top_model, tpu_model, samples: list[dict], tolerance, reference: dict
             row = compare_arrays(name, expected, got[name], tol)
             if name not in worst_out or _worse(row, worst_out[name]):
                 worst_out[name] = row
-        for out, names in parts.items():
-            for p in names:
-                if p in ref and p in got:
-                    row = compare_arrays(f"{out}[{p}]", ref[p], got[p], tol)
-                    key = (out, p)
-                    if key not in worst_parts or _worse(row, worst_parts[key]):
-                        worst_parts[key] = row
-    grouped = [(out, [worst_parts[(out, p)] for p in names if (out, p) in worst_parts]) for out, names in parts.items()]
+        for out, spec in parts.items():
+            for (p, a), (_, b) in zip(part_slices(ref, spec), part_slices(got, spec)):
+                row = compare_arrays(f"{out}[{p}]", a, b, tol)
+                key = (out, p)
+                if key not in worst_parts or _worse(row, worst_parts[key]):
+                    worst_parts[key] = row
+    grouped = [(out, [worst_parts[(out, p)] for p, _ in spec[2] if (out, p) in worst_parts])
+               for out, spec in parts.items()]
     return tensors, [worst_out[n] for n in top_model.output_names], grouped
 
 

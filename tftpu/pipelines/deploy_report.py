@@ -121,7 +121,7 @@ def html_page(data: dict) -> str:
     if "mixed_precision" in data:
         mp = data["mixed_precision"]
         search = (f"<h2>Mixed precision search</h2><p>{html.escape(mp['summary'])}</p>"
-                  + _table(mp["kept"], [("name", "op"), ("mode", "mode"), ("sqnr_drop_db", "SQNR lost in INT8 (dB)")]))
+                  + _table(mp["kept"], [("name", "op"), ("mode", "mode"), ("sqnr_alone_int8_db", "output SQNR with only this op in INT8 (dB)")]))
     worst = sorted([t for t in data["tensors"] if t["cosine"] is not None], key=lambda t: t["cosine"])[:10]
     return f"""<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>tftpu deploy: {html.escape(data['model'])}</title>

@@ -1,8 +1,8 @@
 """Mixed precision: keep the fewest ops in float until the INT8 model's outputs reach a target.
 
-One INT8 run ranks the ops by how much accuracy each loses locally (the SQNR of its output
-against TOP, below the worst SQNR of its inputs: the drop is this op's own doing, not its
-inputs'); a binary search over that ranking then finds the shortest prefix to keep in float
+Each INT8 op is ranked by the damage it does alone: the outputs' SQNR against TOP when only
+that op runs in INT8 and every other candidate in float (TPU-MLIR's sensitivity measure); a
+binary search over that ranking then finds the shortest prefix to keep in float
 (F16 where the chip has it) whose outputs, and every part of a concatenated output, reach the
 target on every sample. The result is a quantize table (TPU-MLIR's format).
 
@@ -16,6 +16,8 @@ import dataclasses
 import math
 import time
 
+import numpy as np
+
 from tftpu import chip as chips
 from tftpu.errors import UsageError
 from tftpu.interp.similarity import cosine_similarity, sqnr
@@ -26,7 +28,7 @@ from tftpu.ir.base import value_name
 from tftpu.transforms.lowering.lower import lower
 from tftpu.utils.progress import progress
 
-__all__ = ["search_mixed_precision", "MixedPrecisionResult", "parse_target", "output_parts"]
+__all__ = ["search_mixed_precision", "MixedPrecisionResult", "parse_target", "output_parts", "part_slices"]
 
 _CAP = 100.0   # dB: an exact tensor counts as this
 
@@ -48,7 +50,7 @@ class MixedPrecisionResult:
     the worst output figures reached."""
 
     qtable: dict
-    kept: list                 # (op name, mode, drop dB)
+    kept: list                 # (op name, mode, output SQNR with only this op in INT8)
     target: tuple
     reached: tuple             # worst (cosine, sqnr) over outputs and parts, all samples
     int8_reached: tuple        # the same for pure INT8
@@ -73,15 +75,15 @@ class MixedPrecisionResult:
 
     def __str__(self) -> str:
         lines = ["mixed precision: " + self.summary]
-        for name, mode, drop in self.kept:
-            lines.append(f"  {name}: {mode} (loses {drop:.1f} dB of SQNR in INT8)")
+        for name, mode, snr in self.kept:
+            lines.append(f"  {name}: {mode} (alone in INT8 it leaves the outputs at {snr:.1f} dB SQNR)")
         return "\n".join(lines)
 
     def as_dict(self) -> dict:
         return {"summary": self.summary, "target": list(self.target), "reached": list(self.reached),
                 "int8_reached": list(self.int8_reached), "met": self.met, "evaluations": self.evaluations,
                 "seconds": round(self.seconds, 3),
-                "kept": [{"name": n, "mode": m, "sqnr_drop_db": round(d, 3)} for n, m, d in self.kept]}
+                "kept": [{"name": n, "mode": m, "sqnr_alone_int8_db": round(d, 3)} for n, m, d in self.kept]}
 
 
 def _snr(a, b) -> float:
@@ -89,9 +91,10 @@ def _snr(a, b) -> float:
     return _CAP if math.isinf(v) and v > 0 else min(v, _CAP)
 
 
-def output_parts(model) -> dict[str, list[str]]:
-    """For each output made by a Concat (through reshapes), the names of the concatenated parts:
-    one similarity for the whole can hide a part that is lost (scores beside boxes)."""
+def output_parts(model) -> dict[str, tuple[str, int, list[tuple[str, int]]]]:
+    """For each output made by a Concat (through reshapes): the Concat's tensor, its axis and
+    its parts (name, extent along the axis). One similarity for the whole output can hide a part
+    the concatenation erased (scores beside boxes): each slice is judged on its own."""
     producers = {r: op for op in model.ops for r in op.results}
     moves = {"top.Reshape", "top.Flatten", "top.Permute", "top.Squeeze", "top.Unsqueeze"}
     parts = {}
@@ -100,14 +103,24 @@ def output_parts(model) -> dict[str, list[str]]:
         while op is not None and op.name in moves:
             op = producers.get(op.operands[0])
         if op is not None and op.name == "top.Concat" and len(op.operands) > 1:
-            parts[value_name(v)] = [value_name(x) for x in op.operands if not isinstance(x.owner, top.Weight)]
+            rank = len(op.results[0].type.get_shape())
+            axis = op.attrs()["axis"] % rank
+            parts[value_name(v)] = (value_name(op.results[0]), axis,
+                                    [(value_name(x), x.type.get_shape()[axis]) for x in op.operands])
     return parts
 
 
-def _judged(model) -> list[str]:
-    """Names judged: every output and every part of a concatenated output."""
-    names = list(model.output_names) + [p for parts in output_parts(model).values() for p in parts]
-    return list(dict.fromkeys(names))
+def part_slices(tensors: dict, spec) -> list[tuple[str, np.ndarray]]:
+    """(part name, slice of the concatenated tensor) for one `output_parts` entry."""
+    name, axis, pieces = spec
+    if name not in tensors:
+        return []
+    arr = np.asarray(tensors[name])
+    out, start = [], 0
+    for part, size in pieces:
+        out.append((part, np.take(arr, range(start, start + size), axis=axis)))
+        start += size
+    return out
 
 
 def _search(model, chip, table, samples, target, asymmetric, qtable, float_mode) -> MixedPrecisionResult:
@@ -120,46 +133,42 @@ def _search(model, chip, table, samples, target, asymmetric, qtable, float_mode)
     if fmode is None:
         raise UsageError(f"chip {chip.name} has no float mode to keep ops in")
     base = dict(qtable or {})
-    judged = _judged(model)
+    parts = list(output_parts(model).values())
     ref_run = TopInterpreter(model)
-    refs = [ref_run.run(s, dump_all=True) for s in samples]
+    needed = set(model.output_names) | {spec[0] for spec in parts}
+    refs = [{k: v for k, v in ref_run.run(s, dump_all=bool(parts)).items() if k in needed} for s in samples]
     evaluations = 0
 
-    def evaluate(extra: dict) -> tuple[tuple[float, float], dict]:
+    def evaluate(extra: dict, n_samples: int | None = None) -> tuple[tuple[float, float], object]:
         nonlocal evaluations
         evaluations += 1
         tpu_model, report = lower(model, chip, "INT8", table, qtable={**base, **extra}, asymmetric=asymmetric)
         run = TpuInterpreter(tpu_model)
-        worst_c, worst_s, first = 1.0, _CAP, None
-        for i, (s, ref) in enumerate(zip(samples, refs)):
-            got = run.run(s, dump_all=True, dequantize=True)
-            if i == 0:
-                first = (got, report)
-            for n in judged:
-                if n in ref and n in got:
-                    worst_c = min(worst_c, cosine_similarity(ref[n], got[n]))
-                    worst_s = min(worst_s, _snr(ref[n], got[n]))
-        return (worst_c, worst_s), first
+        worst_c, worst_s = 1.0, _CAP
+        for s, ref in list(zip(samples, refs))[:n_samples]:
+            got = run.run(s, dump_all=bool(parts), dequantize=True)
+            pairs = [(ref[n], got[n]) for n in model.output_names]
+            for spec in parts:
+                pairs += [(a, b) for (_, a), (_, b) in zip(part_slices(ref, spec), part_slices(got, spec))]
+            for a, b in pairs:
+                worst_c = min(worst_c, cosine_similarity(a, b))
+                worst_s = min(worst_s, _snr(a, b))
+        return (worst_c, worst_s), report
 
     def meets(r) -> bool:
         return r[0] >= cos_t and r[1] >= snr_t
 
-    int8_reached, (dump, report) = evaluate({})
+    int8_reached, report = evaluate({})
     int8_ops = [d.name for d in report.decisions if d.mode == "INT8" and d.name not in base]
-    by_name = {op.loc: op for op in model.ops}
-    ref0 = refs[0]
-    drops = []
-    for name in int8_ops:
-        op = by_name[name]
-        outs = [value_name(r) for r in op.results]
-        ins = [value_name(v) for v in op.operands if hasattr(v.type, "get_shape") and not isinstance(v.owner, top.Weight)]
-        out_snr = min((_snr(ref0[n], dump[n]) for n in outs if n in dump and n in ref0), default=_CAP)
-        in_snr = min((_snr(ref0[n], dump[n]) for n in ins if n in dump and n in ref0), default=_CAP)
-        drops.append((in_snr - out_snr, name))
-    ranked = [(name, d) for d, name in sorted(drops, key=lambda t: (-t[0], t[1])) if d > 0]
-    if meets(int8_reached) or not ranked:
+    if meets(int8_reached) or not int8_ops:
         return MixedPrecisionResult({**base}, [], (cos_t, snr_t), int8_reached, int8_reached, evaluations,
                                     time.perf_counter() - t0, len(int8_ops))
+    # sensitivity: each op alone in INT8, every other candidate in float (on the first sample)
+    alone = {}
+    for name in progress(int8_ops, desc="mixed precision: op sensitivity", unit="op"):
+        (_, snr), _ = evaluate({n: fmode for n in int8_ops if n != name}, n_samples=1)
+        alone[name] = snr
+    ranked = sorted(((name, alone[name]) for name in int8_ops), key=lambda t: (t[1], t[0]))
     lo, hi = 0, len(ranked)                          # invariant: keeping `hi` ops meets (checked below)
     reached_hi, _ = evaluate({n: fmode for n, _ in ranked})
     best = reached_hi
@@ -175,7 +184,7 @@ def _search(model, chip, table, samples, target, asymmetric, qtable, float_mode)
                 hi, best = mid, reached
             else:
                 lo = mid
-    kept = [(n, fmode, d) for n, d in ranked[:hi]]
+    kept = [(n, fmode, snr) for n, snr in ranked[:hi]]
     return MixedPrecisionResult({**base, **{n: m for n, m, _ in kept}}, kept, (cos_t, snr_t), best, int8_reached,
                                 evaluations, time.perf_counter() - t0, len(int8_ops))
 

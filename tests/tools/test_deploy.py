@@ -1,0 +1,231 @@
+"""tftpu-deploy and tftpu.pipelines.deploy: lowering checked against TOP, reports, the
+YOLO-style concat of boxes and scores, mixed precision, and bad input (one line, exit 2)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tftpu import errors, quant
+from tftpu.ir import TopBuilder, load
+from tftpu.pipelines.deploy import deploy
+
+RNG = np.random.default_rng(7)
+
+
+def cnn():
+    """Conv/ReLU -> depthwise -> SiLU -> Add -> MaxPool -> GlobalAvgPool -> MatMul -> Softmax."""
+    rng = np.random.default_rng(1)
+    b = TopBuilder("cnn")
+    x = b.input("x", (1, 3, 16, 16))
+    c1 = b.op("Conv", [x, b.weight("w1", rng.normal(size=(8, 3, 3, 3)).astype(np.float32) * 0.3),
+                       b.weight("b1", rng.normal(size=(8,)).astype(np.float32) * 0.1)],
+              {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1], "do_relu": True}, "c1")
+    c2 = b.op("Conv", [c1, b.weight("w2", rng.normal(size=(8, 1, 3, 3)).astype(np.float32) * 0.3), b.none()],
+              {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "group": 8}, "c2")
+    s = b.op("SiLU", [c2], {}, "s")
+    a = b.op("Add", [c1, s], {}, "a")
+    m = b.op("MaxPool", [a], {"kernel_shape": [2, 2], "strides": [2, 2]}, "m")
+    g = b.op("GlobalAvgPool", [m], {}, "g")
+    f = b.op("Flatten", [g], {}, "f")
+    o = b.op("MatMul", [f, b.weight("wf", rng.normal(size=(8, 5)).astype(np.float32)), b.none()], {}, "o")
+    return b.finish([b.op("Softmax", [o], {}, "prob")])
+
+
+def detector():
+    """A YOLO-style head: boxes up to ~300 and sigmoid scores in 0..1, concatenated as the output."""
+    rng = np.random.default_rng(2)
+    b = TopBuilder("yolo")
+    x = b.input("x", (1, 3, 8, 8))
+    feat = b.op("Conv", [x, b.weight("wf", rng.normal(size=(8, 3, 3, 3)).astype(np.float32) * 0.4), b.none()],
+                {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "do_relu": True}, "feat")
+    raw = b.op("Conv", [feat, b.weight("wb", rng.normal(size=(4, 8, 1, 1)).astype(np.float32) * 0.4), b.none()],
+               {"kernel_shape": [1, 1]}, "raw_box")
+    boxes = b.op("Mul", [b.op("Sigmoid", [raw], {}, "box_sig"), b.weight("img", np.array(320.0, np.float32))],
+                 {}, "boxes")
+    logits = b.op("Conv", [feat, b.weight("ws", rng.normal(size=(2, 8, 1, 1)).astype(np.float32) * 0.4), b.none()],
+                  {"kernel_shape": [1, 1]}, "logits")
+    scores = b.op("Sigmoid", [logits], {}, "scores")
+    cat = b.op("Concat", [boxes, scores], {"axis": 1}, "cat")
+    return b.finish([b.op("Reshape", [cat], {"shape": [1, 6, 64]}, "detections")])
+
+
+def samples_for(model, n=6, scale=1.0):
+    shape = model.func.function_type.inputs.data[0].get_shape()
+    return [{model.input_names[0]: (RNG.normal(size=shape) * scale).astype(np.float32)} for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def cnn_case():
+    model = cnn()
+    samples = samples_for(model)
+    return model, quant.calibrate(model, samples, "mse"), samples
+
+
+def test_f32_is_bit_equal_and_int8_passes(cnn_case):
+    model, table, samples = cnn_case
+    f32 = deploy(model, quantize="F32", chip="npu1", test_input=samples[0])
+    assert f32.passed and all(r.note.startswith("equal") for r in f32.tensors.rows)
+    int8 = deploy(model, quantize="INT8", chip="npu1", calibration_table=table, test_input=samples[0],
+                  samples=samples[1:])
+    assert int8.passed and int8.outputs[0].cosine > 0.999
+    assert int8.lowering.counts() == {"INT8": 8, "F32": 1}          # Softmax runs in float, and says why
+    assert "no INT8 lowering" in int8.lowering.fallbacks[0].reason
+    # edge16 has no F32: the same fallback runs in F16
+    edge = deploy(model, quantize="INT8", chip="edge16", calibration_table=table, test_input=samples[0])
+    assert edge.lowering.counts() == {"INT8": 8, "F16": 1} and edge.passed
+
+
+def test_files_reports_and_reload(cnn_case, tmp_path):
+    model, table, samples = cnn_case
+    mlir = tmp_path / "cnn.tpu.mlir"
+    res = deploy(model, quantize="INT8", chip="npu1", calibration_table=table, test_input=samples[0],
+                 tpu_mlir=mlir, report=tmp_path / "r.json")
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert data["passed"] and data["mode"] == "INT8" and data["chip"] == "npu1"
+    assert {o["name"] for o in data["ops"]} >= {"c1", "prob"} and data["tensors"]
+    deploy(model, quantize="INT8", chip="npu1", calibration_table=table, test_input=samples[0],
+           report=tmp_path / "r.html")
+    page = (tmp_path / "r.html").read_text()
+    assert page.startswith("<!DOCTYPE html>") and "<svg" in page and "http://" not in page.split("<svg", 1)[0]
+    again = load(mlir)
+    from tftpu.interp.tpu import TpuInterpreter
+    a = TpuInterpreter(res.model).run(samples[1])
+    b = TpuInterpreter(again).run(samples[1])
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+    first = mlir.read_bytes(), res.weights.read_bytes()
+    deploy(model, quantize="INT8", chip="npu1", calibration_table=table, tpu_mlir=mlir)
+    assert (mlir.read_bytes(), res.weights.read_bytes()) == first          # deterministic
+
+
+def test_concat_of_boxes_and_scores_keeps_both_parts():
+    model = detector()
+    samples = samples_for(model, 8)
+    table = quant.calibrate(model, samples, "mse")
+    res = deploy(model, quantize="INT8", chip="npu1", calibration_table=table, test_input=samples[0],
+                 samples=samples[1:])
+    cat = [d for d in res.lowering.decisions if d.name == "cat"][0]
+    assert cat.mode == "F32" and "erase the smaller input" in cat.reason
+    (out, parts), = res.parts
+    assert out == "detections" and [p.name for p in parts] == ["detections[boxes]", "detections[scores]"]
+    assert all(p.sqnr > 20 and p.cosine > 0.99 for p in parts), parts
+    assert res.passed
+
+
+def test_one_grid_for_boxes_and_scores_is_caught(monkeypatch):
+    """Forced onto one INT8 grid the scores are erased: the whole output still looks fine, the
+    scores part does not, and the check fails."""
+    from tftpu.transforms.lowering import int8_movement
+
+    monkeypatch.setattr(int8_movement, "RANGE_RATIO", 1e9)
+    model = detector()
+    samples = samples_for(model, 8)
+    table = quant.calibrate(model, samples, "mse")
+    res = deploy(model, quantize="INT8", chip="npu1", calibration_table=table, test_input=samples[0])
+    assert res.outputs[0].cosine > 0.99
+    scores = [p for _, parts in res.parts for p in parts if p.name.endswith("[scores]")][0]
+    assert scores.sqnr < 10 and not res.passed
+
+
+def test_quantize_table_pins_modes(cnn_case, tmp_path):
+    model, table, samples = cnn_case
+    qt = tmp_path / "qtable"
+    qt.write_text("# keep the first conv in F16\nc1 F16\ns BF16\n")
+    res = deploy(model, quantize="INT8", chip="npu1", calibration_table=table, quantize_table=qt,
+                 test_input=samples[0])
+    modes = {d.name: d.mode for d in res.lowering.decisions}
+    assert modes["c1"] == "F16" and modes["s"] == "BF16" and modes["c2"] == "INT8" and res.passed
+    qt.write_text("c1 F16\nnot_an_op F16\n")
+    with pytest.raises(errors.UsageError, match="not_an_op"):
+        deploy(model, quantize="INT8", chip="npu1", calibration_table=table, quantize_table=qt)
+    qt.write_text("c1 INT4\n")
+    with pytest.raises(errors.ModelFileError, match="qtable:1"):
+        deploy(model, quantize="INT8", chip="npu1", calibration_table=table, quantize_table=qt)
+    qt.write_text("c1 F32\n")
+    with pytest.raises(errors.UsageError, match="edge16 does not run F32"):
+        deploy(model, quantize="INT8", chip="edge16", calibration_table=table, quantize_table=qt)
+
+
+def test_mixed_precision_keeps_the_fewest_ops(cnn_case):
+    from tftpu.interp.similarity import cosine_similarity, sqnr
+    from tftpu.interp.top_interpreter import TopInterpreter
+    from tftpu.interp.tpu import TpuInterpreter
+    from tftpu.transforms.lowering import lower
+    from tftpu.transforms.lowering.search import search_mixed_precision
+
+    model, table, samples = cnn_case
+
+    def worst(qtable):
+        tpu, _ = lower(model, "npu1", "INT8", table, qtable=qtable)
+        pairs = [(TopInterpreter(model).run(s)["prob"], TpuInterpreter(tpu).run(s)["prob"]) for s in samples]
+        return min(cosine_similarity(a, b) for a, b in pairs), min(sqnr(a, b) for a, b in pairs)
+
+    pure = worst({})
+    target = f"0.99,{pure[1] + 3:.2f}"                   # out of pure INT8's reach, within float's
+    res = search_mixed_precision(model, "npu1", table, samples, target)
+    assert abs(res.int8_reached[1] - pure[1]) < 1e-6
+    assert res.met and 0 < len(res.kept) < res.candidates, str(res)
+    assert "keeping" in res.summary and all(m == "F16" for _, m, _ in res.kept)
+    assert worst(res.qtable)[1] >= pure[1] + 3 - 1e-6
+    # one op fewer does not reach the target: the list is minimal along the ranking
+    assert worst({n: m for n, m, _ in res.kept[:-1]})[1] < pure[1] + 3
+    with pytest.raises(errors.UsageError, match="cosine,sqnr_db"):
+        search_mixed_precision(model, "npu1", table, samples, "0.99")
+
+
+def test_bad_input_is_one_clear_error(cnn_case, tmp_path):
+    model, table, samples = cnn_case
+    with pytest.raises(errors.UsageError, match="calibration table"):
+        deploy(model, quantize="INT8", chip="npu1")
+    with pytest.raises(errors.UsageError, match="edge16 does not run F32"):
+        deploy(model, quantize="F32", chip="edge16")
+    with pytest.raises(errors.UsageError, match="asymmetric"):
+        deploy(model, quantize="F16", chip="npu1", asymmetric=True)
+    with pytest.raises(errors.ShapeError, match="shape"):
+        deploy(model, quantize="F32", chip="npu1", test_input={"x": np.zeros((1, 3, 8, 8), np.float32)})
+    with pytest.raises(errors.ConfigError):
+        deploy(model, quantize="F32", chip="no_such_chip")
+    tpu = tmp_path / "m.tpu.mlir"
+    deploy(model, quantize="F16", chip="npu1", tpu_mlir=tpu)
+    with pytest.raises(errors.ModelFileError, match="already a TPU module"):
+        deploy(tpu, quantize="F16", chip="npu1")
+    with pytest.raises(errors.OutputError):
+        deploy(model, quantize="F16", chip="npu1", tpu_mlir=tmp_path)          # a directory
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cnn_tpu_f16_weights.npz", "m.tpu.mlir"]
+
+
+def _tool(name: str, *args, cwd=None):
+    script = Path(sys.executable).parent / f"tftpu-{name}"
+    return subprocess.run([str(script), *map(str, args)], capture_output=True, text=True, timeout=300, cwd=cwd)
+
+
+def test_tools_end_to_end(cnn_case, tmp_path):
+    model, table, samples = cnn_case
+    top_path, _ = model.save(tmp_path / "cnn.top.mlir")
+    table.save(tmp_path / "cali")
+    np.savez(tmp_path / "in.npz", **samples[0])
+    done = _tool("deploy", f"--mlir={top_path}", "--quantize=INT8", "--chip=npu1", f"--calibration_table={tmp_path / 'cali'}",
+                 f"--test_input={tmp_path / 'in.npz'}", f"--tpu_mlir={tmp_path / 'cnn.tpu.mlir'}",
+                 f"--report={tmp_path / 'deploy.html'}")
+    assert done.returncode == 0, done.stderr
+    assert "lowered for npu1 in INT8: 1 F32, 8 INT8" in done.stdout and "prob: cosine" in done.stdout
+    run = _tool("run", f"--model={tmp_path / 'cnn.tpu.mlir'}", f"--input={tmp_path / 'in.npz'}",
+                f"--output={tmp_path / 'out.npz'}", "--dump_all_tensors")
+    assert run.returncode == 0, run.stderr
+    dumped = np.load(tmp_path / "out.npz")
+    from tftpu.interp.tpu import TpuInterpreter
+    expected = TpuInterpreter(load(tmp_path / "cnn.tpu.mlir")).run(samples[0], dump_all=True, dequantize=True)
+    assert set(dumped.files) == set(expected) and all(np.array_equal(dumped[k], expected[k]) for k in expected)
+    # a tolerance the model cannot meet: exit 1 with one line
+    strict = _tool("deploy", f"--mlir={top_path}", "--quantize=INT8", "--chip=npu1",
+                   f"--calibration_table={tmp_path / 'cali'}", f"--test_input={tmp_path / 'in.npz'}",
+                   "--tolerance=0.9999999,0.9999")
+    assert strict.returncode == 1 and strict.stderr.count("\n") == 1 and "under tolerance" in strict.stderr
+    bad = _tool("deploy", f"--mlir={top_path}", "--quantize=INT8", "--chip=npu1", f"--tpu_mlir={tmp_path / 'x.tpu.mlir'}")
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "calibration table" in bad.stderr
+    assert not (tmp_path / "x.tpu.mlir").exists()
