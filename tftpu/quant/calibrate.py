@@ -1,10 +1,20 @@
 """Calibration: run the TOP model on sample inputs and choose each tensor's INT8 threshold.
 
-Two passes over the samples, as TPU-MLIR does: the first records every float tensor's min,
-max and largest |x|; the second fills a histogram of the non-zero |x| over [0, largest |x|] per
-tensor (exact zeros, ReLU's or padding's, quantize without error and would swamp the first bin,
-as TPU-MLIR also finds), from which the method (see `tftpu.quant.thresholds`) picks the threshold. Every tensor is keyed by
-its location name, so the table lines up with the `.mlir` and with `tftpu-run` dumps.
+One streaming pass over the samples (`TopInterpreter.run(..., observe=...)`, so no sample's
+tensors are all kept): per float tensor the min, the max and a signed histogram on a grid
+anchored at 0 whose range doubles (adjacent bins merged, exactly) whenever a sample reaches past
+it, so the first sample's range needs no second pass. Exact zeros (ReLU's, padding's) quantize
+without error and would swamp the first bin, so they are left out, as TPU-MLIR also does. The
+grid has 2 x `bins` bins a side, so every tensor gets more than `bins` bins over [0, largest |x|]
+(the two-pass `calibrate_two_pass` had exactly `bins`). A method (`tftpu.quant.thresholds`)
+then picks the threshold, and with `asymmetric=True` also a clipped [min, max].
+
+`method="auto"` judges each tensor's candidates (every method's threshold or range) by what the
+tensor feeds, as TPU-MLIR's auto-tune does: on the first `tune_num` samples it fake-quantizes the
+tensor alone at each candidate, reruns each consumer op on that, and keeps the candidate whose
+consumer outputs lie closest to float (relative squared error; a model output is also judged on
+itself). Every tensor is keyed by its location name, so the table lines up with the `.mlir` and
+with `tftpu-run` dumps.
 
 >>> table = calibrate(model, samples, method="mse")  # doctest: +SKIP
 >>> table.save("resnet_cali_table")                   # doctest: +SKIP
@@ -12,35 +22,288 @@ its location name, so the table lines up with the `.mlir` and with `tftpu-run` d
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
-from tftpu.errors import InputError, UsageError
+from tftpu.errors import InputError, InternalError, KernelError, TftpuError, UsageError
 from tftpu.interp.top_interpreter import TopInterpreter
+from tftpu.quant.simulation import fake_quant, fake_quant_asymmetric
 from tftpu.quant.table import CalibrationTable
-from tftpu.quant.thresholds import METHODS, threshold
+from tftpu.quant.thresholds import METHODS, asymmetric_range, threshold
 from tftpu.utils.progress import progress
 
-__all__ = ["calibrate", "BINS"]
+__all__ = ["calibrate", "calibrate_two_pass", "TensorStatistics", "BINS", "TUNE_NUM", "AUTO_CANDIDATES",
+           "CALIBRATION_METHODS"]
 
 BINS = 2048
+TUNE_NUM = 5
+# The candidates `auto` weighs, in the order that breaks ties (equal thresholds count for the first).
+AUTO_CANDIDATES = ("mse", "kl", "percentile", "aciq_gauss", "aciq_laplace", "minmax")
+CALIBRATION_METHODS = (*METHODS, "auto")
 
 
-def calibrate(model, samples: list[dict], method: str = "mse", bins: int = BINS) -> CalibrationTable:
+class TensorStatistics:
+    """One tensor's streaming min, max and signed histogram (zeros left out) on a doubling grid.
+
+    Bin k of the 2 x `half` bins covers [(k - half) w, (k - half + 1) w) with w = range / half;
+    when a sample reaches past `range`, pairs of bins merge and the range doubles.
+    """
+
+    __slots__ = ("half", "vmin", "vmax", "range", "hist")
+
+    def __init__(self, half: int):
+        self.half = half
+        self.vmin, self.vmax = math.inf, -math.inf
+        self.range = 0.0
+        self.hist: np.ndarray | None = None
+
+    def add(self, arr: np.ndarray) -> None:
+        a = arr.reshape(-1)
+        if a.dtype != np.float32 and a.dtype != np.float64:
+            a = a.astype(np.float32)
+        mn, mx = float(a.min()), float(a.max())
+        if not (math.isfinite(mn) and math.isfinite(mx)):
+            raise ValueError("non-finite values")
+        self.vmin, self.vmax = min(self.vmin, mn), max(self.vmax, mx)
+        absmax = max(-mn, mx)
+        if absmax == 0:
+            return
+        n = self.half
+        if self.hist is None:
+            self.range, self.hist = absmax, np.zeros(2 * n, np.int64)
+        while absmax > self.range:
+            merged = self.hist.reshape(n, 2).sum(1)
+            self.hist = np.zeros(2 * n, np.int64)
+            self.hist[n // 2:n // 2 + n] = merged
+            self.range *= 2.0
+        t = a * a.dtype.type(n / self.range)   # bin index + half, in the tensor's own precision
+        t += n
+        counts = np.bincount(t.astype(np.intp), minlength=2 * n)
+        counts[n] -= a.size - np.count_nonzero(a)   # the exact zeros
+        counts[2 * n - 1] += counts[2 * n:].sum()    # x == +range
+        self.hist += counts[:2 * n]
+
+    @property
+    def width(self) -> float:
+        return self.range / self.half
+
+    @property
+    def absmax(self) -> float:
+        return max(-self.vmin, self.vmax, 0.0)
+
+    def magnitudes(self) -> tuple[np.ndarray, float]:
+        """(|x| histogram over [0, m w], m w) with m w the first bin edge at or past the largest |x|."""
+        if self.hist is None:
+            return np.zeros(1, np.int64), 0.0
+        n = self.half
+        m = min(n, max(1, math.ceil(self.absmax / self.width)))
+        return (self.hist[n:] + self.hist[n - 1::-1])[:m], m * self.width
+
+    def threshold(self, method: str) -> float:
+        hist, extent = self.magnitudes()
+        return min(threshold(method, hist, extent), self.absmax)
+
+    def range_of(self, method: str) -> tuple[float, float]:
+        """The asymmetric [min, max] of `method` on the signed histogram."""
+        if self.hist is None:
+            return self.vmin, self.vmax
+        n, w = self.half, self.width
+        k0 = min(0, math.floor(self.vmin / w))
+        k1 = max(0, math.ceil(self.vmax / w))
+        return asymmetric_range(method, self.hist[n + k0:n + k1], k0 * w, w, self.vmin, self.vmax)
+
+
+def _check(method: str, samples, bins: int) -> None:
+    if method not in CALIBRATION_METHODS:
+        raise UsageError(f"calibration method {method!r}: expected one of {', '.join(CALIBRATION_METHODS)}")
+    if not samples:
+        raise InputError("calibration needs at least one sample input")
+    if isinstance(bins, bool) or not isinstance(bins, (int, np.integer)) or bins <= 128:
+        raise UsageError(f"bins {bins!r}: use an integer above 128")
+
+
+def collect(model, samples: list[dict], bins: int = BINS) -> dict[str, TensorStatistics]:
+    """Every float tensor's statistics over `samples`, in model order, from one interpreter pass."""
+    interp = TopInterpreter(model)
+    stats: dict[str, TensorStatistics] = {}
+    where = [0]
+
+    def observe(name, arr):
+        if arr.dtype.kind == "f" and arr.size:
+            st = stats.get(name)
+            if st is None:
+                st = stats[name] = TensorStatistics(2 * bins)
+            try:
+                st.add(arr)
+            except ValueError:
+                raise InputError(f"sample {where[0]}: tensor {name!r} has non-finite values (NaN or inf); "
+                                 "calibration needs finite inputs") from None
+        return arr
+
+    for i, sample in enumerate(progress(samples, desc="calibration statistics", unit="input")):
+        where[0] = i
+        interp.run(sample, observe=observe)
+    return stats
+
+
+def calibrate(model, samples: list[dict], method: str = "mse", bins: int = BINS, asymmetric: bool = False,
+              tune_num: int = TUNE_NUM) -> CalibrationTable:
     """A CalibrationTable for every float tensor of `model` over `samples` (input dicts).
 
     `method` defaults to mse: on mtcnn O-Net with its real weights, kl's thresholds cost 1.5% of
     the face/non-face accuracy in simulated INT8 and mse's none (`benchmarks/calibration_quality.py`).
+    With `asymmetric`, each entry's min/max is the method's clipped range for INT8 asymmetric
+    mode (the header says so); otherwise the observed min/max.
     """
-    if method not in METHODS:
-        raise UsageError(f"calibration method {method!r}: expected one of {', '.join(METHODS)}")
-    if not samples:
-        raise InputError("calibration needs at least one sample input")
-    if bins <= 128:
-        raise UsageError(f"bins {bins}: use more than 128")
+    _check(method, samples, bins)
+    if isinstance(tune_num, bool) or not isinstance(tune_num, (int, np.integer)) or tune_num < 1:
+        raise UsageError(f"tune_num {tune_num!r}: give at least 1")
+    stats = collect(model, samples, bins)
+    chosen: dict[str, str] = {}
+    if method == "auto":
+        chosen = _auto(model, samples[:tune_num], stats, asymmetric)
+    entries = {}
+    for name, st in progress(list(stats.items()), desc=f"{method} thresholds", unit="tensor"):
+        m = chosen.get(name, method)
+        lo, hi = st.range_of(m) if asymmetric else (st.vmin, st.vmax)
+        entries[name] = (st.threshold(m), lo, hi)
+    return CalibrationTable(entries, method, len(samples), bins, asymmetric=asymmetric, chosen=chosen)
+
+
+def _candidates(st: TensorStatistics, asymmetric: bool) -> list[tuple[str, object]]:
+    """The distinct candidates of `auto` for one tensor, each under the first method giving it."""
+    seen: dict[object, str] = {}
+    for m in AUTO_CANDIDATES:
+        value = st.range_of(m) if asymmetric else st.threshold(m)
+        seen.setdefault(value, m)
+    return [(m, v) for v, m in seen.items()]
+
+
+def _quantized(arr: np.ndarray, value, asymmetric: bool) -> np.ndarray:
+    """`fake_quant` / `fake_quant_asymmetric` in the tensor's own precision, for judging candidates."""
+    if arr.dtype != np.float32:
+        return fake_quant_asymmetric(arr, *value) if asymmetric else fake_quant(arr, value)
+    if asymmetric:
+        lo, hi = value
+        if not hi > lo:
+            return arr
+        scale = (hi - lo) / 255.0
+        zp = float(np.clip(np.rint(-128.0 - lo / scale), -128, 127))
+        q = arr / np.float32(scale)
+        np.rint(q, out=q)
+        q += np.float32(zp)
+        np.clip(q, -128, 127, out=q)
+        q -= np.float32(zp)
+    else:
+        if not value > 0:
+            return arr
+        scale = value / 127.0
+        q = arr / np.float32(scale)
+        np.rint(q, out=q)
+        np.clip(q, -127, 127, out=q)
+    q *= np.float32(scale)
+    return q
+
+
+def _sq(x: np.ndarray) -> float:
+    """Sum of squares (numpy's pairwise sum: the same bits on every run, unlike a BLAS dot)."""
+    return float(np.square(x).sum(dtype=np.float64))
+
+
+def _energy(ref: np.ndarray) -> float:
+    e = _sq(ref)
+    return e if e > 0 else 1.0
+
+
+def _auto(model, samples: list[dict], stats: dict[str, TensorStatistics], asymmetric: bool,
+          cands: dict[str, list] | None = None) -> dict[str, str]:
+    """Per tensor, the candidate method whose fake-quantized tensor changes its consumers least."""
+    from tftpu.interp.kernels import KERNELS
+    from tftpu.ir import top
+    from tftpu.ir.base import value_name
+    from xdsl.dialects.builtin import NoneType
+
+    if cands is None:
+        cands = {n: _candidates(st, asymmetric) for n, st in stats.items()}
+    tuned = {n for n, c in cands.items() if len(c) > 1}
+    weights: dict[str, np.ndarray] = {}
+    steps = []           # (kernel, operand names, attrs, op description) of ops reading a tuned tensor
+    trigger: dict[str, int] = {}   # an op's last result name -> its index in steps
+    uses: dict[str, int] = {}
+    for op in model.ops:
+        if isinstance(op, (top.NoneOp, top.Input)):
+            continue
+        if isinstance(op, top.Weight):
+            weights[value_name(op.results[0])] = model.weights[op.key]
+            continue
+        ins = [None if isinstance(v.type, NoneType) else value_name(v) for v in op.operands]
+        if not tuned.intersection(ins):
+            continue
+        for n in set(ins) - {None}:
+            uses[n] = uses.get(n, 0) + 1
+        trigger[value_name(op.results[-1])] = len(steps)
+        steps.append((KERNELS[op.name], ins, op.attrs(), f"{op.name} at {op.loc!r}", [value_name(r) for r in op.results]))
+    outputs = set(model.output_names) & tuned
+    firsts = {o for step in steps for o in step[4][:-1]}   # earlier results of multi-result consumers
+    score = {n: np.zeros(len(cands[n])) for n in tuned}
+
+    for sample in progress(samples, desc="auto: judging candidates", unit="input"):
+        env: dict[str, np.ndarray] = {}
+        left = dict(uses)
+
+        def observe(name, arr, env=env, left=left):
+            if name in uses or name in firsts:
+                env[name] = arr
+            if name in outputs:
+                e = _energy(arr)
+                score[name] += [_sq(_quantized(arr, v, asymmetric) - arr) / e for _, v in cands[name]]
+            k = trigger.get(name)
+            if k is None:
+                return arr
+            kernel, ins, attrs, what, outs = steps[k]
+            ref = [r for r in [env.get(o) for o in outs[:-1]] + [arr] if r is not None and r.dtype.kind == "f"]
+            energy = [_energy(r) for r in ref]
+            for t in dict.fromkeys(n for n in ins if n in tuned):
+                for c, (_, value) in enumerate(cands[t]):
+                    q = _quantized(env[t], value, asymmetric)
+                    args = [None if n is None else q if n == t else env[n] if n in env else weights[n] for n in ins]
+                    try:
+                        got = kernel(args, attrs)
+                    except (TftpuError, InternalError):
+                        raise
+                    except Exception as e:
+                        raise KernelError(what, f"kernel failed on a fake-quantized input: {type(e).__name__}: {e}") from e
+                    got = [g for g in got if g.dtype.kind == "f"]
+                    score[t][c] += sum(_sq(g - r) / e for r, g, e in zip(ref, got, energy))
+            for n in set(ins) - {None}:
+                left[n] -= 1
+                if left[n] == 0:
+                    env.pop(n, None)
+            for o in outs[:-1]:
+                if o not in uses:
+                    env.pop(o, None)
+            return arr
+
+        TopInterpreter(model).run(sample, observe=observe)
+    chosen = {}
+    for name in stats:
+        c = cands[name]
+        chosen[name] = c[int(np.argmin(score[name]))][0] if name in tuned else c[0][0]
+    return chosen
+
+
+def calibrate_two_pass(model, samples: list[dict], method: str = "mse", bins: int = BINS) -> CalibrationTable:
+    """The previous implementation (symmetric methods only), kept as the reference `calibrate` is
+    checked against: a pass for min/max, then a pass for |x| histograms over exactly [0, largest |x|],
+    each keeping every tensor of a sample (`dump_all`)."""
+    _check(method, samples, bins)
+    if method == "auto":
+        raise UsageError("calibrate_two_pass: auto is not one of its methods")
     interp = TopInterpreter(model)
     lo: dict[str, float] = {}
     hi: dict[str, float] = {}
-    for sample in progress(samples, desc="calibration statistics", unit="input"):
+    for sample in samples:
         for name, arr in interp.run(sample, dump_all=True).items():
             if arr.dtype.kind != "f" or arr.size == 0:
                 continue
@@ -49,12 +312,11 @@ def calibrate(model, samples: list[dict], method: str = "mse", bins: int = BINS)
             hi[name] = max(hi.get(name, -np.inf), float(a.max()))
     absmax = {n: max(abs(lo[n]), abs(hi[n])) for n in lo}
     hists = {n: np.zeros(bins, np.int64) for n in lo}
-    for sample in progress(samples, desc="calibration histograms", unit="input"):
+    for sample in samples:
         for name, arr in interp.run(sample, dump_all=True).items():
             if name in hists and absmax[name] > 0:
                 mags = np.abs(arr.astype(np.float64, copy=False)).ravel()
                 counts, _ = np.histogram(mags[mags != 0], bins, (0.0, absmax[name]))
                 hists[name] += counts
-    entries = {n: (threshold(method, hists[n], absmax[n]), lo[n], hi[n])
-               for n in progress(list(lo), desc=f"{method} thresholds", unit="tensor")}
+    entries = {n: (threshold(method, hists[n], absmax[n]), lo[n], hi[n]) for n in lo}
     return CalibrationTable(entries, method, len(samples), bins)

@@ -22,7 +22,7 @@ from tftpu.interp.top_interpreter import TopInterpreter
 from tftpu.ir import top
 from tftpu.ir.module import TopModel
 
-__all__ = ["fake_quant", "quantize_weights", "simulate", "evaluate", "Evaluation"]
+__all__ = ["fake_quant", "fake_quant_asymmetric", "quantize_weights", "simulate", "evaluate", "Evaluation"]
 
 QMAX = 127
 
@@ -37,6 +37,17 @@ def fake_quant(x: np.ndarray, threshold, axis: int | None = None) -> np.ndarray:
     step = np.where(t > 0, t / QMAX, 1.0)
     q = np.clip(np.rint(x / step), -QMAX, QMAX) * step
     return np.where(t > 0, q, x).astype(x.dtype, copy=False)
+
+
+def fake_quant_asymmetric(x: np.ndarray, lo: float, hi: float) -> np.ndarray:
+    """x rounded to the 256-level asymmetric INT8 grid of [lo, hi] (zero point an integer, so 0 stays exact)."""
+    lo, hi = float(lo), float(hi)
+    if not hi > lo:
+        return x
+    scale = (hi - lo) / 255.0
+    zp = float(np.clip(np.rint(-128.0 - lo / scale), -128, 127))
+    q = np.clip(np.rint(x / scale) + zp, -128, 127)
+    return ((q - zp) * scale).astype(x.dtype, copy=False)
 
 
 def _weight_axis(op) -> tuple[object, int] | None:
@@ -66,12 +77,19 @@ def quantize_weights(model: TopModel) -> TopModel:
 
 
 def simulate(model: TopModel, table, samples: list[dict]) -> list[dict[str, np.ndarray]]:
-    """Outputs of `model` with INT8-quantized weights and activations (from `table`), per sample."""
-    thresholds = {name: entry[0] for name, entry in table.entries.items()}
+    """Outputs of `model` with INT8-quantized weights and activations (from `table`), per sample.
+
+    Activations are symmetric on each threshold, or asymmetric on each [min, max] when the table
+    is asymmetric.
+    """
+    entries = table.entries
+    asymmetric = getattr(table, "asymmetric", False)
 
     def observe(name, arr):
-        t = thresholds.get(name)
-        return arr if t is None or arr.dtype.kind != "f" else fake_quant(arr, t)
+        e = entries.get(name)
+        if e is None or arr.dtype.kind != "f":
+            return arr
+        return fake_quant_asymmetric(arr, e[1], e[2]) if asymmetric else fake_quant(arr, e[0])
 
     interp = TopInterpreter(quantize_weights(model))
     return [interp.run(sample, observe=observe) for sample in samples]

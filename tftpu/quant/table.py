@@ -2,7 +2,9 @@
 
 Text in TPU-MLIR's layout (`# op_name threshold min max`, one tensor per line, in the model's
 order), so its tables and ours read the same. No timestamp: the same calibration writes the
-same bytes.
+same bytes. An asymmetric table (header `# asymmetric: true`) holds in min/max the calibrated
+range for INT8 asymmetric mode instead of the observed one, as TPU-MLIR's asymmetric mode reads
+those columns. A table made by `auto` counts the methods it chose in the header.
 
 >>> table = CalibrationTable({"conv1": (4.3, -4.178, 4.493)}, method="kl", samples=20)
 >>> print(table.text().splitlines()[-1])
@@ -27,16 +29,31 @@ def _num(v: float) -> str:
 
 @dataclasses.dataclass
 class CalibrationTable:
-    """`entries`: tensor name -> (threshold, min, max), in model order."""
+    """`entries`: tensor name -> (threshold, min, max), in model order; min/max are the calibrated
+    asymmetric range when `asymmetric`. `chosen`: tensor name -> method, for `auto`."""
 
     entries: dict[str, tuple[float, float, float]]
     method: str = ""
     samples: int = 0
     bins: int = 0
+    asymmetric: bool = False
+    chosen: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    def counts(self) -> dict[str, int]:
+        """How many tensors each method was chosen for (auto), by method name."""
+        out: dict[str, int] = {}
+        for m in self.chosen.values():
+            out[m] = out.get(m, 0) + 1
+        return dict(sorted(out.items()))
 
     def text(self) -> str:
         head = ["# tftpu calibration table", f"# method: {self.method}", f"# sample number: {self.samples}",
-                f"# histogram number: {self.bins}", "###", "# op_name threshold min max"]
+                f"# histogram number: {self.bins}"]
+        if self.asymmetric:
+            head.append("# asymmetric: true")
+        if self.chosen:
+            head.append("# auto chose: " + ", ".join(f"{m} {n}" for m, n in self.counts().items()))
+        head += ["###", "# op_name threshold min max"]
         rows = [f"{name} {_num(t)} {_num(lo)} {_num(hi)}" for name, (t, lo, hi) in self.entries.items()]
         return "\n".join(head + rows) + "\n"
 
@@ -83,5 +100,8 @@ def read_table(path) -> CalibrationTable:
         raise ModelFileError(path, "no calibration entries")
     samples = meta.get("sample number", "0")
     bins = meta.get("histogram number", "0")
+    asym = meta.get("asymmetric", "false").lower()
+    if asym not in ("true", "false"):
+        raise ModelFileError(path, f"header '# asymmetric: {meta['asymmetric'][:20]}': expected true or false")
     return CalibrationTable(entries, meta.get("method", ""), int(samples) if samples.isdigit() else 0,
-                            int(bins) if bins.isdigit() else 0)
+                            int(bins) if bins.isdigit() else 0, asymmetric=asym == "true")
