@@ -128,7 +128,9 @@ def tftpu_ranges(calibrated: bytes, dataset_gen, method: str, bins: int = BINS) 
                                               (lo_seen[i], hi_seen[i]))[0]
     changes = []
     for i, (name, lo, hi) in acts.items():
-        if method == "mse" and hi_seen[i] > lo_seen[i]:
+        if method == "minmax":
+            t, written = max(-lo, hi), (lo, hi)          # TFLite's own ranges, untouched
+        elif method == "mse" and hi_seen[i] > lo_seen[i]:
             written = asymmetric_mse(signed[i], lo_seen[i], hi_seen[i], lo, hi)
             t = max(-written[0], written[1])
         else:

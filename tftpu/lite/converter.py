@@ -37,8 +37,8 @@ class _TftpuOptions:
     _tftpu_source = None
 
     def _tftpu_active(self) -> bool:
-        return bool(self.device_specs) or self.space_to_depth not in (None, False) or \
-            self.calibration_method is not None
+        return bool(self.device_specs) or not (self.space_to_depth is None or self.space_to_depth is False) \
+            or self.calibration_method is not None or bool(self.s2d_input)
 
     def convert(self):
         """TensorFlow's conversion, then tftpu's options in order: S2D, INT8 ranges, TAC."""
@@ -142,10 +142,11 @@ def scratch_dir(prefix: str):
 def check_options(converter) -> None:
     """Refuse malformed tftpu options before any work, one line each."""
     s2d = converter.space_to_depth
-    if s2d not in (None, False, True) and not (isinstance(s2d, int) and s2d >= 2):
+    if not (s2d is None or s2d is False or s2d is True or
+            (isinstance(s2d, int) and not isinstance(s2d, bool) and s2d >= 2)):
         raise errors.UsageError(f"space_to_depth={s2d!r}: expected True (the cost model decides) or a block "
                                 f"size >= 2")
-    if converter.s2d_input and s2d in (None, False):
+    if converter.s2d_input and (s2d is None or s2d is False):
         raise errors.UsageError("s2d_input=True needs space_to_depth")
     if converter.calibration_method is not None:
         from tftpu.lite.calibration import check_method

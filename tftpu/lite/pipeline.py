@@ -29,7 +29,7 @@ def convert(converter) -> tuple[bytes, dict]:
     meta = None
     with contextlib.ExitStack() as stack:
         target = converter
-        if converter.space_to_depth not in (None, False):
+        if not (converter.space_to_depth is None or converter.space_to_depth is False):
             target, report["space_to_depth"], meta = _space_to_depth(converter, stack)
         target._tftpu_ranges = None
         data = bytes(target._tf_convert())

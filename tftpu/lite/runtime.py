@@ -8,6 +8,7 @@ runs `.tflite` files through here.
 from __future__ import annotations
 
 import functools
+import warnings
 
 import numpy as np
 
@@ -39,10 +40,12 @@ def interpreter(model, *, preserve_all_tensors: bool = False, num_threads: int |
     if num_threads is not None:
         kwargs["num_threads"] = num_threads
     try:
-        if isinstance(model, (bytes, bytearray, memoryview)):
-            interp = cls(model_content=bytes(model), **kwargs)
-        else:
-            interp = cls(model_path=str(model), **kwargs)
+        with warnings.catch_warnings():   # keeping every tensor is what calibration asks for
+            warnings.filterwarnings("ignore", message=".*experimental_preserve_all_tensors.*")
+            if isinstance(model, (bytes, bytearray, memoryview)):
+                interp = cls(model_content=bytes(model), **kwargs)
+            else:
+                interp = cls(model_path=str(model), **kwargs)
         interp.allocate_tensors()
     except (ValueError, RuntimeError) as exc:
         where = "<tflite bytes>" if isinstance(model, (bytes, bytearray, memoryview)) else str(model)

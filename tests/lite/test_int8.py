@@ -1,0 +1,65 @@
+"""INT8 through tftpu.lite on mtcnn with real weights (PEERS.md's protocol): tftpu's ranges go
+into TF's calibrated model and TF's quantizer writes a normal full-integer `.tflite`."""
+
+import numpy as np
+import pytest
+
+from tftpu import lite
+from tftpu.lite import runtime
+from tftpu.tac import tflite_io
+
+
+def _convert(cls, km, calib, method=None):
+    import tensorflow as tf
+
+    conv = cls.from_keras_model(km)
+    conv.optimizations = [tf.lite.Optimize.DEFAULT]
+    conv.representative_dataset = lambda: ([x[None]] for x in calib)
+    conv.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+    conv.inference_input_type = conv.inference_output_type = tf.int8
+    if method:
+        conv.calibration_method = method
+    return conv.convert(), conv
+
+
+def _scores(data, images):
+    interp = runtime.interpreter(data)
+    k = next(i for i, d in enumerate(runtime.output_details(interp)) if d["shape"][-1] == 2)
+    return np.array([runtime.run(interp, [x[None]])[k][0, 1] for x in images])
+
+
+@pytest.mark.slow
+def test_onet_int8_beats_tflite(keras_model):
+    import tensorflow as tf
+
+    from tests.models import mtcnn
+
+    km = keras_model("mtcnn_onet")
+    images, labels = mtcnn.lfw_inputs(48)
+    images = images.astype(np.float32)
+    calib = images[np.concatenate([np.where(labels == 1)[0][:50], np.where(labels == 0)[0][:50]])]
+    pf = km.predict(images, verbose=0)[-1][:, 1]
+    peer, _ = _convert(tf.lite.TFLiteConverter, km, calib)
+    ours, conv = _convert(lite.TFLiteConverter, km, calib, "mse")
+    pt, pq = _scores(peer, images), _scores(ours, images)
+    assert np.mean((pq > 0.5) == labels) == 1.0
+    assert np.abs(pq - pf).max() < np.abs(pt - pf).max()
+    assert conv.report["int8"]["clipped"] > 0
+    model = tflite_io.read(ours)          # a normal full-integer model: int8 activations in and out
+    sg = model.subgraphs[0]
+    assert all(sg.tensors[i].type == 9 for i in list(sg.inputs) + list(sg.outputs))   # 9: INT8
+
+
+def test_minmax_is_tflites_own_int8(keras_model):
+    """With TFLite's own ranges written back, the hook gives TF's INT8 model byte for byte."""
+    import tensorflow as tf
+
+    from tests.models import mtcnn
+
+    km = keras_model("mtcnn_rnet")
+    images, labels = mtcnn.lfw_inputs(24)
+    calib = images.astype(np.float32)[::20]
+    peer, _ = _convert(tf.lite.TFLiteConverter, km, calib)
+    ours, conv = _convert(lite.TFLiteConverter, km, calib, "minmax")
+    assert conv.report["int8"]["clipped"] == 0
+    assert ours == peer
