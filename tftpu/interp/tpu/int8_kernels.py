@@ -67,7 +67,8 @@ def _conv2d_f64(x, w, strides, pads, dil, group):
     c, o = x.shape[-1], w.shape[-1]
     if group == 1:
         return np.asarray(raw.Conv2D(input=x, filter=w, strides=st, padding="VALID", dilations=dl))
-    if group == c and w.shape[2] == 1 and dil == [1, 1]:
+    # TF's depthwise kernel takes no dilations and only equal strides
+    if group == c and w.shape[2] == 1 and dil == [1, 1] and strides[0] == strides[1]:
         kh, kw = w.shape[:2]
         dw = w.reshape(kh, kw, c, o // c)
         return np.asarray(raw.DepthwiseConv2dNative(input=x, filter=dw, strides=st, padding="VALID"))
@@ -174,7 +175,8 @@ def avg_pool(operands, attrs, info):
     nhwc = attrs["layout"] == "NHWC"
     c = x.shape[-1] if nhwc else x.shape[1]
     ones = np.ones((c, 1, *attrs["kernel_shape"]), np.float64)
-    conv_attrs = {**attrs, "group": c, "kernel_layout": "OIHW"}
+    conv_attrs = {**attrs, "group": c, "kernel_layout": "OIHW",
+                  "dilations": [1] * len(attrs["kernel_shape"])}    # a pool has no dilations
     acc = np.rint(conv_accumulate(_centered(x, info.ins[0]), ones, conv_attrs)).astype(np.int64)
     return [_requant(acc, attrs, info.outs[0], 0)]
 
