@@ -94,7 +94,8 @@ def parse_module(text: str, source: str = "<string>") -> ModuleOp:
         module = Parser(context(), text, name=source).parse_module()
     except ParseError as e:
         first = str(e).strip().splitlines()
-        raise ModelFileError(source, f"not valid MLIR: {' '.join(first[:3])}") from None
+        # location, source line, caret, then the reason (which must not be lost)
+        raise ModelFileError(source, f"not valid MLIR: {' '.join(part.strip() for part in first)}") from None
     return module
 
 

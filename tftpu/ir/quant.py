@@ -50,6 +50,16 @@ def _parse_real(parser: AttrParser) -> float:
     return float(value)
 
 
+def _checked(parser: AttrParser, cls, params: tuple) -> tuple:
+    """`params` if they make a valid `cls`, else a parse error at the type (so a bad scale or
+    zero point in a file is reported like any other syntax error, naming file and line)."""
+    try:
+        cls(*params)
+    except VerifyException as e:
+        parser.raise_error(str(e))
+    return params
+
+
 @irdl_attr_definition
 class UniformQuantType(ParametrizedAttribute, TypeAttribute):
     """`!quant.uniform<storage:expressed[:axis], scale:zp | {scale:zp,...}>`."""
@@ -144,8 +154,9 @@ class UniformQuantType(ParametrizedAttribute, TypeAttribute):
         else:
             pairs = parser.parse_comma_separated_list(parser.Delimiter.BRACES, pair, "per-axis scales")
         parser.parse_punctuation(">")
-        return (StringAttr(storage), StringAttr(expressed), IntAttr(axis),
-                ArrayAttr([FloatData(s) for s, _ in pairs]), ArrayAttr([IntAttr(z) for _, z in pairs]))
+        return _checked(parser, cls, (StringAttr(storage), StringAttr(expressed), IntAttr(axis),
+                                      ArrayAttr([FloatData(s) for s, _ in pairs]),
+                                      ArrayAttr([IntAttr(z) for _, z in pairs])))
 
 
 @irdl_attr_definition
@@ -181,7 +192,7 @@ class CalibratedQuantType(ParametrizedAttribute, TypeAttribute):
         hi = _parse_real(parser)
         parser.parse_punctuation(">")
         parser.parse_punctuation(">")
-        return StringAttr(expressed), FloatData(lo), FloatData(hi)
+        return _checked(parser, cls, (StringAttr(expressed), FloatData(lo), FloatData(hi)))
 
 
 Quant = Dialect("quant", [], [UniformQuantType, CalibratedQuantType])

@@ -72,6 +72,12 @@ class TpuOp(TensorOp):
         if self.TOP is not None:
             self.TOP.check(_probe(self.TOP), shapes, attrs)
         self.check_types()
+        check_quant_axes(self)
+        check_requant(self, attrs)
+
+    def requant_channels(self, attrs) -> int:
+        """How many per-channel (multiplier, rshift) pairs the op may carry besides one."""
+        return 1
 
     def check_types(self) -> None:
         """Float ops compute in one float type; an INT8 op's activations are all quantized."""
@@ -101,6 +107,51 @@ class TpuOp(TensorOp):
 
 def _is_weight(v) -> bool:
     return isinstance(v.owner, top.Weight)
+
+
+# ops whose INT8 kernel requantizes an accumulator with `multiplier` / `rshift`
+_REQUANTIZING = ("tpu.Conv", "tpu.MatMul", "tpu.Mul", "tpu.AvgPool", "tpu.GlobalAvgPool")
+_ADD_LIKE = ("tpu.Add", "tpu.Sub")     # one int16 multiplier per input, one shared rshift
+
+
+def check_quant_axes(op) -> None:
+    """A per-axis quantized type names an axis of its tensor and has one scale per channel."""
+    for v in (*op.operands, *op.results):
+        if not isinstance(v.type, TensorType) or not quant.is_quant(v.type.element_type):
+            continue
+        et, shape = v.type.element_type, v.type.get_shape()
+        axis = et.quant_axis
+        if axis is not None and (axis >= len(shape) or len(et.scales) != shape[axis]):
+            raise ValueError(f"per-axis type of a {list(shape)} tensor has axis {axis} and "
+                             f"{len(et.scales)} scales: needs one scale per channel of an axis it has")
+
+
+def check_requant(op, attrs) -> None:
+    """`multiplier` / `rshift` of an INT8 op are what its kernel can run: present where it
+    requantizes, one pair per tensor or per output channel, multipliers in [0, 2**31) (Add/Sub:
+    int16, one per input, one rshift), shifts in [-31, 31] (a negative one shifts left)."""
+    ms, rs = list(attrs.get("multiplier", ())), list(attrs.get("rshift", ()))
+    quantized = op.quantized
+    if op.name == "tpu.Cast":
+        quantized = quantized and is_quantized(op.operands[0])
+    elif op.name in _ADD_LIKE:
+        if quantized and (len(ms) != len(op.operands) or len(rs) != 1 or not 0 <= rs[0] <= 31
+                          or any(abs(m) >= 1 << 15 for m in ms)):
+            raise ValueError(f"INT8 {op.name[4:]} needs one int16 multiplier per input and one rshift in "
+                             f"0..31, got multiplier {ms}, rshift {rs}")
+        return
+    elif op.name not in _REQUANTIZING:
+        quantized = False
+    if not quantized:
+        return
+    if not ms or len(ms) != len(rs):
+        raise ValueError(f"INT8 {op.name[4:]} needs as many multipliers as rshifts (at least one), "
+                         f"got multiplier {ms}, rshift {rs}")
+    channels = op.requant_channels(attrs)
+    if len(ms) not in (1, channels):
+        raise ValueError(f"{len(ms)} multipliers: expected 1 or one per output channel ({channels})")
+    if any(not 0 <= m < 1 << 31 for m in ms) or any(not -31 <= r <= 31 for r in rs):
+        raise ValueError(f"multipliers must lie in [0, 2**31) and rshifts in [-31, 31], got {ms}, {rs}")
 
 
 # ---------------------------------------------------------------- the TPU's own ops
@@ -169,6 +220,22 @@ def _mirror(top_cls) -> type[TpuOp]:
 # (a dtype change) lowers to `tpu.Cast`
 _NOT_MIRRORED = ("top.Input", "top.Weight", "top.None", "top.Cast")
 MIRRORED = [_mirror(cls) for cls in top.TOP_OPS if cls.name not in _NOT_MIRRORED]
+
+
+def _conv_channels(self, attrs) -> int:
+    shape = self.results[0].type.get_shape()
+    return shape[-1] if attrs.get("layout") == "NHWC" else shape[1]
+
+
+def _last_channels(self, attrs) -> int:
+    return self.results[0].type.get_shape()[-1]
+
+
+for _cls in MIRRORED:                # per-channel requantization: Conv's channels, MatMul's last axis
+    if _cls.name == "tpu.Conv":
+        _cls.requant_channels = _conv_channels
+    elif _cls.name == "tpu.MatMul":
+        _cls.requant_channels = _last_channels
 globals().update({cls.name[4:]: cls for cls in MIRRORED})   # tpu.Conv as `tpu.Conv` in Python too
 FROM_TOP: dict[str, type[TpuOp]] = {cls.TOP.name: cls for cls in MIRRORED}   # "top.Conv" -> tpu.Conv
 
