@@ -2,13 +2,16 @@
 
     tftpu-calibrate --mlir=resnet.top.mlir --dataset=images/ --input_num=20 -o resnet_cali_table
     tftpu-calibrate --mlir=m.top.mlir --dataset=npz_dir/ --calibration_method=kl -o m_cali_table
+    tftpu-calibrate --mlir=m.top.mlir --dataset=images/ --calibration_method=auto --asymmetric -o m_cali_table
 
 Runs the TOP model on the first `--input_num` files of `--dataset` (sorted by name; images are
 resized to the input and turned into `(pixel - mean) * scale`; `.npz`/`.npy` files are taken
 as they are) and writes, for every float tensor, the INT8 threshold chosen by the method
 (mse, the default: least expected squared error; kl: TensorRT's entropy method; percentile:
-99.99% of |x|; minmax: the largest |x|) with the observed min and max, in TPU-MLIR's table
-layout, then (`--simulate`, on by default) runs the inputs again with simulated INT8 weights
+99.99% of |x|; minmax: the largest |x|; aciq_gauss / aciq_laplace: ACIQ's closed-form clip of a
+fitted Gaussian / Laplace; auto: per tensor, whichever of those changes the ops it feeds least,
+judged on the first --tune_num inputs) with the observed min and max (with --asymmetric: the
+method's clipped range for INT8 asymmetric mode), in TPU-MLIR's table layout, then (`--simulate`, on by default) runs the inputs again with simulated INT8 weights
 and activations and prints each output's worst cosine and mean SQNR against float.
 The same inputs give a byte-identical table.
 """
@@ -20,8 +23,12 @@ from tftpu import cli
 flags.DEFINE_string("mlir", None, "TOP .mlir to calibrate (its weights .npz beside it)")
 flags.DEFINE_string("dataset", None, "directory of images or .npz/.npy inputs")
 flags.DEFINE_integer("input_num", 20, "number of calibration inputs (the first, by file name)", lower_bound=1)
-flags.DEFINE_enum("calibration_method", "mse", ["minmax", "percentile", "kl", "mse"],
-                  "threshold method (mse by default: kl broke mtcnn O-Net, see README)")
+flags.DEFINE_enum("calibration_method", "mse",
+                  ["minmax", "percentile", "kl", "mse", "aciq_gauss", "aciq_laplace", "auto"],
+                  "threshold method (mse by default: kl broke mtcnn O-Net, see README; auto picks per tensor)")
+flags.DEFINE_bool("asymmetric", False, "also calibrate each tensor's [min, max] for INT8 asymmetric mode "
+                  "(written in the min/max columns; the header says so)")
+flags.DEFINE_integer("tune_num", 5, "inputs auto judges its candidates on (the first ones)", lower_bound=1)
 flags.DEFINE_list("mean", ["0"], "per-channel mean subtracted from image pixels (one value or one per channel)")
 flags.DEFINE_list("scale", ["1"], "per-channel scale applied after the mean (one value or one per channel)")
 flags.DEFINE_enum("pixel_format", "rgb", ["rgb", "bgr", "gray"], "channel order images are fed in")
@@ -54,10 +61,14 @@ def main(args):
     mean, scale = _floats(FLAGS.mean, "mean"), _floats(FLAGS.scale, "scale")
     model = load(FLAGS.mlir)
     samples = quant.load_samples(model, FLAGS.dataset, FLAGS.input_num, mean, scale, FLAGS.pixel_format)
-    table = quant.calibrate(model, samples, FLAGS.calibration_method)
+    table = quant.calibrate(model, samples, FLAGS.calibration_method, asymmetric=FLAGS.asymmetric,
+                            tune_num=FLAGS.tune_num)
     table.save(FLAGS.o)
-    print(f"{FLAGS.o}: {len(table.entries)} tensors, {FLAGS.calibration_method} thresholds "
+    kind = " and asymmetric ranges" if FLAGS.asymmetric else ""
+    print(f"{FLAGS.o}: {len(table.entries)} tensors, {FLAGS.calibration_method} thresholds{kind} "
           f"from {len(samples)} inputs")
+    if table.chosen:
+        print("auto chose: " + ", ".join(f"{m} for {n} tensors" for m, n in table.counts().items()))
     if FLAGS.simulate:
         print(f"simulated INT8 vs float on those inputs: {quant.evaluate(model, table, samples)}")
     return 0

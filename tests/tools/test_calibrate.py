@@ -59,3 +59,19 @@ def test_bad_input_is_one_line_exit_2(work, args, needle):
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert len(r.stderr.strip().splitlines()) == 1 and needle in r.stderr
     assert not (work / "never.txt").exists()
+
+
+def test_auto_and_asymmetric(work):
+    out = work / "auto.txt"
+    r = _run(f"--mlir={work / 'r.top.mlir'}", f"--dataset={work / 'data'}", "--calibration_method=auto",
+             "--asymmetric", "--tune_num=1", "--nosimulate", f"-o={out}")
+    assert r.returncode == 0, r.stderr
+    assert "auto chose:" in r.stdout and "asymmetric ranges" in r.stdout
+    table = quant.read_table(out)
+    assert table.method == "auto" and table.asymmetric and table.samples == 3
+
+
+def test_bad_tune_num_is_one_line_exit_2(work):
+    r = _run(f"--mlir={work / 'r.top.mlir'}", f"--dataset={work / 'data'}", "--calibration_method=auto",
+             "--tune_num=0", f"-o={work / 'never.txt'}")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "tune_num" in r.stderr
