@@ -14,15 +14,10 @@ attributes; with none of them set, `convert()` is TensorFlow's, byte for byte:
 
 from __future__ import annotations
 
-import contextlib
-import shutil
-import tempfile
-
-from tftpu import errors
 
 __all__ = ["TFLiteConverter", "TFTPU_OPTIONS"]
 
-TFTPU_OPTIONS = ("device_specs", "space_to_depth", "s2d_input", "s2d_target", "calibration_method")
+from tftpu.lite.options import TFTPU_OPTIONS
 
 
 class _TftpuOptions:
@@ -47,7 +42,7 @@ class _TftpuOptions:
             return super().convert()
         from tftpu.lite import pipeline
 
-        model, self.report = pipeline.convert(self)
+        model, self.report = pipeline.convert(self, TFLiteConverter)
         return model
 
     def _tf_convert(self):
@@ -105,52 +100,3 @@ class TFLiteConverter:
 
         return _adopt(tf.lite.TFLiteConverter.from_concrete_functions(funcs, trackable_obj),
                       ("concrete_functions", list(funcs), trackable_obj))
-
-
-def settings(converter) -> dict:
-    """The user-settable attributes of TF's converter (public ones and `_experimental_*`)."""
-    return {k: v for k, v in vars(converter).items()
-            if (not k.startswith("_") or k.startswith("_experimental_")) and k not in ("report",)
-            and k not in TFTPU_OPTIONS}
-
-
-def rebuild(converter, source, **tftpu_options):
-    """A tftpu converter for another `source` with `converter`'s settings and the given options."""
-    kind = source[0]
-    if kind == "keras":
-        new = TFLiteConverter.from_keras_model(source[1])
-    elif kind == "saved_model":
-        new = TFLiteConverter.from_saved_model(*source[1:])
-    else:
-        new = TFLiteConverter.from_concrete_functions(*source[1:])
-    for k, v in settings(converter).items():
-        setattr(new, k, v)
-    for k, v in tftpu_options.items():
-        setattr(new, k, v)
-    return new
-
-
-@contextlib.contextmanager
-def scratch_dir(prefix: str):
-    path = tempfile.mkdtemp(prefix=prefix)
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-
-
-def check_options(converter) -> None:
-    """Refuse malformed tftpu options before any work, one line each."""
-    s2d = converter.space_to_depth
-    if not (s2d is None or s2d is False or s2d is True or
-            (isinstance(s2d, int) and not isinstance(s2d, bool) and s2d >= 2)):
-        raise errors.UsageError(f"space_to_depth={s2d!r}: expected True (the cost model decides) or a block "
-                                f"size >= 2")
-    if converter.s2d_input and (s2d is None or s2d is False):
-        raise errors.UsageError("s2d_input=True needs space_to_depth")
-    if converter.calibration_method is not None:
-        from tftpu.lite.calibration import check_method
-
-        check_method(converter.calibration_method)
-        if converter.representative_dataset is None:
-            raise errors.UsageError("calibration_method needs a representative_dataset (INT8 calibration)")

@@ -7,7 +7,7 @@ import contextlib
 
 from tftpu import errors
 from tftpu.lite import runtime, s2d
-from tftpu.lite.converter import check_options, rebuild
+from tftpu.lite import options
 
 
 def _check_quantization(converter) -> None:
@@ -21,16 +21,17 @@ def _check_quantization(converter) -> None:
                                 "(post-training INT8 quantization)")
 
 
-def convert(converter) -> tuple[bytes, dict]:
-    """(the `.tflite` bytes, the report) for a converter with tftpu options set."""
-    check_options(converter)
+def convert(converter, factory) -> tuple[bytes, dict]:
+    """(the `.tflite` bytes, the report) for a converter with tftpu options set; `factory` is
+    `tftpu.lite.TFLiteConverter` (for a rebuilt source)."""
+    options.check_options(converter)
     _check_quantization(converter)
     report: dict = {"interpreter": runtime.name()}
     meta = None
     with contextlib.ExitStack() as stack:
         target = converter
         if not (converter.space_to_depth is None or converter.space_to_depth is False):
-            target, report["space_to_depth"], meta = _space_to_depth(converter, stack)
+            target, report["space_to_depth"], meta = _space_to_depth(factory, converter, stack)
         target._tftpu_ranges = None
         data = bytes(target._tf_convert())
         if converter.calibration_method is not None:
@@ -55,16 +56,16 @@ def convert(converter) -> tuple[bytes, dict]:
     return data, report
 
 
-def _space_to_depth(converter, stack):
+def _space_to_depth(factory, converter, stack):
     block, forced = (2, False) if converter.space_to_depth is True else (int(converter.space_to_depth), True)
     kind = converter._tftpu_source[0]
-    options = {"calibration_method": converter.calibration_method}
+    keep = {"calibration_method": converter.calibration_method}
     if kind != "keras":
         if converter.s2d_input:
             raise errors.UsageError("s2d_input=True works for Keras models; SavedModels and concrete functions "
                                     "keep their image input (S2D runs at the start of the graph)")
         source, info = s2d.graph_source(converter, block, forced, stack)
-        return rebuild(converter, source, **options), info, None
+        return rebuild(factory, converter, source, **keep), info, None
     model = converter._tftpu_source[1]
     info = s2d.estimate(model, block, converter.s2d_target)
     if forced and not info["applies"] and "stride" in info["reason"]:
@@ -74,10 +75,26 @@ def _space_to_depth(converter, stack):
     info["applies"] = True
     info["forced"] = forced
     source, meta = s2d.keras_source(model, block, bool(converter.s2d_input))
-    new = rebuild(converter, ("keras", source), **options)
+    new = rebuild(factory, converter, ("keras", source), **keep)
     if meta is not None and converter.representative_dataset is not None:
         dataset = converter.representative_dataset
         gen = dataset.input_gen if hasattr(dataset, "input_gen") else dataset
         new.representative_dataset = s2d.host_dataset(gen, block)
     info["input"] = "s2d" if meta is not None else "image (SPACE_TO_DEPTH op in the model)"
     return new, info, meta
+
+
+def rebuild(factory, converter, source, **tftpu_options):
+    """A tftpu converter for another `source` with `converter`'s settings and the given options."""
+    kind = source[0]
+    if kind == "keras":
+        new = factory.from_keras_model(source[1])
+    elif kind == "saved_model":
+        new = factory.from_saved_model(*source[1:])
+    else:
+        new = factory.from_concrete_functions(*source[1:])
+    for k, v in options.settings(converter).items():
+        setattr(new, k, v)
+    for k, v in tftpu_options.items():
+        setattr(new, k, v)
+    return new

@@ -172,6 +172,6 @@ def graph_source(converter, block: int, forced: bool, stack):
 
 
 def _scratch(prefix):
-    from tftpu.lite.converter import scratch_dir
+    from tftpu.lite.options import scratch_dir
 
     return scratch_dir(prefix)
