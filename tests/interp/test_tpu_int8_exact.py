@@ -620,3 +620,17 @@ def test_requantize_ties_of_every_int8_value(multiplier, rshift):
         assert np.array_equal(got, want)
         if (multiplier, rshift, zx, zo) == (1 << 30, 0, 0, 0):      # x / 2: ties up
             assert got[[128 - 3, 128 - 1, 128 + 1, 128 + 3]].tolist() == [-1, 0, 1, 2]
+
+
+@pytest.mark.parametrize("asym", [False, True])
+def test_concat_with_a_constant_input_runs_in_int8(asym):
+    """A constant beside activations is quantized onto the output grid (it used to fall back
+    saying a calibration entry was missing)."""
+    rng = np.random.default_rng(8)
+    shapes = {"x": (1, 3, 4)}
+    model = make_model(shapes, lambda b, xs: b.op(
+        "Concat", [b.op("Neg", [xs[0]], {}, "n"), b.weight("c", W(rng, 1, 2, 4, scale=2.0))], {"axis": 1}, "y"))
+    inputs = feeds(shapes, 8)
+    _, report, dump, seen = run_exact(model, inputs, table_for(model, inputs, 8, spread=(1.0, 1.0)), asymmetric=asym)
+    assert not report.fallbacks, str(report)
+    assert seen["tpu.Concat"] == 1

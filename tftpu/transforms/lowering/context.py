@@ -83,7 +83,7 @@ class Lowering:
     def weight(self, name: str, array: np.ndarray, element_type=None) -> SSAValue:
         """A `top.Weight` of the TPU module holding `array` (its type: `element_type`, or the
         array's dtype), reused for the same name, array and type."""
-        array = np.ascontiguousarray(array)
+        array = np.asarray(array, order="C")          # (ascontiguousarray makes a scalar 1-D)
         et = element_type or A.DTYPES[A.dtype_of_numpy(array.dtype)]
         key = (name, et, array.dtype.str, array.shape, array.tobytes())
         if key in self.weight_values:

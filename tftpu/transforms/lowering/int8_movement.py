@@ -7,6 +7,7 @@ from __future__ import annotations
 from xdsl.dialects.builtin import TensorType
 
 from tftpu.ir.base import value_name
+from tftpu.transforms.lowering.int8_elementwise import _grid
 from tftpu.transforms.lowering.int8_pool import same_grid
 from tftpu.transforms.lowering.registry import int8
 
@@ -55,8 +56,10 @@ def pad(ctx, op):
 @int8("top.Concat")
 def concat(ctx, op):
     po = ctx.qparams(op.results[0])
-    ins = [ctx.grid(v) if not ctx.is_weight(v) else None for v in op.operands]
+    ins = [_grid(ctx, v) for v in op.operands]           # a float constant: its own range
     if po is None or any(p is None for p in ins):
+        if any(p is None and ctx.is_weight(v) for v, p in zip(op.operands, ins)):
+            return "it concatenates an integer constant"
         return "a calibration entry is missing for it or one of its inputs"
     ranges = [p.scale * 127 for p in ins]
     smallest = min(ranges)
