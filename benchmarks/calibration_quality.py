@@ -1,6 +1,6 @@
 """INT8 calibration quality on mtcnn R-Net / O-Net with their real weights, against TFLite.
 
-    python benchmarks/calibration_quality.py [--methods mse,kl,percentile,minmax]
+    python benchmarks/calibration_quality.py [--methods mse,kl,percentile,minmax,aciq_gauss,aciq_laplace,auto]
 
 As PEERS.md measures TFLite: calibrate on 50 faces + 50 non-faces of lfw_subset, evaluate on
 all 200. The peer is TFLite's full-integer post-training quantization (TFLiteConverter with the
@@ -45,7 +45,7 @@ def _tflite_scores(km, calib, images):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--methods", default="mse,kl,percentile,minmax")
+    ap.add_argument("--methods", default="mse,kl,percentile,minmax,aciq_gauss,aciq_laplace,auto")
     args = ap.parse_args()
     from tests.models import mtcnn
     from tftpu import frontend, quant

@@ -22,12 +22,12 @@ PINNED = {
     "selfie_segmentation": (
         "902b28b1e11d77490264f06be05f7c765780fe09a380ae34c9bf5b647ce9a252",
         "e277ef2ea37b8ee7a92837bb71f23b5c930bae18da2aef2134d7837b3ff5dcf2",
-        "64c00b1870002fdf0eb1105e50bf72bdf3db2ed7625d984672e0a6ca692696c5",
+        "b74cfc6e348bf4a8df131face00f8dfad18793362414857327e0eabd6108305c",
     ),
     "face_detection_short_range": (
         "1c61fd1d72820631c6956e11478d8ad96b1f29cd31a0e3cc33bcf78561da4cdc",
         "df369d64e448a380f148cd92e9c710f2a1a2fc2f793689114b56271d4dbb3151",
-        "d88b22d1c389808c478fdfa4de1a18544972fc7a93573beb0bd6ca190fda0718",
+        "7edd9fa6f1c0387cfb11b7f974751f52505ccda511efd2243334bc793f2074f2",
     ),
 }
 PHOTOS = ("astronaut.png", "coffee.png", "chelsea.png")
