@@ -98,7 +98,8 @@ def load(model, input_shapes=None, name: str | None = None, canonicalize: bool =
             name = Path(model).stem if isinstance(model, (str, Path)) else getattr(model, "name", None) or "model"
         proto = to_onnx(model, input_shapes, opset, input_signature)
         # TF sources already carry the static shapes; ONNX ones take them here
-        top_model = _onnx_to_top(proto, name, input_shapes if kind == "onnx" else None)
+        top_model = _onnx_to_top(proto, name, input_shapes if kind == "onnx" else None,
+                                 where=str(model) if kind == "onnx" and isinstance(model, (str, Path)) else None)
     if canonicalize:
         from tftpu.transforms.canonicalize import canonicalize as canon
         canon(top_model)

@@ -16,8 +16,8 @@ from typing import Callable
 import numpy as np
 
 from tftpu import geometry
-from tftpu.errors import ModelFileError, ShapeError, UnsupportedOpError
-from tftpu.frontend.onnx_load import Prepared, prepare
+from tftpu.errors import InternalError, ModelFileError, ShapeError, TftpuError, UnsupportedOpError
+from tftpu.frontend.onnx_load import Prepared, node_ident, prepare
 from tftpu.ir import attrs as A
 from tftpu.ir.module import TopBuilder, TopModel
 
@@ -72,6 +72,20 @@ class Importer:
             return None
         return self.p.consts.get(name)
 
+    def scalar(self, name: str, what: str) -> float:
+        """The one value of a constant input ONNX requires to be a scalar (ShapeError otherwise)."""
+        v = self.need_const(name, what)
+        if v.size != 1:
+            raise ShapeError(f"{what} {name!r} must be a scalar, it has shape {list(v.shape)}")
+        return float(v.reshape(()))
+
+    def ints(self, name: str, what: str) -> list[int]:
+        """A constant input ONNX requires to be a 1-D list of integers (ShapeError otherwise)."""
+        v = self.need_const(name, what)
+        if v.ndim > 1 or v.dtype.kind not in "iu":
+            raise ShapeError(f"{what} {name!r} must be a 1-D integer tensor, it is {v.dtype} of shape {list(v.shape)}")
+        return [int(x) for x in v.reshape(-1)]
+
     def need_const(self, name: str, what: str) -> np.ndarray:
         v = self.const(name)
         if v is None:
@@ -116,8 +130,7 @@ class Importer:
             want = self.p.shapes.get(n)
             got = A.shape_of(r.type)
             if want is not None and tuple(want) != got:
-                raise ShapeError(f"node {node.name or node.output[0]!r} ({node.op_type}): TOP infers "
-                                 f"{list(got)} for {n!r}, ONNX says {list(want)}")
+                raise ShapeError(f"TOP infers {list(got)} for {n!r}, ONNX says {list(want)}")
             self.values[n] = r
         return res
 
@@ -130,10 +143,15 @@ class Importer:
             s = self.p.shapes.get(name)
             if s is None:
                 raise ShapeError(f"input {name!r} has no static shape; pass --input_shapes")
-            self.values[name] = self.b.input(name, s, _onnx_dtype(self.p.dtypes.get(name, np.float32)))
+            dtype = self.p.dtypes.get(name, np.float32)
+            try:
+                self.values[name] = self.b.input(name, s, _onnx_dtype(dtype))
+            except Unsupported:
+                raise ModelFileError(self.p.where, f"input {name!r} has element type {np.dtype(dtype)}, "
+                                                   f"which tftpu does not import") from None
         bad = []
         for node in self.p.nodes:
-            ident = node.name or node.output[0]
+            ident = node_ident(node)
             fn = CONVERTERS.get(f"onnx.{node.op_type}") if node.domain in ("", "ai.onnx") else None
             if fn is None:
                 bad.append((f"{node.domain + '.' if node.domain else ''}{node.op_type}", ident))
@@ -144,10 +162,17 @@ class Importer:
                 continue
             self.current = node
             try:
-                fn(self, node, _attrs(node))
+                fn(self, node, _attrs(node, self.p.where))
             except Unsupported as e:
                 bad.append((node.op_type, f"{ident}: {e}"))
                 self.failed.update(node.output)
+            except ShapeError as e:  # TOP's own checks refuse what the node's attributes ask
+                raise ModelFileError(self.p.where, f"{node.op_type} {ident!r}: {e}") from None
+            except TftpuError:
+                raise
+            except Exception as e:  # the node passed ONNX's own checks (onnx_load.NodeCheck): a bug here
+                raise InternalError(f"ONNX {node.op_type} {ident!r}",
+                                    f"converter failed: {type(e).__name__}: {e}") from e
         if bad:
             raise UnsupportedOpError(bad)
         self.current = None
@@ -177,16 +202,17 @@ class Importer:
 class _NodeAttrs(dict):
     """A node's attributes; a required one that is absent is a malformed model, named as such."""
 
-    def __init__(self, node, values: dict):
+    def __init__(self, node, values: dict, where: str):
         super().__init__(values)
         self.node = node
+        self.where = where
 
     def __missing__(self, key):
-        ident = self.node.name or (self.node.output[0] if self.node.output else "?")
-        raise ModelFileError("<onnx>", f"{self.node.op_type} {ident!r}: required attribute {key!r} is missing")
+        raise ModelFileError(self.where, f"{self.node.op_type} {node_ident(self.node)!r}: required attribute "
+                                         f"{key!r} is missing")
 
 
-def _attrs(node) -> dict:
+def _attrs(node, where: str = "<onnx>") -> dict:
     from onnx import helper
     out = {}
     for a in node.attribute:
@@ -197,14 +223,16 @@ def _attrs(node) -> dict:
             elif isinstance(v, list):
                 v = [x.decode() if isinstance(x, bytes) else x for x in v]
         except UnicodeDecodeError:
-            raise ModelFileError("<onnx>", f"{node.op_type} {node.name!r}: attribute {a.name!r} is not UTF-8 text") from None
+            raise ModelFileError(where, f"{node.op_type} {node_ident(node)!r}: attribute {a.name!r} is not UTF-8 "
+                                        f"text") from None
         out[a.name] = v
-    return _NodeAttrs(node, out)
+    return _NodeAttrs(node, out, where)
 
 
-def onnx_to_top(model, name: str | None = None, input_shapes=None) -> TopModel:
-    """Import an ONNX model (path, bytes or ModelProto) into a verified TOP model."""
-    prep = prepare(model, input_shapes)
+def onnx_to_top(model, name: str | None = None, input_shapes=None, where: str | None = None) -> TopModel:
+    """Import an ONNX model (path, bytes or ModelProto) into a verified TOP model. Errors name
+    `where` (by default the path given, else the graph's name)."""
+    prep = prepare(model, input_shapes, where)
     if name is None:
         name = Path(model).stem if isinstance(model, (str, Path)) else (prep.model.graph.name or "model")
     top_model = Importer(prep, name).run()
@@ -404,9 +432,9 @@ def _prelu(imp, node, a):
 def _clip(imp, node, a):
     lo, hi = a.get("min", -F32_MAX), a.get("max", F32_MAX)
     if len(node.input) > 1 and node.input[1]:
-        lo = float(imp.need_const(node.input[1], "min").reshape(()))
+        lo = imp.scalar(node.input[1], "min")
     if len(node.input) > 2 and node.input[2]:
-        hi = float(imp.need_const(node.input[2], "max").reshape(()))
+        hi = imp.scalar(node.input[2], "max")
     imp.emit(node, "Clip", [imp.value(node.input[0])], {"min": max(lo, -F32_MAX), "max": min(hi, F32_MAX)})
 
 
@@ -471,13 +499,10 @@ def _pad(imp, node, a):
     if imp.p.opset < 11:
         pads, val = list(a["pads"]), a.get("value", 0.0)
     else:
-        pads = [int(v) for v in imp.need_const(node.input[1], "pads")]
-        cv = imp.const(node.input[2]) if len(node.input) > 2 and node.input[2] else None
-        val = float(cv.reshape(())) if cv is not None else 0.0
-        if len(node.input) > 2 and node.input[2] and cv is None:
-            raise Unsupported("constant_value must be a constant")
+        pads = imp.ints(node.input[1], "pads")
+        val = imp.scalar(node.input[2], "constant_value") if len(node.input) > 2 and node.input[2] else 0.0
         if len(node.input) > 3 and node.input[3]:
-            axes = [int(v) % rank for v in imp.need_const(node.input[3], "axes")]
+            axes = [v % rank for v in imp.ints(node.input[3], "axes")]
             full = [0] * (2 * rank)
             for j, ax in enumerate(axes):
                 full[ax], full[ax + rank] = pads[j], pads[j + len(axes)]
@@ -498,11 +523,11 @@ def _slice(imp, node, a):
         axes = list(a.get("axes", range(len(starts))))
         steps = [1] * len(starts)
     else:
-        starts = [int(v) for v in imp.need_const(node.input[1], "starts")]
-        ends = [int(v) for v in imp.need_const(node.input[2], "ends")]
-        axes = [int(v) for v in imp.need_const(node.input[3], "axes")] if len(node.input) > 3 and node.input[3] \
+        starts = imp.ints(node.input[1], "starts")
+        ends = imp.ints(node.input[2], "ends")
+        axes = imp.ints(node.input[3], "axes") if len(node.input) > 3 and node.input[3] \
             else list(range(len(starts)))
-        steps = [int(v) for v in imp.need_const(node.input[4], "steps")] if len(node.input) > 4 and node.input[4] \
+        steps = imp.ints(node.input[4], "steps") if len(node.input) > 4 and node.input[4] \
             else [1] * len(starts)
     big = 2 ** 62
     clamp = [max(min(v, big), -big) for v in starts], [max(min(v, big), -big) for v in ends]
@@ -515,7 +540,7 @@ def _split(imp, node, a):
     x = imp.shape(node.input[0])
     axis = a.get("axis", 0) % len(x)
     if len(node.input) > 1 and node.input[1]:
-        sizes = [int(v) for v in imp.need_const(node.input[1], "split")]
+        sizes = imp.ints(node.input[1], "split")
     elif "split" in a:
         sizes = list(a["split"])
     else:
@@ -530,7 +555,7 @@ def _split(imp, node, a):
 
 def _axes(imp, node, a) -> list[int] | None:
     if len(node.input) > 1 and node.input[1]:
-        return [int(v) for v in imp.need_const(node.input[1], "axes")]
+        return imp.ints(node.input[1], "axes")
     return list(a["axes"]) if "axes" in a else None
 
 

@@ -77,7 +77,8 @@ def transform(model_def, *, name: str | None = None, input_shapes=None, layout: 
     name = name or Path(str(model_def)).stem
     t0 = time.perf_counter()
     proto = to_onnx(model_def, input_shapes)
-    model = onnx_to_top(proto, name, input_shapes if kind == "onnx" else None)
+    model = onnx_to_top(proto, name, input_shapes if kind == "onnx" else None,
+                        where=str(model_def) if kind == "onnx" and isinstance(model_def, (str, Path)) else None)
     ops_before = len(model.ops)
     results = run_pipeline(model, pipeline)
     report = next((r.detail for r in results if r.name == "canonicalize"), None)
