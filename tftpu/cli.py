@@ -2,7 +2,10 @@
 
 `run(main, doc)` parses absl flags and runs `main`, turning every failure a user can cause into
 one line on stderr and the documented exit status: 0 success, 1 a check failed, 2 bad input
-or usage (an unknown or malformed flag included), 70 an internal error (a bug, naming the pass or op), 130 / 143 interrupted by SIGINT / SIGTERM (temporary files removed). `--help` prints the tool's flags and exits 0.
+or usage (an unknown or malformed flag included), 70 an internal error (a bug, naming the pass or op),
+130 / 143 interrupted by SIGINT / SIGTERM (temporary files removed). `--help` prints the tool's
+flags and exits 0. Tools are quiet: TensorFlow's start-up lines, its logs and other packages'
+warnings are kept off stderr (`tftpu.utils.quiet`) unless `TFTPU_VERBOSE=1`.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Callable, Sequence
 from absl import flags, logging
 
 from tftpu import errors
+from tftpu.utils import quiet
 
 FLAGS = flags.FLAGS
 _HELP = ("-h", "--help", "-help", "--helpshort", "--helpfull", "-?")
@@ -60,25 +64,23 @@ def run(main: Callable[[list[str]], int | None], doc: str,
     """
     argv = list(sys.argv if argv is None else argv)
     prog = _prog(argv)
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ start-up chatter
     signal.signal(signal.SIGTERM, _terminate)
-    try:
-        args = parse(argv, doc, positional)
-        logging.use_absl_handler()
-        logging.set_verbosity(logging.INFO if os.environ.get("TFTPU_VERBOSE") else logging.WARNING)
-        if tensorflow:
-            from tftpu import compat
-
-            compat.import_tensorflow_quietly()
-        code = main(args)
-    except errors.TftpuError as e:
-        code = fail(prog, e, e.exit_code)
-    except errors.InternalError as e:
-        code = fail(prog, f"internal error (a bug in tftpu, please report it): {e}", e.exit_code)
-    except KeyboardInterrupt:
-        code = fail(prog, "interrupted", 130)
-    except errors.Terminated:
-        code = fail(prog, "terminated", 143)
+    with quiet.tool_output():   # stderr is the tool's own lines only, unless TFTPU_VERBOSE=1
+        try:
+            args = parse(argv, doc, positional)
+            logging.use_absl_handler()
+            logging.set_verbosity(logging.INFO if quiet.verbose() else logging.WARNING)
+            if tensorflow:
+                quiet.import_tensorflow()
+            code = main(args)
+        except errors.TftpuError as e:
+            code = fail(prog, e, e.exit_code)
+        except errors.InternalError as e:
+            code = fail(prog, f"internal error (a bug in tftpu, please report it): {e}", e.exit_code)
+        except KeyboardInterrupt:
+            code = fail(prog, "interrupted", 130)
+        except errors.Terminated:
+            code = fail(prog, "terminated", 143)
     sys.exit(code or 0)
 
 

@@ -40,25 +40,8 @@ def keras_output_names(model) -> list[str]:
 
 
 def import_tensorflow_quietly():
-    """Import TensorFlow with its C++ start-up lines (oneDNN, CPU features) kept off stderr.
+    """Import TensorFlow with its C++ start-up lines (oneDNN, CPU features) kept off stderr,
+    unless `TFTPU_VERBOSE=1` (see `tftpu.utils.quiet.import_tensorflow`)."""
+    from tftpu.utils import quiet
 
-    TF 2.21 prints them through absl before its logging is initialised, so
-    TF_CPP_MIN_LOG_LEVEL cannot hold them back; tools want stderr to be one clear line.
-    An import error still raises normally.
-    """
-    import os
-    import sys
-
-    if "tensorflow" in sys.modules:
-        return sys.modules["tensorflow"]
-    sys.stderr.flush()
-    saved = os.dup(2)
-    null = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(null, 2)
-        import tensorflow
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(null)
-    return tensorflow
+    return quiet.import_tensorflow()

@@ -5,9 +5,29 @@
 downsample), global average pool and a 512 -> 1000 dense layer, He-normal weights.
 
 >>> model = resnet18_like(input_shape=(64, 64, 3))  # doctest: +SKIP
+
+Like the tools, these are quiet unless `TFTPU_VERBOSE=1`: TensorFlow is imported without its
+start-up lines, and the model's `export()` prints no trace (Keras lists every captured
+variable) unless asked with `verbose=True`.
 """
 
 from __future__ import annotations
+
+import contextlib
+import types
+
+from tftpu.utils import quiet
+
+
+def _quiet_export(model, filepath, format="tf_saved_model", verbose=None, input_signature=None, **kwargs):
+    """`keras.Model.export`, with `verbose` defaulting to `TFTPU_VERBOSE` instead of True and
+    TensorFlow's native log lines kept off stderr when not verbose."""
+    import keras
+
+    verbose = quiet.verbose() if verbose is None else verbose
+    with quiet.native_stderr_silenced() if not verbose else contextlib.nullcontext():
+        return keras.Model.export(model, filepath, format=format, verbose=verbose,
+                                  input_signature=input_signature, **kwargs)
 
 
 def _block(x, filters, stride, name, layers):
@@ -28,6 +48,7 @@ def resnet18_like(input_shape=(224, 224, 3), classes: int = 1000, seed: int = 0)
     BatchNorm statistics are set to non-trivial deterministic values so that folding them is
     actually exercised.
     """
+    quiet.import_tensorflow()
     import keras
     import numpy as np
     from keras import layers
@@ -63,6 +84,7 @@ def resnet18_like(input_shape=(224, 224, 3), classes: int = 1000, seed: int = 0)
             fan_in = layer.kernel.shape[0]
             layer.kernel.assign(rng.normal(0, np.sqrt(1.0 / fan_in), layer.kernel.shape).astype("float32"))
             layer.bias.assign(np.zeros(layer.bias.shape, "float32"))
+    model.export = types.MethodType(_quiet_export, model)
     return model
 
 

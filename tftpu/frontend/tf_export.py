@@ -16,6 +16,7 @@ from pathlib import Path
 
 from tftpu import geometry
 from tftpu.errors import ModelFileError, UnsupportedOpError, UsageError
+from tftpu.utils import quiet
 
 DEFAULT_OPSET = 17
 _OPSETS = range(13, 18)
@@ -24,7 +25,7 @@ _OPSETS = range(13, 18)
 def _tf2onnx():
     from tftpu import compat
     compat.install()
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    quiet.import_tensorflow()
     import tf2onnx
 
     from tftpu.frontend import tf2onnx_ext
