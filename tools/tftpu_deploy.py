@@ -8,8 +8,9 @@ Writes the TPU module (.tpu.mlir + its weights .npz). With --test_input every te
 model shares with TOP is compared (INT8 tensors dequantized) and the outputs are judged against
 --tolerance (default per mode, as TPU-MLIR: F32 0.99,0.99; F16 0.95,0.85; BF16 0.95,0.80;
 INT8 0.8,0.5); an output made by a Concat is also judged part by part. Exit status 1 when a
-check falls short. --quantize_table pins ops to modes (`op_name MODE` per line);
---mixed_precision=COS,SQNR_DB searches the fewest ops to keep in float to reach that target.
+check falls short. --quantize_table pins ops to modes (`op_name MODE` per line). In INT8 with a
+test input, ops are kept in float only where pure INT8 misses cosine 0.99 / SQNR 20 dB: the
+fewest that reach it, found by a sensitivity search (--mixed_precision).
 """
 
 from absl import flags
@@ -25,8 +26,9 @@ flags.DEFINE_bool("asymmetric", False, "INT8 with zero points (activations over 
 flags.DEFINE_string("test_input", None, ".npz input to verify with (keys: input names, or in input order)")
 flags.DEFINE_string("test_reference", None, ".npz of reference outputs (default: TOP's own outputs)")
 flags.DEFINE_string("tolerance", None, "minimum cosine,euclidean similarity of the outputs (default per mode)")
-flags.DEFINE_string("mixed_precision", None, "target 'cosine,sqnr_db' of the outputs: keep the fewest ops "
-                    "in float (F16 where the chip has it) until --test_input reaches it")
+flags.DEFINE_string("mixed_precision", "auto", "INT8 with --test_input: 'auto' keeps pure INT8 where the outputs "
+                    "reach cosine 0.99 and SQNR 20 dB, else the fewest ops in float (F16 where the chip has "
+                    "it) that reach it; 'COS,SQNR_DB' another target; 'none' pure INT8")
 flags.DEFINE_string("tpu_mlir", None, "output TPU module (.tpu.mlir; its weights .npz go beside it)")
 flags.DEFINE_string("report", None, "report file: .json for data, .html (any other suffix) for a page")
 flags.DEFINE_string("model", None, "model file (.tpumodel): comes with the backend (layer groups, codegen)")

@@ -18,7 +18,7 @@ import numpy as np
 
 from tftpu import chip as chips
 from tftpu import errors
-from tftpu.interp.similarity import Comparison, compare_arrays, compare_tensors, parse_tolerance
+from tftpu.interp.similarity import Comparison, compare_arrays, compare_tensors, noise_floor, parse_tolerance
 from tftpu.interp.top_interpreter import TopInterpreter
 from tftpu.interp.tpu import TpuInterpreter
 from tftpu.ir import top
@@ -28,6 +28,7 @@ __all__ = ["deploy", "DeployResult", "DEFAULT_TOLERANCE", "verify", "output_part
 
 # TPU-MLIR's default (cosine, euclidean) tolerances of a TPU model against TOP, per mode
 DEFAULT_TOLERANCE = {"F32": (0.99, 0.99), "F16": (0.95, 0.85), "BF16": (0.95, 0.80), "INT8": (0.8, 0.5)}
+AUTO_TARGET = "0.99,20"      # what INT8 must reach before `mixed_precision="auto"` keeps ops in float
 
 
 @dataclasses.dataclass
@@ -63,7 +64,7 @@ class DeployResult:
     def worst_tensors(self, n: int = 5) -> list:
         if self.tensors is None:
             return []
-        finite = [r for r in self.tensors.rows if not math.isnan(r.cosine)]
+        finite = [r for r in self.tensors.rows if not math.isnan(r.cosine) and "rounding noise" not in r.note]
         return sorted(finite, key=lambda r: (r.cosine, r.sqnr))[:n]
 
 
@@ -81,16 +82,17 @@ def verify(top_model, tpu_model, samples: list[dict], tolerance, reference: dict
     for i, sample in enumerate(samples):
         ref = top_run.run(sample, dump_all=True)
         got = tpu_run.run(sample, dump_all=True, dequantize=True)
+        floor = noise_floor(ref.values())
         if i == 0:
-            tensors = compare_tensors(ref, got, tol)
+            tensors = compare_tensors(ref, got, tol, floor)
         for name in top_model.output_names:
             expected = reference[name] if (reference is not None and i == 0 and name in reference) else ref[name]
-            row = compare_arrays(name, expected, got[name], tol)
+            row = compare_arrays(name, expected, got[name], tol, floor)
             if name not in worst_out or _worse(row, worst_out[name]):
                 worst_out[name] = row
         for out, spec in parts.items():
             for (p, a), (_, b) in zip(part_slices(ref, spec), part_slices(got, spec)):
-                row = compare_arrays(f"{out}[{p}]", a, b, tol)
+                row = compare_arrays(f"{out}[{p}]", a, b, tol, floor)
                 key = (out, p)
                 if key not in worst_parts or _worse(row, worst_parts[key]):
                     worst_parts[key] = row
@@ -107,13 +109,15 @@ def _worse(a, b) -> bool:
 
 def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=None, asymmetric: bool = False,
            test_input=None, test_reference=None, tolerance=None, tpu_mlir=None, report=None,
-           mixed_precision: str | None = None, samples: list[dict] | None = None) -> DeployResult:
+           mixed_precision: str | None = "auto", samples: list[dict] | None = None) -> DeployResult:
     """Lower the TOP model `mlir` (a path or TopModel) for `chip` in `quantize` mode.
 
     `test_input` (a dict of arrays or an .npz path) checks the TPU model against TOP, and
-    `test_reference` (outputs) against a reference of your own; `mixed_precision`
-    ("cos,sqnr_db", e.g. "0.99,20") keeps the fewest ops in float until the outputs reach it.
-    Inputs are all checked before anything is written."""
+    `test_reference` (outputs) against a reference of your own. `mixed_precision`: in INT8
+    with a test input, "auto" (the default) keeps pure INT8 where its outputs (and each part of
+    a concatenated output) reach cosine 0.99 and SQNR 20 dB, otherwise the fewest ops in float
+    that reach it; "cos,sqnr_db" sets another target; "none" keeps pure INT8. Inputs are all
+    checked before anything is written."""
     from tftpu.ir.module import TopModel, TpuModel, load
     from tftpu.quant.qtable import read_qtable
     from tftpu.quant.table import read_table
@@ -141,6 +145,10 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
         check_writable(*outputs)
     seconds["load"] = time.perf_counter() - t0
     search = None
+    if mixed_precision in (None, "none", "") or mode != "INT8":
+        mixed_precision = None
+    elif mixed_precision == "auto":
+        mixed_precision = AUTO_TARGET if inputs is not None or samples else None
     if mixed_precision:
         from tftpu.transforms.lowering.search import search_mixed_precision
         pool = samples or ([inputs] if inputs is not None else None)

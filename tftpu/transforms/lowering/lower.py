@@ -145,11 +145,20 @@ def _lower_op(ctx, op, want: str, fallback: str, pinned: bool) -> None:
         if reason is None:
             ctx.record(op, "INT8")
             return
-        ctx.record(op, fallback, reason)
-        lower_float(ctx, op, float_dtype(fallback))
+        mode = _input_float_mode(ctx, op) if follows_float else fallback
+        if mode not in ctx.chip.modes:                    # a model input is f32; edge16 has no F32
+            mode = fallback
+        ctx.record(op, mode, reason)
+        lower_float(ctx, op, float_dtype(mode))
         return
     ctx.record(op, want, "quantize table" if pinned else "")
     lower_float(ctx, op, float_dtype(want))
+
+
+def _input_float_mode(ctx, op) -> str:
+    """The float mode of a data move's input (F16 after an F16 op), so it adds no cast."""
+    dtype = A.dtype_name(ctx.current(op.operands[0]).type.element_type)
+    return {"f32": "F32", "f16": "F16", "bf16": "BF16"}[dtype]
 
 
 def _float_input(ctx, op) -> bool:

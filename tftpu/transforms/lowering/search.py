@@ -4,7 +4,7 @@ Each INT8 op is ranked by the damage it does alone: the outputs' SQNR against TO
 that op runs in INT8 and every other candidate in float (TPU-MLIR's sensitivity measure); a
 binary search over that ranking then finds the shortest prefix to keep in float
 (F16 where the chip has it) whose outputs, and every part of a concatenated output, reach the
-target on every sample. The result is a quantize table (TPU-MLIR's format).
+target, each judged over all samples pooled. The result is a quantize table (TPU-MLIR's format).
 
 >>> result = search_mixed_precision(model, "npu1", table, samples, "0.99,20")   # doctest: +SKIP
 >>> print(result)                                                               # doctest: +SKIP
@@ -20,7 +20,7 @@ import numpy as np
 
 from tftpu import chip as chips
 from tftpu.errors import UsageError
-from tftpu.interp.similarity import cosine_similarity, sqnr
+from tftpu.interp.similarity import cosine_similarity, noise_floor, sqnr
 from tftpu.interp.top_interpreter import TopInterpreter
 from tftpu.interp.tpu import TpuInterpreter
 from tftpu.ir import top
@@ -30,7 +30,8 @@ from tftpu.utils.progress import progress
 
 __all__ = ["search_mixed_precision", "MixedPrecisionResult", "parse_target", "output_parts", "part_slices"]
 
-_CAP = 100.0   # dB: an exact tensor counts as this
+_CAP = 100.0        # dB: an exact tensor counts as this
+RANK_SAMPLES = 4    # samples the per-op sensitivity is measured on
 
 
 def parse_target(text) -> tuple[float, float]:
@@ -137,22 +138,35 @@ def _search(model, chip, table, samples, target, asymmetric, qtable, float_mode)
     ref_run = TopInterpreter(model)
     needed = set(model.output_names) | {spec[0] for spec in parts}
     refs = [{k: v for k, v in ref_run.run(s, dump_all=bool(parts)).items() if k in needed} for s in samples]
+    # rounding noise is judged against the outputs' scale over every sample: an output that is
+    # zero up to rounding on one sample (an empty mask) says nothing about precision
+    floor = noise_floor(v for ref in refs for v in ref.values())
     evaluations = 0
 
     def evaluate(extra: dict, n_samples: int | None = None) -> tuple[tuple[float, float], object]:
+        """Worst (cosine, SQNR) over the judged tensors, each pooled over the samples."""
         nonlocal evaluations
         evaluations += 1
         tpu_model, report = lower(model, chip, "INT8", table, qtable={**base, **extra}, asymmetric=asymmetric)
         run = TpuInterpreter(tpu_model)
-        worst_c, worst_s = 1.0, _CAP
+        pooled: dict = {}
         for s, ref in list(zip(samples, refs))[:n_samples]:
             got = run.run(s, dump_all=bool(parts), dequantize=True)
-            pairs = [(ref[n], got[n]) for n in model.output_names]
+            pairs = [(n, ref[n], got[n]) for n in model.output_names]
             for spec in parts:
-                pairs += [(a, b) for (_, a), (_, b) in zip(part_slices(ref, spec), part_slices(got, spec))]
-            for a, b in pairs:
-                worst_c = min(worst_c, cosine_similarity(a, b))
-                worst_s = min(worst_s, _snr(a, b))
+                pairs += [(f"{spec[0]}[{p}]", a, b)
+                          for (p, a), (_, b) in zip(part_slices(ref, spec), part_slices(got, spec))]
+            for n, a, b in pairs:
+                pooled.setdefault(n, ([], []))
+                pooled[n][0].append(np.ravel(a))
+                pooled[n][1].append(np.ravel(b))
+        worst_c, worst_s = 1.0, _CAP
+        for a, b in pooled.values():
+            a, b = np.concatenate(a), np.concatenate(b)
+            if float(np.max(np.abs(a))) <= floor and float(np.max(np.abs(a - b))) <= floor:
+                continue                                  # zero up to rounding on both sides
+            worst_c = min(worst_c, cosine_similarity(a, b))
+            worst_s = min(worst_s, _snr(a, b))
         return (worst_c, worst_s), report
 
     def meets(r) -> bool:
@@ -163,10 +177,10 @@ def _search(model, chip, table, samples, target, asymmetric, qtable, float_mode)
     if meets(int8_reached) or not int8_ops:
         return MixedPrecisionResult({**base}, [], (cos_t, snr_t), int8_reached, int8_reached, evaluations,
                                     time.perf_counter() - t0, len(int8_ops))
-    # sensitivity: each op alone in INT8, every other candidate in float (on the first sample)
+    # sensitivity: each op alone in INT8, every other candidate in float (on the first samples)
     alone = {}
     for name in progress(int8_ops, desc="mixed precision: op sensitivity", unit="op"):
-        (_, snr), _ = evaluate({n: fmode for n in int8_ops if n != name}, n_samples=1)
+        (_, snr), _ = evaluate({n: fmode for n in int8_ops if n != name}, n_samples=RANK_SAMPLES)
         alone[name] = snr
     ranked = sorted(((name, alone[name]) for name in int8_ops), key=lambda t: (t[1], t[0]))
     lo, hi = 0, len(ranked)                          # invariant: keeping `hi` ops meets (checked below)
