@@ -106,3 +106,26 @@ def test_tool(tmp_path):
     assert "Traceback" not in bad.stderr
     usage = _tool(f"--saved_model_dir={src}")
     assert usage.returncode == 2 and "--output_dir" in usage.stderr
+
+
+def test_output_is_byte_identical_across_runs(tmp_path):
+    """Every file the tool writes, fingerprint.pb included, is the same in two runs (issue 11,
+    item 12): TF's random fingerprint uuid is replaced by one derived from the content hashes."""
+    from tensorflow.core.protobuf import fingerprint_pb2
+
+    src = tmp_path / "in"
+    _export(src)
+    outs = [tmp_path / "a", tmp_path / "b"]
+    for out in outs:
+        proc = _tool(f"--saved_model_dir={src}", f"--output_dir={out}")
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    files = sorted(p.relative_to(outs[0]) for p in outs[0].rglob("*") if p.is_file())
+    assert Path("fingerprint.pb") in files and Path("saved_model.pb") in files
+    assert files == sorted(p.relative_to(outs[1]) for p in outs[1].rglob("*") if p.is_file())
+    for name in files:
+        assert (outs[0] / name).read_bytes() == (outs[1] / name).read_bytes(), name
+    fp = fingerprint_pb2.FingerprintDef.FromString((outs[0] / "fingerprint.pb").read_bytes())
+    assert fp.uuid.isdigit() and int(fp.uuid) < 2 ** 128 and fp.checkpoint_hash
+    read = tf.saved_model.experimental.read_fingerprint(str(outs[0]))
+    assert read.singleprint() and read.saved_model_checksum == fp.saved_model_checksum
+    assert tf.saved_model.load(str(outs[0])).signatures["serving_default"] is not None

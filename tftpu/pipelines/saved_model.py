@@ -68,6 +68,7 @@ def optimize_saved_model(saved_model_dir, output_dir, *, target="tpu", disable: 
     tmp = tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent)
     try:
         tf.saved_model.save(module, tmp, signatures=signatures)
+        deterministic_fingerprint(tmp)
         if out.exists():
             out.rmdir()
         os.replace(tmp, out)
@@ -75,6 +76,33 @@ def optimize_saved_model(saved_model_dir, output_dir, *, target="tpu", disable: 
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return reports
+
+
+def deterministic_fingerprint(saved_model_dir) -> None:
+    """Make `fingerprint.pb` a function of the SavedModel's content, so the same inputs give a
+    byte-identical directory.
+
+    TensorFlow's FingerprintDef holds five content hashes (saved_model.pb's checksum, the
+    regularized graph, the signatures, the object graph, the checkpoint) and a `uuid`, a random
+    128-bit number written as a decimal string at every save, used by nothing that loads the
+    model (TF reads the hashes for its metrics and `singleprint()`). The uuid is replaced by a
+    128-bit number derived from the five hashes, in the same decimal form.
+    """
+    import hashlib
+
+    from tensorflow.core.protobuf import fingerprint_pb2
+
+    path = Path(saved_model_dir) / "fingerprint.pb"
+    if not path.is_file():
+        return
+    fp = fingerprint_pb2.FingerprintDef.FromString(path.read_bytes())
+    if not fp.uuid:
+        return
+    content = (fp.saved_model_checksum, fp.graph_def_program_hash, fp.signature_def_hash,
+               fp.saved_object_graph_hash, fp.checkpoint_hash, fp.version.producer)
+    digest = hashlib.sha256(repr(content).encode()).digest()[:16]
+    fp.uuid = str(int.from_bytes(digest, "big"))
+    path.write_bytes(fp.SerializeToString(deterministic=True))
 
 
 def _serving(fast, names):
