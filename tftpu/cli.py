@@ -36,8 +36,12 @@ def fail(prog: str, message: str, code: int) -> int:
 
 
 def _usage(prog: str, doc: str) -> str:
+    import re
+
     modules = [m for m in FLAGS.flags_by_module_dict() if not m.startswith("absl")]
     flag_help = "\n".join(FLAGS.module_help(m).strip().split("\n", 1)[-1] for m in modules)
+    # a one-letter flag is spelt as the examples spell it: -o, not --o
+    flag_help = re.sub(r"^(\s*)--(\[no\])?(\w):", r"\1-\2\3:", flag_help, flags=re.M)
     return f"{doc.strip()}\n\nusage: {prog} [flags]\n\nflags:\n{flag_help}\n"
 
 
@@ -65,7 +69,7 @@ def run(main: Callable[[list[str]], int | None], doc: str,
     argv = list(sys.argv if argv is None else argv)
     prog = _prog(argv)
     signal.signal(signal.SIGTERM, _terminate)
-    with quiet.tool_output():   # stderr is the tool's own lines only, unless TFTPU_VERBOSE=1
+    with quiet.tool_output(prog):   # stderr is the tool's own lines only, unless TFTPU_VERBOSE=1
         try:
             args = parse(argv, doc, positional)
             logging.use_absl_handler()

@@ -4,19 +4,20 @@
     tftpu-calibrate --mlir=m.top.mlir --dataset=npz_dir/ --calibration_method=kl -o m_cali_table
     tftpu-calibrate --mlir=m.top.mlir --dataset=images/ --calibration_method=auto --asymmetric -o m_cali_table
 
-Runs the TOP model on the first `--input_num` files of `--dataset` (sorted by name; images are
-resized to the input and turned into `(pixel - mean) * scale`; `.npz`/`.npy` files are taken
-as they are) and writes, for every float tensor, the INT8 threshold chosen by the method
-(mse, the default: least expected squared error; kl: TensorRT's entropy method; percentile:
-99.99% of |x|; minmax: the largest |x|; aciq_gauss / aciq_laplace: ACIQ's closed-form clip of a
-fitted Gaussian / Laplace; auto: per tensor, whichever of those changes the ops it feeds least,
-judged on the first --tune_num inputs) with the observed min and max (with --asymmetric: the
-method's clipped range for INT8 asymmetric mode), in TPU-MLIR's table layout, then (`--simulate`, on by default) runs the inputs again with simulated INT8 weights
-and activations and prints each output's worst cosine and mean SQNR against float.
-The same inputs give a byte-identical table.
+Runs the TOP model on the first `--input_num` files of `--dataset` (sorted by name; with fewer
+files it says so and uses them all; images are resized to the input and turned into
+`(pixel - mean) * scale`; `.npz`/`.npy` files are taken as they are) and writes, for every float
+tensor, the INT8 threshold chosen by the method (mse, the default: least expected squared error;
+kl: TensorRT's entropy method; percentile: 99.99% of |x|; minmax: the largest |x|;
+aciq_gauss / aciq_laplace: ACIQ's closed-form clip of a fitted Gaussian / Laplace; auto: per
+tensor, whichever of those changes the ops it feeds least, judged on the first --tune_num
+inputs) with the observed min and max (with --asymmetric: the method's clipped range for INT8
+asymmetric mode), in TPU-MLIR's table layout. Then (`--simulate`, on by default) it runs the
+inputs again with simulated INT8 weights and activations and prints each output's worst cosine
+and mean SQNR against float. The same inputs give a byte-identical table.
 """
 
-from absl import flags
+from absl import flags, logging
 
 from tftpu import cli
 
@@ -61,6 +62,9 @@ def main(args):
     mean, scale = _floats(FLAGS.mean, "mean"), _floats(FLAGS.scale, "scale")
     model = load(FLAGS.mlir)
     samples = quant.load_samples(model, FLAGS.dataset, FLAGS.input_num, mean, scale, FLAGS.pixel_format)
+    if len(samples) < FLAGS.input_num:
+        logging.warning("--input_num=%d, but %s holds %d input(s): calibrating on those %d",
+                        FLAGS.input_num, FLAGS.dataset, len(samples), len(samples))
     table = quant.calibrate(model, samples, FLAGS.calibration_method, asymmetric=FLAGS.asymmetric,
                             tune_num=FLAGS.tune_num)
     table.save(FLAGS.o)

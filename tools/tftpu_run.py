@@ -1,6 +1,13 @@
 """tftpu-run: inference of an .onnx (onnxruntime), .top.mlir / .tpu.mlir (TOP / TPU interpreter) or model file.
 
     tftpu-run --model=resnet.top.mlir --input=in.npz --output=out.npz [--dump_all_tensors]
+
+Inputs: the arrays of --input are matched to the model's inputs by name when the archive holds
+a key for every input name (extra keys are ignored), else by position (the archive's order)
+when it holds exactly as many arrays as the model has inputs; anything else is refused, naming
+both lists. Each array must have the input's shape and is cast to its element type.
+Outputs are written keyed by output tensor name (every tensor by its name with
+--dump_all_tensors), so tftpu-compare can match two runs tensor by tensor.
 """
 
 from absl import flags
@@ -8,8 +15,8 @@ from absl import flags
 from tftpu import cli
 
 flags.DEFINE_string("model", None, "model to run: .onnx, .mlir or a tftpu model file")
-flags.DEFINE_string("input", None, ".npz of inputs")
-flags.DEFINE_string("output", None, ".npz to write outputs to")
+flags.DEFINE_string("input", None, ".npz of inputs: keys are input names, or one array per input in order")
+flags.DEFINE_string("output", None, ".npz to write outputs to, keyed by output tensor name")
 flags.DEFINE_bool("dump_all_tensors", False, "write every intermediate tensor, keyed by location")
 
 FLAGS = flags.FLAGS

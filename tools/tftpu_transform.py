@@ -1,4 +1,4 @@
-"""tftpu-transform: import a model (ONNX, Keras, SavedModel, TFLite) into the TOP dialect.
+r"""tftpu-transform: import a model (ONNX, Keras, SavedModel, TFLite) into the TOP dialect.
 
     tftpu-transform --model_name=resnet --model_def=resnet.onnx --input_shapes=[[1,3,224,224]] \
         --test_input=in.npz --test_result=resnet_top_outputs.npz --mlir=resnet.top.mlir

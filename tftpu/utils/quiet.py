@@ -81,9 +81,22 @@ def import_tensorflow():
     return tensorflow
 
 
+class _ToolFormatter(logging.Formatter):
+    """`tftpu-X: warning: message`, the form of the tool's error line (absl's own form, with
+    time, thread and source line, when verbose)."""
+
+    def __init__(self, prog: str):
+        super().__init__()
+        self.prog = prog
+
+    def format(self, record: logging.LogRecord) -> str:
+        return f"{self.prog}: {record.levelname.lower()}: {' '.join(record.getMessage().split())}"
+
+
 @contextlib.contextmanager
-def tool_output():
-    """The whole run of a command-line tool: quiet unless verbose (see the module doc)."""
+def tool_output(prog: str = "tftpu"):
+    """The whole run of a command-line tool: quiet unless verbose (see the module doc); tftpu's
+    own warnings read `prog: warning: ...`."""
     if verbose():
         yield
         return
@@ -95,6 +108,8 @@ def tool_output():
     absl_handler = absl_logging.get_absl_handler()
     for h in {*handlers, absl_handler}:
         h.addFilter(own)
+    old_formatter = absl_handler.python_handler.formatter
+    absl_handler.python_handler.setFormatter(_ToolFormatter(prog))
     real = None
     old_stderr, old_stream = sys.stderr, absl_handler.python_handler.stream
     try:
@@ -126,3 +141,4 @@ def tool_output():
                 real.close()
             for h in {*handlers, absl_handler}:
                 h.removeFilter(own)
+            absl_handler.python_handler.setFormatter(old_formatter)
