@@ -5,8 +5,10 @@
 As PEERS.md measures TFLite: calibrate on 50 faces + 50 non-faces of lfw_subset, evaluate on
 all 200. The peer is TFLite's full-integer post-training quantization (TFLiteConverter with the
 same 100 calibration inputs, int8 in and out), converted and run in this process. tftpu's side
-is each calibration method's table under simulated INT8 (`tftpu.quant.simulate`: per-channel
-weights, per-tensor activations). Printed per method: face/non-face accuracy (float and INT8),
+is each calibration method's table twice: under simulated INT8 (`tftpu.quant.simulate`:
+per-channel weights, per-tensor activations) and deployed (`tftpu.pipelines.deploy`, INT8 on
+the npu1 chip, pure INT8, run with exact integer arithmetic by the TPU interpreter; symmetric,
+and asymmetric with --asymmetric). Printed per method: face/non-face accuracy (float and INT8),
 the largest move of the face score, its ratio to TFLite's, and the calibration time.
 """
 
@@ -43,13 +45,27 @@ def _tflite_scores(km, calib, images):
     return np.array(scores)
 
 
+def deploy_counts(tpu) -> dict:
+    """Compute ops per mode of a TPU model (INT8 where its result is quantized)."""
+    from tftpu.ir import tpu as T
+    counts: dict = {}
+    for op in tpu.ops:
+        if isinstance(op, T.TpuOp) and op.name not in ("tpu.Cast",):
+            mode = "INT8" if op.quantized else op.results[0].type.element_type.name.upper()
+            counts[mode] = counts.get(mode, 0) + 1
+    return counts
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--methods", default="mse,kl,percentile,minmax,aciq_gauss,aciq_laplace,auto")
+    ap.add_argument("--asymmetric", action="store_true", help="also deploy asymmetric INT8 tables")
     args = ap.parse_args()
     from tests.models import mtcnn
     from tftpu import frontend, quant
     from tftpu.interp.top_interpreter import TopInterpreter
+    from tftpu.interp.tpu import TpuInterpreter
+    from tftpu.pipelines.deploy import deploy
 
     print("net   method      acc f32  acc int8  max score move  vs TFLite  calibration s")
     for net, size in (("rnet", 24), ("onet", 48)):
@@ -79,7 +95,18 @@ def main():
             pq = np.array([q[prob][0, 1] for q in quant.simulate(model, table, evals)])
             move = float(np.abs(pq - pf).max())
             print(f"{net:5s} {method:10s} {acc_f:8.3f} {np.mean((pq > 0.5) == labels):9.3f} {move:15.4f} "
-                  f"{move / move_tfl:9.2f}x {t_cal:13.1f}")
+                  f"{move / move_tfl:9.2f}x {t_cal:13.1f}  (simulated)")
+            for asym in ((False, True) if args.asymmetric else (False,)):
+                t_table = quant.calibrate(model, calib, method, asymmetric=True) if asym else table
+                tpu = deploy(model, quantize="INT8", chip="npu1", calibration_table=t_table, asymmetric=asym,
+                             mixed_precision="none").model
+                run = TpuInterpreter(tpu)
+                pi = np.array([run.run(e)[prob][0, 1] for e in evals])
+                move = float(np.abs(pi - pf).max())
+                kind = "TPU INT8 asym" if asym else "TPU INT8"
+                print(f"{net:5s} {method:10s} {acc_f:8.3f} {np.mean((pi > 0.5) == labels):9.3f} {move:15.4f} "
+                      f"{move / move_tfl:9.2f}x {'':13s}  ({kind}: integer inference, "
+                      f"{', '.join(f'{n} {m}' for m, n in sorted(deploy_counts(tpu).items()))})")
     print("PEERS.md (TFLite 2.21, same protocol): accuracy 1.00; max score move 0.024 (R-Net), 0.069 (O-Net)")
 
 

@@ -270,6 +270,25 @@ def reference_of(name, a, ins, out, args, check_params=True):
         acc = (np.asarray(args[0], np.int64) - ins[0].zp) * (np.asarray(args[1], np.int64) - ins[1].zp)
         y = requant(acc, a["multiplier"], a["rshift"], 0, out.zp)
         return clamp(y, out.dtype, out.zp, **relu), problems
+    if name == "tpu.PRelu":
+        x, slope = np.asarray(args[0], np.int64), np.asarray(args[1], np.int64)
+        m, r = list(a["multiplier"]), list(a["rshift"])
+        sscales = np.broadcast_to(np.asarray(ins[1].scales, np.float64), (slope.size,))
+        check_requant([ins[0].scale / out.scale] + list(ins[0].scale * sscales / out.scale))
+        xc = x - ins[0].zp
+        try:
+            np.broadcast_shapes(xc.shape, slope.shape)
+            shape = slope.shape
+        except ValueError:
+            axis = xc.ndim - 1 if a.get("layout") == "NHWC" else 1
+            shape = [-1] + [1] * (xc.ndim - 1 - axis)
+        sb = np.broadcast_to(slope.reshape(shape), xc.shape)
+        mb = np.broadcast_to(np.asarray(m[1:], np.int64).reshape(slope.shape).reshape(shape), xc.shape)
+        rb = np.broadcast_to(np.asarray(r[1:], np.int64).reshape(slope.shape).reshape(shape), xc.shape)
+        flat = [mbqm(int(v), m[0], -r[0]) if v >= 0 else mbqm(int(v) * int(sv), int(mv), -int(rv))
+                for v, sv, mv, rv in zip(xc.ravel(), sb.ravel(), mb.ravel(), rb.ravel())]
+        y = np.asarray(flat, np.int64).reshape(xc.shape) + out.zp
+        return clamp(y, out.dtype, out.zp, **relu), problems
     if name == "tpu.Lut":
         x, table = args
         lo = QRANGE[ins[0].dtype][0]

@@ -634,3 +634,36 @@ def test_concat_with_a_constant_input_runs_in_int8(asym):
     _, report, dump, seen = run_exact(model, inputs, table_for(model, inputs, 8, spread=(1.0, 1.0)), asymmetric=asym)
     assert not report.fallbacks, str(report)
     assert seen["tpu.Concat"] == 1
+
+
+@SWEEP
+@given(st.data())
+def test_prelu_exact(data):
+    """PReLU: per-channel (or one, or a 1-D channel vector) slopes, negative and zero ones too."""
+    d = data.draw
+    c = d(st.integers(1, 6))
+    layout = d(st.sampled_from(["NCHW", "NHWC"]))
+    form = d(st.sampled_from(["broadcast", "vector", "scalar"]))
+    asym, seed = d(st.booleans()), d(st.integers(0, 2 ** 16))
+    rng = np.random.default_rng(seed)
+    shape = (2, c, 3, 4) if layout == "NCHW" else (2, 3, 4, c)
+    slopes = rng.uniform(-1.5, 1.5, c).astype(np.float32)
+    slopes[rng.random(c) < 0.2] = 0.0
+    if form == "scalar":
+        slope = slopes[:1]
+    elif form == "vector":
+        slope = slopes
+    else:
+        slope = slopes.reshape((1, c, 1, 1) if layout == "NCHW" else (1, 1, 1, c))
+
+    def body(b, xs):
+        return b.op("PRelu", [xs[0], b.weight("slope", slope)], {}, "y")
+
+    model = make_model({"x": shape}, body)
+    inputs = feeds({"x": shape}, seed)
+    tm, report, dump, seen = run_exact(model, inputs, table_for(model, inputs, seed), asymmetric=asym)
+    assert seen.get("tpu.PRelu") == 1, report
+    tm, *_ = run_exact(model, inputs, table_for(model, inputs, seed, spread=(1.0, 1.05)), asymmetric=asym)
+    ref = TopInterpreter(model).run(inputs)["y"]
+    got = TpuInterpreter(tm).run(inputs)["y"]
+    assert np.corrcoef(ref.ravel(), got.ravel())[0, 1] > 0.99

@@ -18,6 +18,7 @@ left shift before the multiply.
 
 from __future__ import annotations
 
+import math
 from typing import ClassVar
 
 from xdsl.dialects.builtin import TensorType
@@ -139,6 +140,14 @@ def check_requant(op, attrs) -> None:
                           or any(abs(m) >= 1 << 15 for m in ms)):
             raise ValueError(f"INT8 {op.name[4:]} needs one int16 multiplier per input and one rshift in "
                              f"0..31, got multiplier {ms}, rshift {rs}")
+        return
+    elif op.name == "tpu.PRelu":
+        n = 1 + int(math.prod(op.operands[1].type.get_shape()))
+        if quantized and (len(ms) != n or len(rs) != n):
+            raise ValueError(f"INT8 PRelu needs {n} multipliers and rshifts (one for x >= 0, one per slope "
+                             f"element), got {len(ms)} and {len(rs)}")
+        if quantized and (any(not 0 <= m_ < 1 << 31 for m_ in ms) or any(not -31 <= r <= 31 for r in rs)):
+            raise ValueError(f"multipliers must lie in [0, 2**31) and rshifts in [-31, 31], got {ms}, {rs}")
         return
     elif op.name not in _REQUANTIZING:
         quantized = False

@@ -146,6 +146,32 @@ def mul(operands, attrs, info):
     return [_requant(acc, attrs, info.outs[0], 0)]
 
 
+def slope_like(slope: np.ndarray, x: np.ndarray, attrs: dict) -> np.ndarray:
+    """A PReLU slope shaped to broadcast against `x`, as the TOP kernel does (numpy rules, or a
+    1-D slope of C values on the channel axis)."""
+    try:
+        np.broadcast_shapes(x.shape, slope.shape)
+        return slope
+    except ValueError:
+        axis = x.ndim - 1 if attrs.get("layout") == "NHWC" else 1
+        return slope.reshape([-1] + [1] * (x.ndim - 1 - axis))
+
+
+@int8("tpu.PRelu")
+def prelu(operands, attrs, info):
+    """x >= 0: requantized by multiplier[0]; x < 0: times the INT8 slope, requantized by the
+    slope element's own multiplier (multiplier[1:], shaped like the slope)."""
+    x, slope = operands
+    xc = x.astype(np.int64) - info.ins[0].zp
+    m, r = np.asarray(attrs["multiplier"], np.int64), np.asarray(attrs["rshift"], np.int64)
+    sq = slope_like(slope.astype(np.int64), x, attrs)
+    m_neg, r_neg = slope_like(m[1:].reshape(slope.shape), x, attrs), slope_like(r[1:].reshape(slope.shape), x, attrs)
+    pos = rounding.multiply_by_quantized_multiplier(np.clip(xc, 0, None), m[0], -r[0]).astype(np.int64)
+    neg = rounding.multiply_by_quantized_multiplier(np.minimum(xc, 0) * sq, m_neg, -r_neg).astype(np.int64)
+    y = np.where(xc >= 0, pos, neg) + info.outs[0].zp
+    return [_clamp(y, attrs, info.outs[0])]
+
+
 @own("tpu.Lut")
 def lut(operands, attrs, info):
     x, table = operands

@@ -8,6 +8,7 @@ import numpy as np
 from xdsl.dialects.builtin import StringAttr, TensorType
 
 from tftpu.interp.kernels import KERNELS
+from tftpu.ir import quant
 from tftpu.ir.base import value_name
 from tftpu.quant import params as P
 from tftpu.transforms.lowering.registry import int8
@@ -84,5 +85,34 @@ def activation(ctx, op):
     new = ctx.emit("tpu.Lut", [ctx.quantized(x, pin), ctx.weight(f"{op.loc}_lut", table, ctx.qtype(pout))],
                    {"function": StringAttr(op.name)},
                    op.loc, [out])
+    ctx.values[op.results[0]] = new.results[0]
+    return None
+
+
+@int8("top.PRelu")
+def prelu(ctx, op):
+    """x >= 0: one requantization; x < 0: times the INT8 slope (each slope element at its own
+    scale |slope| / 127), requantized per slope element."""
+    x, slope = op.operands
+    if not ctx.is_weight(slope):
+        return "its slope is not a constant"
+    pin, pout = ctx.grid(x), ctx.qparams(op.results[0])
+    if pin is None or pout is None:
+        return f"no calibration entry for {value_name(x if pin is None else op.results[0])!r}"
+    s = np.asarray(ctx.weight_array(slope), np.float64)
+    varying = [i for i, d in enumerate(s.shape) if d > 1]
+    if len(varying) > 1:
+        return "its slope varies along more than one axis"
+    scales = np.where(s != 0, np.abs(s) / 127.0, 1.0).ravel()
+    sq = np.clip(np.rint(s.ravel() / scales), -127, 127).astype(np.int8).reshape(s.shape)
+    m_pos, r_pos = P.requant([pin.scale / pout.scale])
+    m_neg, r_neg = P.requant(pin.scale * scales / pout.scale)
+    if varying:
+        stype = quant.per_axis("i8", varying[0], scales)
+    else:
+        stype = quant.uniform("i8", float(scales[0]))
+    out = TensorType(ctx.qtype(pout), op.results[0].type.get_shape())
+    new = ctx.emit("tpu.PRelu", [ctx.quantized(x, pin), ctx.weight(slope.owner.key, sq, stype)],
+                   ctx.attributes(op, "tpu.PRelu", multiplier=m_pos + m_neg, rshift=r_pos + r_neg), op.loc, [out])
     ctx.values[op.results[0]] = new.results[0]
     return None
