@@ -190,13 +190,15 @@ def _fix_inputs(model, input_shapes) -> list[str]:
         else:
             shape = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else (d.dim_param or "?")
                      for d in dims]
-            for j, d in enumerate(dims):
-                if d.HasField("dim_value") and d.dim_value > 0:
-                    continue
+            dynamic = [j for j, d in enumerate(dims) if not (d.HasField("dim_value") and d.dim_value > 0)]
+            for j in dynamic:   # refuse before warning, so a refusal is the only line
+                d = dims[j]
                 if j > 0:
                     raise ShapeError(f"input {inp.name!r} has shape {shape}: dimension {j} "
                                      f"({d.dim_param or 'unnamed'}) is dynamic; give --input_shapes "
                                      f"(input_shapes=) with every size, e.g. {[[1] + [int(v) if isinstance(v, int) else 224 for v in shape[1:]]]}")
+            for j in dynamic:
+                d = dims[j]
                 logging.warning("input %r has a dynamic batch dimension (%s): assuming 1; give --input_shapes "
                                 "to choose another", inp.name, d.dim_param or "unnamed")
                 d.Clear()
