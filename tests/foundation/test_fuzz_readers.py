@@ -28,6 +28,49 @@ def _small_onnx() -> bytes:
     return conv_bn_relu_net().SerializeToString()
 
 
+def _many_ops_onnx() -> bytes:
+    """A small graph of most converters (deconv, pools, transpose, concat, slice, pad, grouped
+    conv, split, resize, reshape, softmax, (un)squeeze, gather, reduce, expand, depth-to-space,
+    flatten, layer norm, clip), so flipped attributes and shape inputs reach each of them."""
+    from onnx import helper
+
+    from tests.frontend.onnx_graphs import model, rand
+
+    def ints(*v):
+        return np.array(v, np.int64)
+
+    inits = {"wt": rand(3, 4, 3, 3), "s0": ints(0, 0), "s1": ints(4, 4), "sa": ints(1, 2),
+             "pads": ints(0, 0, 1, 1, 0, 0, 1, 1), "shape": ints(1, 4, 8, 15), "sq": ints(0), "split": ints(3, 3),
+             "idx": ints(0, 2), "lns": rand(480), "lnb": rand(480), "sc": np.array([1, 1, 2, 2], np.float32),
+             "ax": ints(1), "ex": ints(2, 4, 8, 15), "wc": rand(4, 2, 1, 1)}
+    n = helper.make_node
+    nodes = [
+        n("ConvTranspose", ["x", "wt"], ["d"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1],
+          output_padding=[1, 1], name="deconv"),
+        n("AveragePool", ["d"], ["ap"], kernel_shape=[2, 2], strides=[2, 2], name="avg"),
+        n("Transpose", ["ap"], ["t"], perm=[0, 1, 3, 2], name="tr"),
+        n("Concat", ["t", "ap"], ["c"], axis=1, name="cat"),
+        n("Slice", ["c", "s0", "s1", "sa"], ["s"], name="slice"),
+        n("Pad", ["s", "pads"], ["p"], mode="edge", name="pad"),
+        n("Conv", ["p", "wc"], ["cv"], group=2, kernel_shape=[1, 1], name="gconv"),
+        n("Split", ["cv", "split"], ["sp0", "sp1"], axis=2, name="split"),
+        n("Add", ["sp0", "sp1"], ["ad"], name="add"),
+        n("Resize", ["ad", "", "sc"], ["rs"], mode="nearest", name="resize"),
+        n("Reshape", ["rs", "shape"], ["rh"], name="reshape"),
+        n("Softmax", ["rh"], ["sm"], axis=2, name="softmax"),
+        n("Unsqueeze", ["sm", "sq"], ["us"], name="unsq"),
+        n("Squeeze", ["us", "sq"], ["sqz"], name="sq"),
+        n("Gather", ["sqz", "idx"], ["g"], axis=1, name="gather"),
+        n("ReduceMean", ["g", "ax"], ["rm"], keepdims=1, name="rmean"),
+        n("Expand", ["rm", "ex"], ["e"], name="expand"),
+        n("DepthToSpace", ["e"], ["ds"], blocksize=2, mode="CRD", name="d2s"),
+        n("Flatten", ["ds"], ["f"], axis=2, name="flat"),
+        n("LayerNormalization", ["f", "lns", "lnb"], ["ln"], axis=-1, name="ln"),
+        n("Clip", ["ln"], ["y"], name="clip"),
+    ]
+    return model(nodes, [("x", [1, 3, 8, 8])], [("y", None)], inits, opset=18).SerializeToString()
+
+
 def _small_tflite() -> bytes:
     from tests.tac.models import mixed
     return mixed()
@@ -64,7 +107,8 @@ def _read_chip(path):
     chip.load(path)
 
 
-READERS = {"onnx": (_small_onnx, _read_onnx, ".onnx"), "tflite": (_small_tflite, _read_tflite, ".tflite"),
+READERS = {"onnx": (_small_onnx, _read_onnx, ".onnx"), "onnx_ops": (_many_ops_onnx, _read_onnx, ".onnx"),
+           "tflite": (_small_tflite, _read_tflite, ".tflite"),
            "cali_table": (_cali_table, _read_table, ""), "chip": (_chip_yaml, _read_chip, ".yaml")}
 _DATA: dict = {}
 
