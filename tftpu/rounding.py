@@ -72,27 +72,53 @@ def saturating_rounding_doubling_high_mul(a, b) -> np.ndarray:
 
 def rounding_divide_by_pot(x, exponent) -> np.ndarray:
     """gemmlowp's RoundingDivideByPOT: x / 2**exponent, rounded half away from zero (`exponent`
-    may be an array broadcasting against `x`)."""
+    may be an array broadcasting against `x`): `(x + 2**(e-1) - [x < 0]) >> e` for e > 0,
+    which equals gemmlowp's mask-and-threshold form (tested against it)."""
     exponent = np.asarray(exponent, np.int64)
     if exponent.size and (exponent.min() < 0 or exponent.max() > 31):
         raise ValueError(f"exponent {exponent.tolist()} outside 0..31")
-    x = np.asarray(x, np.int64)
-    mask = (np.int64(1) << exponent) - 1
-    remainder = x & mask
-    threshold = (mask >> 1) + np.where(x < 0, np.int64(1), np.int64(0))
-    return ((x >> exponent) + np.where(remainder > threshold, np.int64(1), np.int64(0))).astype(np.int32)
+    t = np.array(x, np.int64)
+    if exponent.any():
+        half = (np.int64(1) << exponent) >> 1
+        t += half
+        t -= (t < half) & (exponent > 0)                # t < half after the add <=> x < 0
+        t >>= exponent
+    return t.astype(np.int32)
 
 
 def multiply_by_quantized_multiplier(x, multiplier, shift) -> np.ndarray:
     """int32 `x` scaled by `multiplier * 2**(shift - 31)`, as TFLite's reference kernels do:
     a left shift for a positive `shift`, the doubling high multiply, then a rounding right
     shift for a negative one. Exact integer arithmetic, int32 result. `multiplier` and `shift`
-    may be arrays broadcasting against `x` (per channel)."""
+    may be arrays broadcasting against `x` (per channel).
+
+    Computed in a few int64 passes with two identities (proved in the module tests against the
+    definitions above): for a non-overflowing product, the high multiply's truncating division
+    of `a*b + nudge` equals the floor `(a*b + 2**30) >> 31`, and the rounding shift (ties away
+    from zero) equals `(t + 2**(r-1) - [t < 0]) >> r` for r > 0."""
     x = np.asarray(x, np.int64)
+    multiplier = np.asarray(multiplier, np.int64)
     shift = np.asarray(shift, np.int64)
-    left, right = np.maximum(shift, 0), np.maximum(-shift, 0)
-    scaled = np.clip(x * (np.int64(1) << left), INT32_MIN, INT32_MAX)
-    return rounding_divide_by_pot(saturating_rounding_doubling_high_mul(scaled, multiplier), right)
+    if (multiplier == INT32_MIN).any():                 # the one product that saturates
+        left, right = np.maximum(shift, 0), np.maximum(-shift, 0)
+        scaled = np.clip(x * (np.int64(1) << left), INT32_MIN, INT32_MAX)
+        return rounding_divide_by_pot(saturating_rounding_doubling_high_mul(scaled, multiplier), right)
+    right = np.maximum(-shift, 0)
+    if right.size and right.max() > 31:
+        raise ValueError(f"exponent {right.tolist()} outside 0..31")
+    if (shift > 0).any():
+        t = np.clip(x << np.maximum(shift, 0), INT32_MIN, INT32_MAX)
+    else:
+        t = np.clip(x, INT32_MIN, INT32_MAX)
+    t = t * multiplier
+    t += np.int64(1 << 30)
+    t >>= 31
+    if right.any():
+        half = (np.int64(1) << right) >> 1
+        t += half
+        t -= (t < half) & (right > 0)                   # t < half after the add <=> t was negative
+        t >>= right
+    return t.astype(np.int32)
 
 
 def requantize(acc, multiplier, shift, zero_point: int = 0, qmin: int = -128, qmax: int = 127) -> np.ndarray:

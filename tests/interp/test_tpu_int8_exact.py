@@ -667,3 +667,23 @@ def test_prelu_exact(data):
     ref = TopInterpreter(model).run(inputs)["y"]
     got = TpuInterpreter(tm).run(inputs)["y"]
     assert np.corrcoef(ref.ravel(), got.ravel())[0, 1] > 0.99
+
+
+@pytest.mark.parametrize("c,k,group,stride,dil", [(512, 3, 1, 1, 1), (64, 7, 1, 2, 1), (32, 3, 32, 2, 1),
+                                                  (16, 3, 4, 1, 2), (3, 5, 1, 2, 1)])
+def test_conv_integer_path_equals_float64_path_at_extremes(c, k, group, stride, dil):
+    """onnxruntime's ConvInteger (uint8 offset by 128) gives the same integers as the float64
+    path, with saturated inputs, extreme zero points and long reductions."""
+    from tftpu.interp.tpu.int8_kernels import conv_accumulate, conv_integer
+
+    rng = np.random.default_rng(c * k + group)
+    o = 2 * group if group > 1 else 24
+    x = rng.choice(np.array([-128, 127, 0, -1, 1], np.int8), size=(1, c, 11, 13)).astype(np.int8)
+    w = rng.choice(np.array([-127, 127, 0, 5], np.int8), size=(o, c // group, k, k)).astype(np.int8)
+    attrs = {"strides": [stride] * 2, "pads": [1, 2, 0, 1], "dilations": [dil] * 2, "group": group,
+             "layout": "NCHW", "kernel_layout": "OIHW"}
+    for zp in (-128, 0, 127):
+        got = conv_integer(x, zp, w, attrs)
+        want = conv_accumulate(x.astype(np.float64) - zp, w, attrs)
+        assert got is not None and got.dtype == np.int32
+        np.testing.assert_array_equal(got.astype(np.int64), np.rint(want).astype(np.int64))

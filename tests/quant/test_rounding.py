@@ -93,3 +93,24 @@ def test_quantize_and_half_precision_rounding():
 def test_bad_scales_are_refused(bad):
     with pytest.raises(UsageError):
         R.quantize_multiplier(bad)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(st.lists(I32, min_size=1, max_size=32), st.integers(0, 31))
+def test_rounding_divide_by_pot_fast_form_is_gemmlowps(xs, e):
+    got = R.rounding_divide_by_pot(np.array(xs, np.int64), e)
+    assert [int(v) for v in got] == [ref_rdbpot(x, e) for x in xs]
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(st.lists(I32, min_size=1, max_size=16), st.lists(st.integers(0, R.INT32_MAX), min_size=1, max_size=16),
+       st.lists(st.integers(-31, 30), min_size=1, max_size=16))
+def test_fused_requantization_matches_the_definitions_per_channel(xs, ms, shifts):
+    """The few-pass form of MultiplyByQuantizedMultiplier, with per-element multipliers and
+    shifts, equals the definitions (high multiply, then the rounding shift) everywhere."""
+    n = min(len(xs), len(ms), len(shifts))
+    xs, ms, shifts = xs[:n], ms[:n], shifts[:n]
+    got = R.multiply_by_quantized_multiplier(np.array(xs), np.array(ms), np.array(shifts))
+    assert [int(v) for v in got] == [ref_mbqm(x, m, s) for x, m, s in zip(xs, ms, shifts)]
+    assert int(R.multiply_by_quantized_multiplier(np.array([R.INT32_MIN]), R.INT32_MIN, 0)[0]) == \
+        ref_mbqm(R.INT32_MIN, R.INT32_MIN, 0)

@@ -12,7 +12,7 @@ import numpy as np
 
 from tftpu import rounding
 from tftpu.interp.kernels import KERNELS
-from tftpu.interp.kernels._registry import tf
+from tftpu.interp.kernels._registry import WEIGHTS, tf
 from tftpu.interp.tpu.registry import int8, own
 from tftpu.ir import attrs as A
 
@@ -97,12 +97,69 @@ def conv_accumulate(x, w, attrs) -> np.ndarray:
     return y[:, :, 0] if one_d and not nhwc else (y[:, 0] if one_d else y)
 
 
+def _conv_integer_session(w: np.ndarray, attrs: dict, group: int):
+    """An onnxruntime ConvInteger (uint8 x uint8 -> exact int32) for one INT8 weight, or None."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    wu = (w.astype(np.int16) + 128).astype(np.uint8)
+    node = helper.make_node("ConvInteger", ["x", "w", "xz", "wz"], ["y"], strides=list(attrs["strides"]),
+                            pads=list(attrs["pads"]), dilations=list(attrs["dilations"]), group=group,
+                            kernel_shape=list(w.shape[2:]))
+    graph = helper.make_graph(
+        [node], "conv_integer",
+        [helper.make_tensor_value_info("x", TensorProto.UINT8, None),
+         helper.make_tensor_value_info("xz", TensorProto.UINT8, [])],
+        [helper.make_tensor_value_info("y", TensorProto.INT32, None)],
+        [numpy_helper.from_array(wu, "w"), numpy_helper.from_array(np.array(128, np.uint8), "wz")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=9)
+    options = ort.SessionOptions()
+    # one session per conv: idle pools must not spin (they would slow every other kernel)
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    try:
+        return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    except Exception:                                   # noqa: BLE001 (an onnxruntime without it: float64 path)
+        return None
+
+
+_NO_SESSION = object()
+
+
+def conv_integer(x: np.ndarray, zp: int, w: np.ndarray, attrs: dict):
+    """Exact int32 sums of a 2-D NCHW conv of INT8 `x` (zero point `zp`) and INT8 `w` (OIHW)
+    through onnxruntime's ConvInteger (uint8 operands, offset by 128 with the zero points
+    moved to match: the same integers), or None where it does not apply: where an int32 sum
+    could overflow (more than 2**31 / 255**2 taps) or the kernel is unavailable."""
+    taps = int(np.prod(w.shape[1:]))
+    if x.ndim != 4 or taps * 255 * 255 >= 1 << 31:
+        return None
+    key = ("conv_integer", tuple(attrs["strides"]), tuple(attrs["pads"]), tuple(attrs["dilations"]), attrs["group"])
+    session = WEIGHTS.get(w, key, lambda: _conv_integer_session(w, attrs, attrs["group"]) or _NO_SESSION)
+    if session is _NO_SESSION:
+        return None
+    xu = (x.astype(np.int16) + 128).astype(np.uint8)
+    return session.run(None, {"x": xu, "xz": np.array(zp + 128, np.uint8)})[0]
+
+
 @int8("tpu.Conv")
 def conv(operands, attrs, info):
     x, w, b = operands
-    acc = conv_accumulate(_centered(x, info.ins[0]), w, attrs)
-    axis = acc.ndim - 1 if attrs["layout"] == "NHWC" else 1
-    acc = np.rint(acc).astype(np.int64)
+    nhwc = attrs["layout"] == "NHWC"
+    axis = x.ndim - 1 if nhwc else 1
+    acc = None
+    if x.ndim == 4 and info.ins[0].dtype == "i8" and w.dtype == np.int8:
+        xn = np.ascontiguousarray(x.transpose(0, 3, 1, 2)) if nhwc else x
+        wn = WEIGHTS.get(w, ("oihw",), lambda: np.ascontiguousarray(w.transpose(3, 2, 0, 1))) \
+            if attrs["kernel_layout"] == "HWIO" else w
+        acc = conv_integer(xn, info.ins[0].zp, wn, attrs)
+        if acc is not None:
+            acc = acc.astype(np.int64)
+            if nhwc:
+                acc = acc.transpose(0, 2, 3, 1)
+    if acc is None:
+        acc = np.rint(conv_accumulate(_centered(x, info.ins[0]), w, attrs)).astype(np.int64)
     if b is not None:
         acc += _per_channel(b, acc.ndim, axis)
     return [_requant(acc, attrs, info.outs[0], axis)]
