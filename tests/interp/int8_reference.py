@@ -155,12 +155,22 @@ def conv_any(x, w, a):
     return np.moveaxis(y, 1, -1) if nhwc else y
 
 
-def window_reduce(x, kernel, strides, pads, fill, reduce):
-    """Windows over the trailing spatial axes of NC* int64 `x` padded with `fill`."""
+def window_reduce(x, kernel, strides, pads, fill, reduce, ceil_mode=False):
+    """Windows over the trailing spatial axes of NC* int64 `x` padded with `fill`. With
+    `ceil_mode`, ONNX's rule (as onnxruntime): one more window where the division leaves a
+    remainder, unless that window would start inside the end padding."""
     nsp = len(kernel)
-    widths = [(0, 0)] * (x.ndim - nsp) + [(pads[i], pads[i + nsp]) for i in range(nsp)]
+    sizes = [x.shape[x.ndim - nsp + i] for i in range(nsp)]
+    outs = []
+    for i in range(nsp):
+        span = sizes[i] + pads[i] + pads[i + nsp] - kernel[i]
+        n = -(-span // strides[i]) + 1 if ceil_mode else span // strides[i] + 1
+        if ceil_mode and (n - 1) * strides[i] >= sizes[i] + pads[i]:
+            n -= 1
+        outs.append(n)
+    extra = [max(0, (outs[i] - 1) * strides[i] + kernel[i] - (sizes[i] + pads[i] + pads[i + nsp])) for i in range(nsp)]
+    widths = [(0, 0)] * (x.ndim - nsp) + [(pads[i], pads[i + nsp] + extra[i]) for i in range(nsp)]
     xp = np.pad(np.asarray(x, np.int64), widths, constant_values=fill)
-    outs = [(xp.shape[x.ndim - nsp + i] - kernel[i]) // strides[i] + 1 for i in range(nsp)]
     y = np.zeros((*x.shape[:x.ndim - nsp], *outs), np.int64)
     for idx in np.ndindex(*outs):
         sl = tuple(slice(idx[i] * strides[i], idx[i] * strides[i] + kernel[i]) for i in range(nsp))
@@ -300,7 +310,10 @@ def reference_of(name, a, ins, out, args, check_params=True):
         nhwc = a["layout"] == "NHWC"
         xs = np.moveaxis(x, -1, 1) if nhwc else x
         if name == "tpu.MaxPool":
-            y = window_reduce(xs, a["kernel_shape"], a["strides"], a["pads"], -(1 << 40), np.max)
+            if any(d != 1 for d in a.get("dilations") or [1]):
+                problems.append("dilated max pools are not modelled by this reference")
+            y = window_reduce(xs, a["kernel_shape"], a["strides"], a["pads"], -(1 << 40), np.max,
+                              bool(a.get("ceil_mode")))
         else:
             y = xs.reshape(*xs.shape[:2], -1).max(axis=-1).reshape(*xs.shape[:2], *([1] * (xs.ndim - 2)))
             if not a["keepdims"]:

@@ -153,6 +153,15 @@ class Lowering:
             return self.none()
         return self.values[v]
 
+    def as_is(self, v: SSAValue) -> SSAValue:
+        """TOP value `v` unconverted: a constant copied into the TPU module, an activation as
+        its producer made it (integer indices, for example)."""
+        if isinstance(v.type, NoneType):
+            return self.none()
+        if self.is_weight(v):
+            return self.weight(v.owner.key, self.weight_array(v))
+        return self.values[v]
+
     def floating(self, v: SSAValue, dtype: str) -> SSAValue:
         """TOP value `v` as a float tensor of `dtype` (weights converted, activations cast)."""
         if isinstance(v.type, NoneType):

@@ -19,7 +19,7 @@ def same_grid(ctx, op, data_index: int = 0):
     p = ctx.grid(x)
     if p is None:
         return f"no calibration entry for {value_name(x)!r}"
-    operands = [ctx.quantized(v, p) if i == data_index else ctx.current(v) for i, v in enumerate(op.operands)]
+    operands = [ctx.quantized(v, p) if i == data_index else ctx.as_is(v) for i, v in enumerate(op.operands)]
     tpu_name = "tpu." + op.name[4:]
     outs = [TensorType(ctx.qtype(p), r.type.get_shape()) for r in op.results]
     new = ctx.emit(tpu_name, operands, ctx.attributes(op, tpu_name), _names(op), outs)

@@ -162,8 +162,10 @@ def _input_float_mode(ctx, op) -> str:
 
 
 def _float_input(ctx, op) -> bool:
+    """Whether a data move reads the output of an op that runs in float (a model input is not
+    one: it is quantized where it enters, as every INT8 input is)."""
     v = op.operands[0]
-    if isinstance(v.type, NoneType) or ctx.is_weight(v):
+    if isinstance(v.type, NoneType) or ctx.is_weight(v) or isinstance(v.owner, top.Input):
         return False
     cur = ctx.current(v)
     return isinstance(cur.type, TensorType) and A.is_float(cur.type)
