@@ -77,3 +77,35 @@ def test_selfie_segmentation_mixed_precision():
     assert auto.lowering.counts()["INT8"] >= 50                # a good part of the model stays INT8
     assert _pooled_iou(model, auto.model, samples) >= 0.98
     assert _pooled_iou(model, pure.model, samples) < 0.98     # pure INT8 needed the search
+
+
+KERAS_APPS = [("ResNet50", 64), ("MobileNetV2", 96), ("EfficientNetB0", 64), ("MobileNetV3Small", 64),
+              ("ConvNeXtTiny", 64)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,size", KERAS_APPS, ids=[n for n, _ in KERAS_APPS])
+def test_keras_applications_every_mode_on_both_chips(name, size):
+    """F32 is bit-equal to TOP; BF16, F16 and INT8 pass TPU-MLIR's default tolerances on every
+    chip that runs the mode (random weights; the logits before any softmax are judged too)."""
+    import keras
+
+    km = getattr(keras.applications, name)(weights=None, input_shape=(size, size, 3), classifier_activation=None)
+    model = frontend.load(frontend.to_onnx(km), name=name)
+    rng = np.random.default_rng(0)
+    shape = model.func.function_type.inputs.data[0].get_shape()
+    samples = [{model.input_names[0]: rng.uniform(-1, 1, shape).astype(np.float32)} for _ in range(3)]
+    table = quant.calibrate(model, samples, "mse")
+    for chip, modes in (("npu1", ("F32", "BF16", "F16", "INT8")), ("edge16", ("F16", "INT8"))):
+        for mode in modes:
+            res = deploy(model, quantize=mode, chip=chip, calibration_table=table, test_input=samples[0],
+                         samples=samples[1:], mixed_precision="none")
+            assert res.passed, (chip, mode, res.outputs)
+            if mode == "F32":
+                assert all(r.note.startswith("equal") for r in res.tensors.rows), (chip, res.worst_tensors(3))
+            else:
+                # a wide margin on every output that is not zero up to rounding (random weights
+                # leave some nets' logits there)
+                cos_tol = {"BF16": 0.99, "F16": 0.999, "INT8": 0.98}[mode]
+                judged = [r for r in res.outputs if "rounding noise" not in r.note]
+                assert all(r.cosine > cos_tol for r in judged), (chip, mode, res.outputs)
