@@ -34,9 +34,11 @@ PINNED = {
     "resnet18_like.top.mlir": "9f2a5fd0194f493d929b951beb1183375ac71bac252a6fa85638837559bfee76",
     "resnet18_like_top_f32_weights.npz": "6684f51382cd1b0e307422299daf54b47e015b6b493cc5a01e84a21071f404e2",
     "resnet18_like_nhwc_top_f32_weights.npz": "c94d5beb96cb737881b827b9204815d075723ceee67d61c927e4ea120416e30a",
-    "resnet18_like_cali_table": "768bac6dc6aaa514f3a15af1706f16a73790e47217870f94f0753a19631a7b93",
+    "resnet18_like_cali_table": "fd7764262aaf9d1cb9bbe47a6881ace406e733afba7de9d81c8600ae2ccf6939",
     "resnet18_like_nhwc.top.mlir": "f0a0bb587f2f05bae9272ce45dfb3445f4ef0b37b092832cb23fdeecffa95814",
     "resnet18_like_tac.tflite": "d1b74a8c721b15b0e172d64c0a87b06d203a2e6616a901ecbe457f9fe3514042",
+    "resnet18_like_npu1_int8.tpu.mlir": "814bc4c4a428fb5c2f9b56740c3c0cda2b381acf3f503a3ff19882e7d6a29161",
+    "resnet18_like_tpu_int8_weights.npz": "41af0df327da5fb9f9a5f4e0c8b42e6c814a76cff1024988af5cbcf4b9eda714",
 }
 
 
