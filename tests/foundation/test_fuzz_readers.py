@@ -107,9 +107,63 @@ def _read_chip(path):
     chip.load(path)
 
 
+def _qtable() -> bytes:
+    return b"# keep the head in float\nconv F16\nout  BF16 # trailing note\nx INT8\n"
+
+
+def _read_qtable(path):
+    from tftpu.quant.qtable import read_qtable
+    read_qtable(path)
+
+
+def _hardware_yaml() -> bytes:
+    from tftpu.utils.config import DEFAULT_ROOT
+    return (DEFAULT_ROOT / "hardware" / "gpu.yaml").read_bytes()
+
+
+def _read_hardware(path):
+    from tftpu.tac.hardware import config
+    config.load(path)
+
+
+_TPU_WEIGHTS: dict = {}
+
+
+def _tpu_mlir() -> bytes:
+    """A small INT8 TPU module (quantized types, per-axis weights, casts, a table)."""
+    from tftpu.ir import TopBuilder
+    from tftpu.quant import CalibrationTable
+    from tftpu.transforms.lowering import lower
+
+    rng = np.random.default_rng(0)
+    b = TopBuilder("fuzz")
+    x = b.input("x", (1, 2, 4, 4))
+    c = b.op("Conv", [x, b.weight("w", rng.normal(size=(3, 2, 3, 3)).astype(np.float32)),
+                      b.weight("b", rng.normal(size=(3,)).astype(np.float32))],
+             {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}, "conv")
+    out = b.op("Sigmoid", [c], {}, "out")
+    top = b.finish([out])
+    table = CalibrationTable({"x": (2.0, -2.0, 2.0), "conv": (5.0, -5.0, 5.0), "out": (1.0, 0.0, 1.0)})
+    tpu, _ = lower(top, "npu1", "INT8", table)
+    _TPU_WEIGHTS.update(tpu.used_weights())
+    return tpu.text().encode()
+
+
+def _read_tpu_mlir(path):
+    from tftpu.ir import load
+    from tftpu.ir.weights import save_npz
+
+    weights = path.parent / "fuzz_tpu_int8_weights.npz"
+    if not weights.exists():
+        save_npz(weights, _TPU_WEIGHTS)
+    load(path)
+
+
 READERS = {"onnx": (_small_onnx, _read_onnx, ".onnx"), "onnx_ops": (_many_ops_onnx, _read_onnx, ".onnx"),
            "tflite": (_small_tflite, _read_tflite, ".tflite"),
-           "cali_table": (_cali_table, _read_table, ""), "chip": (_chip_yaml, _read_chip, ".yaml")}
+           "cali_table": (_cali_table, _read_table, ""), "chip": (_chip_yaml, _read_chip, ".yaml"),
+           "qtable": (_qtable, _read_qtable, ""), "hardware": (_hardware_yaml, _read_hardware, ".yaml"),
+           "tpu_mlir": (_tpu_mlir, _read_tpu_mlir, ".tpu.mlir")}
 _DATA: dict = {}
 
 

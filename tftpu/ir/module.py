@@ -96,6 +96,10 @@ def parse_module(text: str, source: str = "<string>") -> ModuleOp:
         first = str(e).strip().splitlines()
         # location, source line, caret, then the reason (which must not be lost)
         raise ModelFileError(source, f"not valid MLIR: {' '.join(part.strip() for part in first)}") from None
+    except VerifyException as e:
+        # the parser verifies attributes as it builds them (e.g. a value out of range for `i6`,
+        # what a truncated `i64` becomes)
+        raise ModelFileError(source, f"not valid MLIR: {' '.join(str(e).split())[:300]}") from None
     return module
 
 
@@ -262,13 +266,23 @@ def load(mlir_path, weights: dict | None = None) -> TopModel:
             raise ModelFileError(mlir_path, f"module has no {key} attribute")
     state = module.attributes.get("module.state")
     model = (TpuModel if isinstance(state, StringAttr) and state.data.startswith("TPU") else TopModel)(module)
-    if weights is None:
-        wf = Path(model.weight_file)
-        wf = wf if wf.is_absolute() else mlir_path.parent / wf
-        has_weights = any(isinstance(op, top.Weight) for op in model.ops)
-        weights = load_npz(wf) if has_weights or wf.exists() else {}
-    model.weights = dict(weights)
-    model.verify()
+    if isinstance(model, TpuModel):
+        for key in ("module.chip", "module.mode"):
+            if not isinstance(module.attributes.get(key), StringAttr):
+                raise ModelFileError(mlir_path, f"TPU module has no {key} attribute")
+    try:
+        if weights is None:
+            wf = Path(model.weight_file)
+            wf = wf if wf.is_absolute() else mlir_path.parent / wf
+            has_weights = any(isinstance(op, top.Weight) for op in model.ops)
+            weights = load_npz(wf) if has_weights or wf.exists() else {}
+        model.weights = dict(weights)
+        model.verify()
+    except (KeyError, ValueError, TypeError, IndexError, AttributeError, VerifyException) as e:
+        # a file that parses but is not a well-formed module (an op's property renamed, a
+        # region missing): xDSL's verifiers assume what its own printer writes
+        raise ModelFileError(mlir_path, f"not a valid tftpu module: {type(e).__name__}: "
+                                        f"{' '.join(str(e).split())[:200]}") from None
     return model
 
 
