@@ -29,6 +29,10 @@ flags.DEFINE_string("tolerance", None, "minimum cosine,euclidean similarity of t
 flags.DEFINE_string("mixed_precision", "auto", "INT8 with --test_input: 'auto' keeps pure INT8 where the outputs "
                     "reach cosine 0.99 and SQNR 20 dB, else the fewest ops in float (F16 where the chip has "
                     "it) that reach it; 'COS,SQNR_DB' another target; 'none' pure INT8")
+flags.DEFINE_enum("mixed_precision_ranking", "isolated", ["isolated", "alone"],
+                  "how the search ranks ops: 'isolated' (each op's own error on exact inputs; one "
+                  "inference in all) or 'alone' (the outputs with only that op in INT8, TPU-MLIR's "
+                  "measure; one inference per op, usually fewer ops kept)")
 flags.DEFINE_string("tpu_mlir", None, "output TPU module (.tpu.mlir; its weights .npz go beside it)")
 flags.DEFINE_string("report", None, "report file: .json for data, .html (any other suffix) for a page")
 flags.DEFINE_string("model", None, "model file (.tpumodel): comes with the backend (layer groups, codegen)")
@@ -52,7 +56,7 @@ def main(args):
                     calibration_table=FLAGS.calibration_table, quantize_table=FLAGS.quantize_table,
                     asymmetric=FLAGS.asymmetric, test_input=FLAGS.test_input, test_reference=FLAGS.test_reference,
                     tolerance=FLAGS.tolerance, tpu_mlir=FLAGS.tpu_mlir, report=FLAGS.report,
-                    mixed_precision=FLAGS.mixed_precision)
+                    mixed_precision=FLAGS.mixed_precision, mixed_precision_ranking=FLAGS.mixed_precision_ranking)
     print(result.lowering)
     if result.search is not None:
         print(result.search)

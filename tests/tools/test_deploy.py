@@ -152,7 +152,8 @@ def test_quantize_table_pins_modes(cnn_case, tmp_path):
         deploy(model, quantize="INT8", chip="edge16", calibration_table=table, quantize_table=qt)
 
 
-def test_mixed_precision_keeps_the_fewest_ops(cnn_case):
+@pytest.mark.parametrize("ranking", ["isolated", "alone"])
+def test_mixed_precision_keeps_the_fewest_ops(cnn_case, ranking):
     from tftpu.interp.similarity import cosine_similarity, sqnr
     from tftpu.interp.top_interpreter import TopInterpreter
     from tftpu.interp.tpu import TpuInterpreter
@@ -170,7 +171,7 @@ def test_mixed_precision_keeps_the_fewest_ops(cnn_case):
 
     pure = worst({})
     target = f"0.99,{pure[1] + 3:.2f}"                   # out of pure INT8's reach, within float's
-    res = search_mixed_precision(model, "npu1", table, samples, target)
+    res = search_mixed_precision(model, "npu1", table, samples, target, ranking=ranking)
     assert abs(res.int8_reached[1] - pure[1]) < 1e-6
     assert res.met and 0 < len(res.kept) < res.candidates, str(res)
     assert "keeping" in res.summary and all(m == "F16" for _, m, _ in res.kept)
@@ -179,6 +180,8 @@ def test_mixed_precision_keeps_the_fewest_ops(cnn_case):
     assert worst({n: m for n, m, _ in res.kept[:-1]})[1] < pure[1] + 3
     with pytest.raises(errors.UsageError, match="cosine,sqnr_db"):
         search_mixed_precision(model, "npu1", table, samples, "0.99")
+    with pytest.raises(errors.UsageError, match="ranking"):
+        search_mixed_precision(model, "npu1", table, samples, target, ranking="random")
 
 
 def test_bad_input_is_one_clear_error(cnn_case, tmp_path):

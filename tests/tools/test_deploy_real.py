@@ -71,7 +71,7 @@ def test_selfie_segmentation_mixed_precision():
     # the default target (cosine 0.99, 20 dB) gives a mask IoU of about 0.976; a mask held to
     # IoU 0.98 asks for a little more
     auto = deploy(model, quantize="INT8", chip="npu1", calibration_table=table, test_input=samples[0],
-                  samples=samples[1:], mixed_precision="0.995,25")
+                  samples=samples[1:], mixed_precision="0.995,25", mixed_precision_ranking="alone")
     search = auto.search
     assert search is not None and search.met and 0 < len(search.kept) < search.candidates
     assert auto.lowering.counts()["INT8"] >= 50                # a good part of the model stays INT8

@@ -109,7 +109,8 @@ def _worse(a, b) -> bool:
 
 def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=None, asymmetric: bool = False,
            test_input=None, test_reference=None, tolerance=None, tpu_mlir=None, report=None,
-           mixed_precision: str | None = "auto", samples: list[dict] | None = None) -> DeployResult:
+           mixed_precision: str | None = "auto", samples: list[dict] | None = None,
+           mixed_precision_ranking: str = "isolated") -> DeployResult:
     """Lower the TOP model `mlir` (a path or TopModel) for `chip` in `quantize` mode.
 
     `test_input` (a dict of arrays or an .npz path) checks the TPU model against TOP, and
@@ -156,7 +157,7 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
             raise errors.UsageError("--mixed_precision needs --test_input (or samples) to measure with")
         t1 = time.perf_counter()
         search = search_mixed_precision(top_model, the_chip, table, pool, mixed_precision, asymmetric=asymmetric,
-                                        qtable=qtable)
+                                        qtable=qtable, ranking=mixed_precision_ranking)
         qtable = search.qtable
         seconds["mixed precision search"] = time.perf_counter() - t1
     t1 = time.perf_counter()

@@ -1,10 +1,13 @@
 """Mixed precision: keep the fewest ops in float until the INT8 model's outputs reach a target.
 
-Each INT8 op is ranked by the damage it does alone: the outputs' SQNR against TOP when only
-that op runs in INT8 and every other candidate in float (TPU-MLIR's sensitivity measure); a
-binary search over that ranking then finds the shortest prefix to keep in float
-(F16 where the chip has it) whose outputs, and every part of a concatenated output, reach the
-target, each judged over all samples pooled. The result is a quantize table (TPU-MLIR's format).
+Each INT8 op is ranked by the error it makes on its own (`ranking="isolated"`, the default):
+run once on TOP's exact float inputs, quantized onto the grids it reads, its INT8 output is
+compared with TOP's, over the first samples (one inference's worth of work for the whole
+ranking). `ranking="alone"` ranks by TPU-MLIR's measure instead, the outputs with only that op
+in INT8 (one inference per op: slower, usually fewer ops kept). A binary search over the
+ranking then finds the shortest prefix to keep in float (F16 where the chip has it) whose
+outputs, and every part of a concatenated output, reach the target, each judged over all
+samples pooled. The result is a quantize table (TPU-MLIR's format).
 
 >>> result = search_mixed_precision(model, "npu1", table, samples, "0.99,20")   # doctest: +SKIP
 >>> print(result)                                                               # doctest: +SKIP
@@ -31,7 +34,7 @@ from tftpu.utils.progress import progress
 __all__ = ["search_mixed_precision", "MixedPrecisionResult", "parse_target", "output_parts", "part_slices"]
 
 _CAP = 100.0        # dB: an exact tensor counts as this
-RANK_SAMPLES = 4    # samples the per-op sensitivity is measured on
+RANK_SAMPLES = 4    # samples the per-op error is measured on
 
 
 def parse_target(text) -> tuple[float, float]:
@@ -77,14 +80,14 @@ class MixedPrecisionResult:
     def __str__(self) -> str:
         lines = ["mixed precision: " + self.summary]
         for name, mode, snr in self.kept:
-            lines.append(f"  {name}: {mode} (alone in INT8 it leaves the outputs at {snr:.1f} dB SQNR)")
+            lines.append(f"  {name}: {mode} (in INT8 on exact inputs its output reaches {snr:.1f} dB SQNR)")
         return "\n".join(lines)
 
     def as_dict(self) -> dict:
         return {"summary": self.summary, "target": list(self.target), "reached": list(self.reached),
                 "int8_reached": list(self.int8_reached), "met": self.met, "evaluations": self.evaluations,
                 "seconds": round(self.seconds, 3),
-                "kept": [{"name": n, "mode": m, "sqnr_alone_int8_db": round(d, 3)} for n, m, d in self.kept]}
+                "kept": [{"name": n, "mode": m, "sqnr_isolated_int8_db": round(d, 3)} for n, m, d in self.kept]}
 
 
 def _snr(a, b) -> float:
@@ -124,7 +127,62 @@ def part_slices(tensors: dict, spec) -> list[tuple[str, np.ndarray]]:
     return out
 
 
-def _search(model, chip, table, samples, target, asymmetric, qtable, float_mode) -> MixedPrecisionResult:
+def _source(v):
+    """The TPU value a cast converts (through any chain of casts): the tensor TOP names."""
+    while v.owner.name == "tpu.Cast":
+        v = v.owner.operands[0]
+    return v
+
+
+def isolated_errors(top_model, tpu_model, samples: list[dict], names: set) -> dict[str, float]:
+    """Per INT8 op named in `names`: the worst SQNR (dB) of its output against TOP's when it runs
+    on TOP's own inputs, quantized onto the grids it reads (its error alone, not inherited)."""
+    from tftpu.interp.tpu import kernel_of
+    from tftpu.interp.tpu.info import info_of
+    from tftpu.ir import tpu
+    from tftpu.rounding import quantize
+
+    top_run = TopInterpreter(top_model)
+    refs = [top_run.run(s, dump_all=True) for s in samples]
+    weights = tpu_model.weights
+    worst: dict[str, float] = {}
+    for op in tpu_model.ops:
+        if not isinstance(op, tpu.TpuOp) or not op.quantized:
+            continue
+        # a model output's producer is renamed NAME_i8 (its float cast keeps NAME)
+        top_name = op.loc if op.loc in names else op.loc.rsplit("_", 1)[0]
+        if top_name not in names:
+            continue
+        kernel = kernel_of(op)
+        out_info = info_of(op.results[0].type)
+        attrs = op.attrs()
+        for ref in refs:
+            operands = []
+            for v in op.operands:
+                if not hasattr(v.type, "get_shape"):
+                    operands.append(None)
+                elif isinstance(v.owner, top.Weight):
+                    operands.append(weights[v.owner.key])
+                else:
+                    name = value_name(_source(v))
+                    info = info_of(v.type)
+                    if name not in ref:
+                        break
+                    x = ref[name]
+                    operands.append(quantize(x, info.scale, info.zp, np.int8 if info.dtype == "i8" else np.uint8)
+                                    if info.quantized else x)
+            else:
+                if top_name not in ref:
+                    continue
+                got = out_info.dequantize(np.asarray(kernel(operands, attrs)[0]))
+                worst[top_name] = min(worst.get(top_name, _CAP), _snr(ref[top_name], got))
+    return worst
+
+
+RANKINGS = ("isolated", "alone")
+
+
+def _search(model, chip, table, samples, target, asymmetric, qtable, float_mode, ranking) -> MixedPrecisionResult:
     t0 = time.perf_counter()
     chip = chips.load(chip)
     cos_t, snr_t = parse_target(target)
@@ -177,12 +235,15 @@ def _search(model, chip, table, samples, target, asymmetric, qtable, float_mode)
     if meets(int8_reached) or not int8_ops:
         return MixedPrecisionResult({**base}, [], (cos_t, snr_t), int8_reached, int8_reached, evaluations,
                                     time.perf_counter() - t0, len(int8_ops))
-    # sensitivity: each op alone in INT8, every other candidate in float (on the first samples)
-    alone = {}
-    for name in progress(int8_ops, desc="mixed precision: op sensitivity", unit="op"):
-        (_, snr), _ = evaluate({n: fmode for n in int8_ops if n != name}, n_samples=RANK_SAMPLES)
-        alone[name] = snr
-    ranked = sorted(((name, alone[name]) for name in int8_ops), key=lambda t: (t[1], t[0]))
+    if ranking == "alone":                       # each op alone in INT8, every other candidate in float
+        alone = {}
+        for name in progress(int8_ops, desc="mixed precision: op sensitivity", unit="op"):
+            (_, snr), _ = evaluate({n: fmode for n in int8_ops if n != name}, n_samples=RANK_SAMPLES)
+            alone[name] = snr
+    else:
+        tpu_model, _ = lower(model, chip, "INT8", table, qtable=base, asymmetric=asymmetric)
+        alone = isolated_errors(model, tpu_model, samples[:RANK_SAMPLES], set(int8_ops))
+    ranked = sorted(((name, alone.get(name, _CAP)) for name in int8_ops), key=lambda t: (t[1], t[0]))
     lo, hi = 0, len(ranked)                          # invariant: keeping `hi` ops meets (checked below)
     reached_hi, _ = evaluate({n: fmode for n, _ in ranked})
     best = reached_hi
@@ -204,11 +265,16 @@ def _search(model, chip, table, samples, target, asymmetric, qtable, float_mode)
 
 
 def search_mixed_precision(model, chip, table, samples: list[dict], target, *, asymmetric: bool = False,
-                           qtable: dict | None = None, float_mode: str | None = None) -> MixedPrecisionResult:
-    """The shortest list of ops to keep in float for the INT8 model to reach `target`
-    ("cosine,sqnr_db") on every sample."""
+                           qtable: dict | None = None, float_mode: str | None = None,
+                           ranking: str = "isolated") -> MixedPrecisionResult:
+    """The shortest list of ops (along the ranking) to keep in float for the INT8 model to
+    reach `target` ("cosine,sqnr_db"), judged over the samples pooled. `ranking`: "isolated"
+    (each op's own error on exact inputs, one inference in all) or "alone" (the outputs with
+    only that op in INT8: one inference per op, slower, usually fewer ops kept)."""
+    if ranking not in RANKINGS:
+        raise UsageError(f"mixed precision ranking {ranking!r}: expected one of {', '.join(RANKINGS)}")
     if not samples:
         raise UsageError("the mixed precision search needs at least one sample input")
     if table is None:
         raise UsageError("the mixed precision search needs a calibration table")
-    return _search(model, chip, table, samples, target, asymmetric, qtable, float_mode)
+    return _search(model, chip, table, samples, target, asymmetric, qtable, float_mode, ranking)
