@@ -90,14 +90,15 @@ def verify(top_model, tpu_model, samples: list[dict], tolerance, reference: dict
             row = compare_arrays(name, expected, got[name], tol, floor)
             if name not in worst_out or _worse(row, worst_out[name]):
                 worst_out[name] = row
-        for out, spec in parts.items():
-            for (p, a), (_, b) in zip(part_slices(ref, spec), part_slices(got, spec)):
-                row = compare_arrays(f"{out}[{p}]", a, b, tol, floor)
-                key = (out, p)
-                if key not in worst_parts or _worse(row, worst_parts[key]):
-                    worst_parts[key] = row
-    grouped = [(out, [worst_parts[(out, p)] for p, _ in spec[2] if (out, p) in worst_parts])
-               for out, spec in parts.items()]
+        for out, specs in parts.items():
+            for k, spec in enumerate(specs):
+                label = out if k == 0 else spec[0]          # nested concats by their own name
+                for (p, a), (_, b) in zip(part_slices(ref, spec), part_slices(got, spec)):
+                    row = compare_arrays(f"{label}[{p}]", a, b, tol, floor)
+                    key = (out, label, p)
+                    if key not in worst_parts or _worse(row, worst_parts[key]):
+                        worst_parts[key] = row
+    grouped = [(out, [row for key, row in worst_parts.items() if key[0] == out]) for out in parts]
     return tensors, [worst_out[n] for n in top_model.output_names], grouped
 
 

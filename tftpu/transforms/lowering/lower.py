@@ -27,7 +27,8 @@ from tftpu.transforms.lowering.registry import INT8
 __all__ = ["lower", "LoweringReport", "float_mode_of"]
 
 # cheap ops that follow their input's mode rather than cast it back to INT8
-_FOLLOWERS = set(int8_movement.MOVEMENT) | {"top.Pad", "top.Gather", "top.MaxPool", "top.GlobalMaxPool"}
+_FOLLOWERS = set(int8_movement.MOVEMENT) | {"top.Pad", "top.Gather", "top.MaxPool", "top.GlobalMaxPool",
+                                             "top.Concat"}
 
 
 def float_mode_of(chip) -> str:
@@ -157,15 +158,24 @@ def _lower_op(ctx, op, want: str, fallback: str, pinned: bool) -> None:
 
 def _input_float_mode(ctx, op) -> str:
     """The float mode of a data move's input (F16 after an F16 op), so it adds no cast."""
-    dtype = A.dtype_name(ctx.current(op.operands[0]).type.element_type)
-    return {"f32": "F32", "f16": "F16", "bf16": "BF16"}[dtype]
+    for v in op.operands:
+        if isinstance(v.type, NoneType) or ctx.is_weight(v) or isinstance(v.owner, top.Input):
+            continue
+        cur = ctx.current(v)
+        if isinstance(cur.type, TensorType) and A.is_float(cur.type):
+            return {"f32": "F32", "f16": "F16", "bf16": "BF16"}[A.dtype_name(cur.type.element_type)]
+    return "F32"
 
 
 def _float_input(ctx, op) -> bool:
     """Whether a data move reads the output of an op that runs in float (a model input is not
-    one: it is quantized where it enters, as every INT8 input is)."""
-    v = op.operands[0]
-    if isinstance(v.type, NoneType) or ctx.is_weight(v) or isinstance(v.owner, top.Input):
-        return False
-    cur = ctx.current(v)
-    return isinstance(cur.type, TensorType) and A.is_float(cur.type)
+    one: it is quantized where it enters, as every INT8 input is); a Concat, any of its inputs
+    (requantizing a float part onto one grid could erase it: scores kept float beside boxes)."""
+    data = op.operands if op.name == "top.Concat" else op.operands[:1]
+    for v in data:
+        if isinstance(v.type, NoneType) or ctx.is_weight(v) or isinstance(v.owner, top.Input):
+            continue
+        cur = ctx.current(v)
+        if isinstance(cur.type, TensorType) and A.is_float(cur.type):
+            return True
+    return False

@@ -35,6 +35,7 @@ __all__ = ["search_mixed_precision", "MixedPrecisionResult", "parse_target", "ou
 
 _CAP = 100.0        # dB: an exact tensor counts as this
 RANK_SAMPLES = 4    # samples the per-op error is measured on
+REACH_MARGIN_DB = 3.0  # an out-of-reach target becomes what all-float reaches, less this
 
 
 def parse_target(text) -> tuple[float, float]:
@@ -61,19 +62,33 @@ class MixedPrecisionResult:
     evaluations: int
     seconds: float
     candidates: int
+    asked: tuple = ()          # the target as given (`target` is lowered when out of reach)
+    all_float: tuple = ()      # worst (cosine, sqnr) with every candidate in float
 
     @property
     def met(self) -> bool:
         return self.reached[0] >= self.target[0] and self.reached[1] >= self.target[1]
 
     @property
+    def out_of_reach(self) -> bool:
+        """Whether the target asked for was out of reach even with every op in float."""
+        return bool(self.asked) and tuple(self.asked) != tuple(self.target)
+
+    @property
     def summary(self) -> str:
         c, s = self.reached
         c8, s8 = self.int8_reached
+        if self.out_of_reach:
+            fc, fs = self.all_float
+            note = (f"the target {self.asked[0]},{self.asked[1]} dB is out of reach (every op in float reaches "
+                    f"cosine {fc:.5f}, SQNR {fs:.1f} dB), so the search aims for {self.target[0]:.5f},"
+                    f"{self.target[1]:.1f} dB: ")
+        else:
+            note = ""
         if not self.kept:
             return f"pure INT8 reaches the target (cosine {c8:.5f}, SQNR {s8:.1f} dB)"
         status = "reaches" if self.met else "does NOT reach"
-        return (f"keeping {len(self.kept)} of {self.candidates} INT8 ops in float {status} the target "
+        return note + (f"keeping {len(self.kept)} of {self.candidates} INT8 ops in float {status} the target "
                 f"{self.target[0]},{self.target[1]} dB: cosine {c:.5f}, SQNR {s:.1f} dB "
                 f"(pure INT8: {c8:.5f}, {s8:.1f} dB; {self.evaluations} trial lowerings, {self.seconds:.1f} s)")
 
@@ -84,7 +99,8 @@ class MixedPrecisionResult:
         return "\n".join(lines)
 
     def as_dict(self) -> dict:
-        return {"summary": self.summary, "target": list(self.target), "reached": list(self.reached),
+        return {"summary": self.summary, "target": list(self.target), "asked": list(self.asked or self.target),
+                "reached": list(self.reached),
                 "int8_reached": list(self.int8_reached), "met": self.met, "evaluations": self.evaluations,
                 "seconds": round(self.seconds, 3),
                 "kept": [{"name": n, "mode": m, "sqnr_isolated_int8_db": round(d, 3)} for n, m, d in self.kept]}
@@ -95,22 +111,35 @@ def _snr(a, b) -> float:
     return _CAP if math.isinf(v) and v > 0 else min(v, _CAP)
 
 
-def output_parts(model) -> dict[str, tuple[str, int, list[tuple[str, int]]]]:
-    """For each output made by a Concat (through reshapes): the Concat's tensor, its axis and
-    its parts (name, extent along the axis). One similarity for the whole output can hide a part
-    the concatenation erased (scores beside boxes): each slice is judged on its own."""
+def output_parts(model) -> dict[str, list[tuple[str, int, list[tuple[str, int]]]]]:
+    """For each output made by a Concat (through reshapes): that Concat and every Concat nested
+    in its parts, each as (its tensor, its axis, its parts as (name, extent along the axis)).
+    One similarity for a whole output can hide a part the concatenation erased (scores beside
+    boxes, even one level down): each slice is judged on its own."""
     producers = {r: op for op in model.ops for r in op.results}
     moves = {"top.Reshape", "top.Flatten", "top.Permute", "top.Squeeze", "top.Unsqueeze"}
-    parts = {}
-    for v in model.return_op.operands:
+
+    def concat_of(v):
         op = producers.get(v)
         while op is not None and op.name in moves:
             op = producers.get(op.operands[0])
-        if op is not None and op.name == "top.Concat" and len(op.operands) > 1:
+        return op if op is not None and op.name == "top.Concat" and len(op.operands) > 1 else None
+
+    parts = {}
+    for v in model.return_op.operands:
+        specs, stack, seen = [], [v], set()
+        while stack:
+            op = concat_of(stack.pop(0))
+            if op is None or op in seen:
+                continue
+            seen.add(op)
             rank = len(op.results[0].type.get_shape())
             axis = op.attrs()["axis"] % rank
-            parts[value_name(v)] = (value_name(op.results[0]), axis,
-                                    [(value_name(x), x.type.get_shape()[axis]) for x in op.operands])
+            specs.append((value_name(op.results[0]), axis,
+                          [(value_name(x), x.type.get_shape()[axis]) for x in op.operands]))
+            stack.extend(x for x in op.operands if not isinstance(x.owner, top.Weight))
+        if specs:
+            parts[value_name(v)] = specs
     return parts
 
 
@@ -192,7 +221,7 @@ def _search(model, chip, table, samples, target, asymmetric, qtable, float_mode,
     if fmode is None:
         raise UsageError(f"chip {chip.name} has no float mode to keep ops in")
     base = dict(qtable or {})
-    parts = list(output_parts(model).values())
+    parts = [spec for specs in output_parts(model).values() for spec in specs]
     ref_run = TopInterpreter(model)
     needed = set(model.output_names) | {spec[0] for spec in parts}
     refs = [{k: v for k, v in ref_run.run(s, dump_all=bool(parts)).items() if k in needed} for s in samples]
@@ -234,7 +263,7 @@ def _search(model, chip, table, samples, target, asymmetric, qtable, float_mode,
     int8_ops = [d.name for d in report.decisions if d.mode == "INT8" and d.name not in base]
     if meets(int8_reached) or not int8_ops:
         return MixedPrecisionResult({**base}, [], (cos_t, snr_t), int8_reached, int8_reached, evaluations,
-                                    time.perf_counter() - t0, len(int8_ops))
+                                    time.perf_counter() - t0, len(int8_ops), (cos_t, snr_t))
     if ranking == "alone":                       # each op alone in INT8, every other candidate in float
         alone = {}
         for name in progress(int8_ops, desc="mixed precision: op sensitivity", unit="op"):
@@ -247,6 +276,13 @@ def _search(model, chip, table, samples, target, asymmetric, qtable, float_mode,
     lo, hi = 0, len(ranked)                          # invariant: keeping `hi` ops meets (checked below)
     reached_hi, _ = evaluate({n: fmode for n, _ in ranked})
     best = reached_hi
+    asked = (cos_t, snr_t)
+    if not meets(reached_hi):
+        # out of reach by precision alone (even every op in float falls short: outputs that are
+        # nearly constant, or a reference the float mode itself cannot follow): aim for what
+        # all-float reaches, less REACH_MARGIN_DB, rather than keeping every op in float
+        cos_t = min(cos_t, reached_hi[0] - (1.0 - reached_hi[0]))
+        snr_t = min(snr_t, reached_hi[1] - REACH_MARGIN_DB)
     if meets(reached_hi):
         steps = progress(range(max(1, math.ceil(math.log2(len(ranked) + 1)))), desc="mixed precision search",
                          unit="trial")
@@ -261,7 +297,7 @@ def _search(model, chip, table, samples, target, asymmetric, qtable, float_mode,
                 lo = mid
     kept = [(n, fmode, snr) for n, snr in ranked[:hi]]
     return MixedPrecisionResult({**base, **{n: m for n, m, _ in kept}}, kept, (cos_t, snr_t), best, int8_reached,
-                                evaluations, time.perf_counter() - t0, len(int8_ops))
+                                evaluations, time.perf_counter() - t0, len(int8_ops), asked, reached_hi)
 
 
 def search_mixed_precision(model, chip, table, samples: list[dict], target, *, asymmetric: bool = False,
