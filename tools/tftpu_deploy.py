@@ -60,6 +60,8 @@ def main(args):
     print(result.lowering)
     if result.search is not None:
         print(result.search)
+    if result.memory is not None:
+        print(result.memory)
     if result.checked:
         cos, euc = result.tolerance
         print(f"outputs against {result.reference} (tolerance cosine {cos}, euclidean {euc}):")

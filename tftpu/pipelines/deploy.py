@@ -46,6 +46,7 @@ class DeployResult:
     weights: Path | None = None
     seconds: dict = dataclasses.field(default_factory=dict)
     search: object | None = None                # MixedPrecisionResult, when one ran
+    memory: object | None = None                # tftpu.backend.MemoryPlan: DDR addresses, peak, lower bound
 
     @property
     def checked(self) -> bool:
@@ -165,7 +166,11 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     tpu_model, lowering = lower(top_model, the_chip, mode, table, qtable=qtable, asymmetric=asymmetric)
     tpu_model.verify()
     seconds["lower"] = time.perf_counter() - t1
-    result = DeployResult(tpu_model, lowering, tol, search=search)
+    t1 = time.perf_counter()
+    from tftpu.backend import plan_memory
+    memory = plan_memory(tpu_model, the_chip)
+    seconds["memory"] = time.perf_counter() - t1
+    result = DeployResult(tpu_model, lowering, tol, search=search, memory=memory)
     if inputs is not None:
         t1 = time.perf_counter()
         pool = [inputs] + [s for s in (samples or []) if s is not inputs]

@@ -46,6 +46,8 @@ def report_data(result) -> dict:
     }
     if result.search is not None:
         data["mixed_precision"] = result.search.as_dict()
+    if result.memory is not None:
+        data["memory"] = result.memory.as_dict()
     return data
 
 
@@ -108,6 +110,14 @@ def _table(rows: list[dict], cols: list[tuple[str, str]]) -> str:
     return f"<table><tr>{head}</tr>{''.join(body)}</table>"
 
 
+def _memory_line(data: dict) -> str:
+    m = data.get("memory")
+    if not m:
+        return ""
+    return (f" DDR: weights {m['weight_bytes']:,} B, activations {m['peak']:,} B at peak "
+            f"(lower bound {m['lower_bound']:,} B).")
+
+
 def html_page(data: dict) -> str:
     """The report as one self-contained HTML page."""
     status = "not checked" if data["passed"] is None else ("passed" if data["passed"] else "FAILED")
@@ -130,7 +140,7 @@ td,th{{border:1px solid #ccc;padding:2px 8px;font-size:13px;text-align:left}} .f
 </head><body>
 <h1>{html.escape(data['model'])} on {html.escape(data['chip'])} in {html.escape(data['mode'])}{' (asymmetric)' if data['asymmetric'] else ''}</h1>
 <p>Check against {html.escape(data['reference'])}: <b>{status}</b> (tolerance cosine {data['tolerance'][0]}, euclidean {data['tolerance'][1]}).
-Ops per mode: {html.escape(modes)}. {data['flops']:,} FLOPs.</p>
+Ops per mode: {html.escape(modes)}. {data['flops']:,} FLOPs.{_memory_line(data)}</p>
 <h2>Outputs</h2>{_table(data['outputs'], sim_cols)}{parts}
 <h2>Every tensor against TOP</h2>{_plot(data['tensors']) if data['tensors'] else '<p>No test input was given.</p>'}
 <h3>Worst tensors</h3>{_table(worst, sim_cols + [('mode', 'mode')])}

@@ -1,0 +1,141 @@
+"""DDR memory assignment of a TPU module: every tensor outside the weights gets an address,
+reusing memory by liveness; weights get their own region.
+
+Activations are placed greedily by size, largest first, each at the lowest address that does
+not overlap a placed tensor whose lifetime overlaps its own (TFLite's arena planner's "greedy by
+size"). The lower bound on any placement is the largest total of tensors live at one moment;
+the plan reports both. Addresses are written into the tensor types, as TPU-MLIR prints them:
+`tensor<1x64x56x56x!quant.uniform<i8:f32, 0.04:0>, 4096 : i64>`.
+
+>>> plan = assign_memory(tpu_model, "npu1")      # doctest: +SKIP
+>>> plan.peak, plan.lower_bound                  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from xdsl.dialects.builtin import FunctionType, IntegerAttr, NoneType, TensorType, i64
+from xdsl.rewriter import Rewriter
+
+from tftpu import chip as chips
+from tftpu.ir import attrs as A
+from tftpu.ir import top
+from tftpu.ir.base import numel, value_name
+
+__all__ = ["MemoryPlan", "plan_memory", "assign_memory"]
+
+_BYTES = {"f32": 4, "f16": 2, "bf16": 2, "i8": 1, "u8": 1, "i16": 2, "i32": 4, "i64": 8, "f64": 8, "bool": 1}
+
+
+def _align(n: int, a: int) -> int:
+    return -(-n // a) * a if a > 1 else n
+
+
+@dataclasses.dataclass
+class MemoryPlan:
+    """Where each tensor lives in DDR: `addresses[name] = (address, bytes)`; activations from
+    `activation_base`, weights from 0."""
+
+    addresses: dict
+    weight_bytes: int
+    activation_base: int
+    peak: int                   # bytes of the activation region
+    lower_bound: int            # the most bytes live at one moment: no placement needs less
+    alignment: int
+
+    @property
+    def overhead(self) -> float:
+        """peak / lower bound - 1 (0.0 means no placement could do better)."""
+        return self.peak / self.lower_bound - 1.0 if self.lower_bound else 0.0
+
+    def __str__(self) -> str:
+        return (f"DDR: weights {self.weight_bytes:,} B; activations peak {self.peak:,} B, lower bound "
+                f"{self.lower_bound:,} B (+{100 * self.overhead:.1f}%), {len(self.addresses)} tensors, "
+                f"{self.alignment}-byte aligned")
+
+    def as_dict(self) -> dict:
+        return {"weight_bytes": self.weight_bytes, "activation_base": self.activation_base, "peak": self.peak,
+                "lower_bound": self.lower_bound, "overhead": round(self.overhead, 6), "alignment": self.alignment}
+
+
+def _bytes(t) -> int:
+    return numel(t.get_shape()) * _BYTES[A.dtype_name(t.element_type)]
+
+
+def plan_memory(model, chip) -> MemoryPlan:
+    """The DDR plan of a TPU (or TOP) module for `chip` (its EU width is the alignment)."""
+    chip = chips.load(chip)
+    align = chip.eu_bytes
+    ops = model.ops
+    weights, tensors = {}, {}
+    first, last = {}, {}
+    for i, op in enumerate(ops):
+        if isinstance(op, top.NoneOp):
+            continue
+        if isinstance(op, top.Weight):
+            weights[op.results[0]] = _align(_bytes(op.results[0].type), align)
+            continue
+        for r in op.results:
+            if isinstance(r.type, TensorType):
+                tensors[r] = _align(_bytes(r.type), align)
+                first[r] = 0 if isinstance(op, top.Input) else i
+                last[r] = first[r]
+        for v in op.operands:
+            if v in tensors:
+                last[v] = i
+    end = len(ops)
+    for v in model.return_op.operands:
+        if v in tensors:
+            last[v] = end                    # outputs stay until the host reads them
+    # the lower bound: the largest total live at one op
+    events = sorted({first[v] for v in tensors} | {last[v] for v in tensors})
+    bound = max((sum(s for v, s in tensors.items() if first[v] <= t <= last[v]) for t in events), default=0)
+    placed: list = []                        # (offset, size, first, last)
+    offsets = {}
+    for v in sorted(tensors, key=lambda v: (-tensors[v], first[v], value_name(v))):
+        size, lo, hi = tensors[v], first[v], last[v]
+        clashes = sorted((o, s) for o, s, f, l in placed if not (l < lo or hi < f))
+        offset = 0
+        for o, s in clashes:
+            if offset + size <= o:
+                break
+            offset = max(offset, o + s)
+        placed.append((offset, size, lo, hi))
+        offsets[v] = offset
+    peak = max((o + s for o, s, _, _ in placed), default=0)
+    weight_bytes, addresses, at = 0, {}, 0
+    for v, size in weights.items():
+        addresses[value_name(v)] = (at, size)
+        at += size
+    weight_bytes = at
+    base = _align(weight_bytes, align)
+    for v, off in offsets.items():
+        addresses[value_name(v)] = (base + off, tensors[v])
+    return MemoryPlan(addresses, weight_bytes, base, peak, bound, align)
+
+
+def assign_memory(model, chip) -> MemoryPlan:
+    """Plan DDR memory and write each tensor's address into its type (the function's signature
+    follows its arguments' and results' new types)."""
+    chip = chips.load(chip)
+    plan = plan_memory(model, chip)
+    fn = model.func
+    for op in model.ops:
+        for r in list(op.results):
+            if isinstance(r.type, NoneType) or not isinstance(r.type, TensorType):
+                continue
+            name = value_name(r)
+            if name in plan.addresses:
+                t = r.type
+                Rewriter.replace_value_with_new_type(
+                    r, TensorType(t.element_type, t.get_shape(), IntegerAttr(plan.addresses[name][0], i64)))
+        if isinstance(op, top.Input):
+            Rewriter.replace_value_with_new_type(op.operands[0], op.results[0].type)
+    ret = model.return_op
+    fn.properties["function_type"] = FunctionType.from_lists([a.type for a in fn.body.block.args],
+                                                             [v.type for v in ret.operands])
+    return plan
+
+
+
