@@ -11,6 +11,8 @@ mean face-score move against float, the ratio to TFLite's, and the conversion ti
 """
 
 import argparse
+import contextlib
+import io
 import sys
 import time
 from pathlib import Path
@@ -31,7 +33,8 @@ def _convert(cls, km, calib, method=None):
     if method is not None:
         conv.calibration_method = method
     t = time.perf_counter()
-    data = conv.convert()
+    with contextlib.redirect_stdout(io.StringIO()):      # Keras prints "Saved artifact at ..."
+        data = conv.convert()
     return data, time.perf_counter() - t, getattr(conv, "report", None)
 
 

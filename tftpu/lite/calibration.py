@@ -3,12 +3,20 @@
 TF's post-training quantization first calibrates (the float `.tflite` gets each activation's
 observed min/max in its `quantization` table), then `mlir_quantize` turns those ranges into
 scales and zero points. Here the calibrated float model is run on the same representative
-samples with every tensor kept; each float activation's |x| histogram gives tftpu's threshold
-`t` (`tftpu.quant.thresholds`: mse, kl, percentile, minmax) and the recorded range becomes
-`[max(min, -t), min(max, t)]`: outliers clip, a one-sided range (ReLU's) stays one-sided, and
-TF's own quantizer then writes the INT8 model. Model inputs keep their observed range (an
-input clipped is information lost before the first op). Tensors are matched by index in the
-one flatbuffer, so there is no name mapping to get wrong.
+samples with every tensor kept; each float activation gets `tftpu.quant`'s streaming statistics
+(`TensorStatistics`: one pass, signed histogram, exact zeros left out), the same code as
+`tftpu.quant.calibrate`. `mse` takes the joint asymmetric range of least expected error on a
+256-level grid (`TensorStatistics.range_of`, i.e. `thresholds.asymmetric_range`), which is
+TFLite's INT8 activation grid; the other methods clip at their symmetric threshold t (on
+mtcnn O-Net, kl and ACIQ judged each side of zero on its own lose accuracy). The range written
+is kept within TF's recorded one; `minmax` writes TF's own ranges back (TFLite's INT8, byte for
+byte). Model inputs keep their
+observed range (an input clipped is information lost before the first op). Tensors are matched by
+index in the one flatbuffer, so there is no name mapping to get wrong.
+
+What TF's quantizer then does with the ranges (so the report can be read right): a same-scale op
+(MAX_POOL_2D, RESHAPE, ...) takes its input's scale, so its own written range is not used;
+SOFTMAX/LOGISTIC outputs get TFLite's fixed scale; weights, biases and PReLU slopes are TF's.
 """
 
 from __future__ import annotations
@@ -19,11 +27,11 @@ import numpy as np
 
 from tftpu import errors
 from tftpu.lite import runtime
-from tftpu.quant.calibrate import BINS
-from tftpu.quant.thresholds import METHODS, threshold
+from tftpu.quant.calibrate import BINS, TensorStatistics
+from tftpu.quant.thresholds import METHODS
 from tftpu.tac import tflite_io
 
-__all__ = ["METHODS", "RangeChange", "tftpu_ranges", "replace_ranges", "check_method"]
+__all__ = ["METHODS", "RangeChange", "tftpu_ranges", "replace_ranges", "check_method", "summary"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,74 +106,35 @@ def tftpu_ranges(calibrated: bytes, dataset_gen, method: str, bins: int = BINS) 
     acts = _activations(model)
     interp = runtime.interpreter(calibrated, preserve_all_tensors=True)
     inputs = runtime.input_details(interp)
-    absmax = {i: 0.0 for i in acts}
-    lo_seen = {i: np.inf for i in acts}
-    hi_seen = {i: -np.inf for i in acts}
+    stats = {i: TensorStatistics(2 * bins) for i in acts}
     count = 0
     for sample in dataset_gen():
         _feed(interp, sample, inputs)
         interp.invoke()
-        for i in acts:
+        for i, st in stats.items():
             a = interp.get_tensor(i)
             if a.size:
-                lo_seen[i] = min(lo_seen[i], float(a.min()))
-                hi_seen[i] = max(hi_seen[i], float(a.max()))
-                absmax[i] = max(absmax[i], -lo_seen[i], hi_seen[i])
+                try:
+                    st.add(a)
+                except ValueError:
+                    raise errors.InputError(f"representative sample {count}: tensor {acts[i][0]!r} has "
+                                            f"non-finite values (NaN or inf)") from None
         count += 1
     if not count:
         raise errors.InputError("the representative dataset gave no samples")
-    hists = {i: np.zeros(bins, np.int64) for i in acts}
-    signed = {i: np.zeros(bins, np.int64) for i in acts}
-    for sample in dataset_gen():
-        _feed(interp, sample, inputs)
-        interp.invoke()
-        for i in acts:
-            if absmax[i] > 0:
-                mags = np.abs(interp.get_tensor(i).astype(np.float64)).ravel()
-                hists[i] += np.histogram(mags[mags != 0], bins, (0.0, absmax[i]))[0]
-                if method == "mse" and hi_seen[i] > lo_seen[i]:
-                    signed[i] += np.histogram(interp.get_tensor(i).astype(np.float64).ravel(), bins,
-                                              (lo_seen[i], hi_seen[i]))[0]
     changes = []
     for i, (name, lo, hi) in acts.items():
-        if method == "minmax":
+        st = stats[i]
+        if method == "minmax" or st.hist is None:
             t, written = max(-lo, hi), (lo, hi)          # TFLite's own ranges, untouched
-        elif method == "mse" and hi_seen[i] > lo_seen[i]:
-            written = asymmetric_mse(signed[i], lo_seen[i], hi_seen[i], lo, hi)
-            t = max(-written[0], written[1])
         else:
-            t = threshold(method, hists[i], absmax[i]) if absmax[i] > 0 else 0.0
-            written = (lo, hi) if t <= 0 else (max(lo, -t), min(hi, t))
+            t = st.threshold(method)
+            a, b = st.range_of(method) if method == "mse" else (-t, t)
+            written = (max(lo, a), min(hi, b))
+            if not written[0] < written[1]:
+                written = (lo, hi)
         changes.append(RangeChange(i, name, (lo, hi), float(t), (float(written[0]), float(written[1]))))
     return changes
-
-
-def asymmetric_mse(hist: np.ndarray, lo: float, hi: float, tf_lo: float, tf_hi: float,
-                   levels: int = 255) -> tuple[float, float]:
-    """The clip range [a, b] (bin edges, 0 inside) of least expected squared error on TFLite's
-    asymmetric INT8 grid: rounding noise ((b - a) / 255)^2 / 12 for the values inside, (x - a)^2
-    or (x - b)^2 for those clipped, x at its bin's centre; TF's own range when nothing beats it."""
-    n = len(hist)
-    width = (hi - lo) / n
-    edges = lo + np.arange(n + 1) * width
-    centre = edges[:-1] + width / 2
-    h = hist.astype(np.float64)
-    c0 = np.concatenate([[0.0], np.cumsum(h)])                  # counts below edge k
-    c1 = np.concatenate([[0.0], np.cumsum(h * centre)])
-    c2 = np.concatenate([[0.0], np.cumsum(h * centre ** 2)])
-    zero = int(np.clip(np.searchsorted(edges, 0.0), 0, n))
-    ka = np.arange(0, zero + 1)                                 # a = edges[ka] <= 0
-    kb = np.arange(max(zero, 1), n + 1)                         # b = edges[kb] >= 0
-    a, b = edges[ka][:, None], edges[kb][None, :]
-    below = c2[ka][:, None] - 2 * a * c1[ka][:, None] + a * a * c0[ka][:, None]
-    above = (c2[n] - c2[kb])[None, :] - 2 * b * (c1[n] - c1[kb])[None, :] + b * b * (c0[n] - c0[kb])[None, :]
-    inside = (c0[kb][None, :] - c0[ka][:, None])
-    err = inside * ((b - a) / levels) ** 2 / 12.0 + below + above
-    full = inside[0, -1] * ((tf_hi - tf_lo) / levels) ** 2 / 12.0
-    i, j = np.unravel_index(int(np.argmin(err)), err.shape)
-    if err[i, j] >= full:
-        return (tf_lo, tf_hi)
-    return (float(min(a[i, 0], 0.0)) if ka[i] > 0 else tf_lo, float(b[0, j]) if kb[j] < n else tf_hi)
 
 
 def replace_ranges(calibrated: bytes, changes: list[RangeChange]) -> bytes:
@@ -175,8 +144,7 @@ def replace_ranges(calibrated: bytes, changes: list[RangeChange]) -> bytes:
     sg = model.subgraphs[0]
     for c in changes:
         if c.index in acts:
-            i = c.index
-            q = sg.tensors[i].quantization
+            q = sg.tensors[c.index].quantization
             q.min = [np.float32(c.written[0])]
             q.max = [np.float32(c.written[1])]
     return tflite_io.write(model)
