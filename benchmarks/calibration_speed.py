@@ -6,7 +6,7 @@ The model: a Keras MobileNetV2 backbone at 640x640 with a small FPN-like head (t
 bilinear upsampling, per level box and sigmoid-score convolutions, reshaped and concatenated into
 one output of box coordinates around 320 next to scores in 0..1, as YOLO-style heads end), random
 weights (timing does not need trained ones), exported with `tftpu.frontend.load`. Calibration
-inputs: the 10 skimage photos of tests/material.py and their mirror images, resized to 640x640;
+inputs: the 10 skimage photos of tftpu.datasets and their mirror images, resized to 640x640;
 similarity is judged on 3 other views (centre crops) under simulated INT8, on the boxes and the
 scores of the output separately. Printed: each path's time, the ratio against the previous
 two-pass implementation measured in this run, and against TPU-MLIR's 182 s (PEERS.md).
@@ -60,7 +60,7 @@ def detector(size=640, classes=18, seed=0, images=None):
 
 
 def photos(size, count):
-    from tests import material
+    from tftpu import datasets as material
     calib, test = [], []
     for name in sorted(material.PHOTOS):
         img = material.image(name, (size, size)).astype(np.float32) / 127.5 - 1

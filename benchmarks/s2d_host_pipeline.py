@@ -35,7 +35,7 @@ def _photos(n):
 
     rng = np.random.default_rng(0)
     try:
-        from tests import material
+        from tftpu import datasets as material
 
         photos = [material.image(name, (512, 512)) for name in material.COLOUR_PHOTOS]
     except Exception as exc:  # offline: still measure, say so

@@ -95,10 +95,7 @@ def main():
           f"annotated {c['annotated']:.0f}  all-CPU {c['all_CPU']:.0f}  -> "
           f"{c['all_CPU'] / c['picked']:.2f}x vs CPU, {c['greedy_tf'] / c['picked']:.3f}x vs greedy")
 
-    try:
-        from tests import material
-    except ImportError:  # pragma: no cover
-        return
+    from tftpu import datasets as material
     for name in ("selfie_segmentation.tflite", "face_detection_short_range.tflite"):
         path = material.get(name)
         for specs in (("GPU", "CPU"), ("NNAPI", "GPU", "CPU")):

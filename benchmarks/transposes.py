@@ -20,7 +20,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the clone's tests.models.mtcnn, from anywhere
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -38,8 +42,8 @@ def _onnx(name: str, size: int):
     if name in MTCNN:
         from tests.models import mtcnn
         return keras_to_onnx(getattr(mtcnn, name[6:])())
-    from tests import material
-    return tflite_to_onnx(material.get(name))
+    from tftpu import datasets
+    return tflite_to_onnx(datasets.get(name))
 
 
 def _transposes(proto) -> int:
@@ -50,11 +54,11 @@ def _onnxsim(proto):
     try:
         import onnxsim
     except ImportError:
-        return None, None, "onnxsim not installed"
+        return None, None, None
     t = time.perf_counter()
     simplified, ok = onnxsim.simplify(proto)
     dt = time.perf_counter() - t
-    return (_transposes(simplified) if ok else None), dt, onnxsim.__version__ if hasattr(onnxsim, "__version__") else "?"
+    return (_transposes(simplified) if ok else "failed"), dt, onnxsim.__version__ if hasattr(onnxsim, "__version__") else "?"
 
 
 def _cos(a, b) -> float:
@@ -107,6 +111,10 @@ def main() -> int:
     ap.add_argument("--size", type=int, default=96, help="input size of the Keras models")
     ap.add_argument("--chip", default="npu1")
     args = ap.parse_args()
+    try:
+        import onnxsim  # noqa: F401
+    except ImportError:
+        print("# onnxsim not installed (pip install -e '.[bench]' adds it): its columns will read '-'", flush=True)
     rows = []
     for name in args.models.split(","):
         t = time.perf_counter()
@@ -119,19 +127,22 @@ def main() -> int:
     for r in rows:
         nchw, nhwc = r["NCHW"], r["NHWC"]
         ratio = "-" if not r["onnxsim_s"] else f"{(r['NCHW_s'] + r['NHWC_s']) / 2 / r['onnxsim_s']:.2f}x"
-        print(f"{r['model']:<28}{r['nodes']:>6}{r['tf2onnx']:>8}{str(r['onnxsim']):>8}{r['top_import']:>5}"
+        print(f"{r['model']:<28}{r['nodes']:>6}{r['tf2onnx']:>8}{'-' if r['onnxsim'] is None else r['onnxsim']:>8}{r['top_import']:>5}"
               f"{r['top_canon']:>6}{f'{nchw[0]} ({nchw[1]}/{nchw[2]}/{nchw[3]})':>24}"
               f"{f'{nhwc[0]} ({nhwc[1]}/{nhwc[2]}/{nhwc[3]})':>24}"
               f"{min(r['NCHW_cos'], r['NHWC_cos']):>11.7f}{ratio:>19}"
               f"{r['reorders'].count:>15}")
     tot = {k: sum(r[k] for r in rows) for k in ("tf2onnx", "top_canon")}
     ours = {t: sum(r[t][0] for r in rows) for t in ("NCHW", "NHWC")}
-    sim = sum(r["onnxsim"] or 0 for r in rows)
+    sim = "not installed" if not rows or rows[0]["onnxsim_version"] is None else \
+        sum(r["onnxsim"] for r in rows if isinstance(r["onnxsim"], int))
     print(f"total transposes: tf2onnx {tot['tf2onnx']}, onnxsim {sim}, TOP canonicalized {tot['top_canon']}, "
           f"ConvertLayout NCHW {ours['NCHW']}, NHWC {ours['NHWC']}; model inputs+outputs "
           f"{sum(r['io'] for r in rows)}")
     if rows and rows[0]["onnxsim_version"]:
         print(f"onnxsim {rows[0]['onnxsim_version']}")
+    else:
+        print("onnxsim not installed (pip install -e '.[bench]' adds it): its columns read '-'")
     return 0
 
 
