@@ -109,12 +109,20 @@ NHWC = MemoryFormat("NHWC")
 
 @dataclasses.dataclass(frozen=True)
 class MatrixUnit:
-    """The unit convolutions and matmuls run on, as the S2D cost model prices it."""
+    """The unit convolutions and matmuls run on, as the S2D cost model and the cycle model price it."""
 
     contraction: str        # per_tap: one matmul per kernel tap over C_in; im2col: one over k*k*C_in
     rows: int               # contraction lanes (input channels per pass)
     cols: int               # output-channel lanes
     dtype: str              # the dtype it computes in (its peak and operand bytes)
+
+    def issued_macs(self, pixels: int, taps: int, in_channels: int, out_channels: int) -> int:
+        """Multiply-adds the unit issues for a conv (a matmul is one tap): the contraction padded
+        to its rows (per tap, or over the im2col row) and the outputs padded to its columns."""
+        cols = -(-out_channels // self.cols) * self.cols
+        if self.contraction == "per_tap":
+            return pixels * taps * (-(-in_channels // self.rows) * self.rows) * cols
+        return pixels * (-(-(taps * in_channels) // self.rows) * self.rows) * cols
 
 
 @dataclasses.dataclass(frozen=True)

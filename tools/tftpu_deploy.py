@@ -62,6 +62,12 @@ def main(args):
         print(result.search)
     if result.memory is not None:
         print(result.memory)
+    if result.cycles is not None:
+        print(result.cycles)
+    if result.s2d:
+        before, after = result.s2d["before"], result.s2d["after"]
+        print(f"space-to-depth of the first conv ({result.s2d['name']}) would take {after:,} cycles instead of "
+              f"{before:,} ({before / max(after, 1):.2f}x fewer; not applied at deployment yet)")
     if result.checked:
         cos, euc = result.tolerance
         print(f"outputs against {result.reference} (tolerance cosine {cos}, euclidean {euc}):")

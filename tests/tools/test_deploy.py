@@ -87,6 +87,11 @@ def test_files_reports_and_reload(cnn_case, tmp_path):
                  tpu_mlir=mlir, report=tmp_path / "r.json")
     data = json.loads((tmp_path / "r.json").read_text())
     assert data["passed"] and data["mode"] == "INT8" and data["chip"] == "npu1"
+    # DESIGN.md's report contract (the model file's figures come with the backend's codegen)
+    assert data["latency_us"] > 0 and data["flops"] > 0 and 0 < data["utilisation"] <= 1
+    assert all({"name", "type", "cycles"} <= set(o) for o in data["ops"])
+    assert data["s2d"]["applied"] is False and "first_conv_cycles" in data["s2d"]
+    assert data["memory"]["peak"] >= data["memory"]["lower_bound"] > 0
     assert {o["name"] for o in data["ops"]} >= {"c1", "prob"} and data["tensors"]
     deploy(model, quantize="INT8", chip="npu1", calibration_table=table, test_input=samples[0],
            report=tmp_path / "r.html")

@@ -69,11 +69,8 @@ class Target:
         """Estimated device time of a convolution, with its parts."""
         taps = math.prod(g.kernel)
         pixels = g.batch * math.prod(g.out_spatial)
-        cols = _ceil_to(g.out_channels, self.matrix_cols)
-        if self.contraction == "per_tap":
-            macs = pixels * taps * _ceil_to(g.in_channels, self.matrix_rows) * cols
-        else:
-            macs = pixels * _ceil_to(taps * g.in_channels, self.matrix_rows) * cols
+        unit = chips.MatrixUnit(self.contraction, self.matrix_rows, self.matrix_cols, "")
+        macs = unit.issued_macs(pixels, taps, g.in_channels, g.out_channels)
         useful = pixels * taps * g.in_channels * g.out_channels
         elems = (g.batch * math.prod(g.in_spatial) * g.in_channels + pixels * g.out_channels
                  + taps * g.in_channels * g.out_channels)
@@ -96,6 +93,3 @@ class Target:
             "min_speedup": self.min_speedup,
         }
 
-
-def _ceil_to(x: int, m: int) -> int:
-    return -(-x // m) * m

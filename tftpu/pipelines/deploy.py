@@ -47,6 +47,8 @@ class DeployResult:
     seconds: dict = dataclasses.field(default_factory=dict)
     search: object | None = None                # MixedPrecisionResult, when one ran
     memory: object | None = None                # tftpu.backend.MemoryPlan: DDR addresses, peak, lower bound
+    cycles: object | None = None                # tftpu.backend.CycleReport: per-op cycles, latency
+    s2d: dict | None = None                     # the stem's cycles as it is and in space-to-depth form
 
     @property
     def checked(self) -> bool:
@@ -167,10 +169,12 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     tpu_model.verify()
     seconds["lower"] = time.perf_counter() - t1
     t1 = time.perf_counter()
-    from tftpu.backend import plan_memory
+    from tftpu.backend import estimate, plan_memory, s2d_stem
     memory = plan_memory(tpu_model, the_chip)
-    seconds["memory"] = time.perf_counter() - t1
-    result = DeployResult(tpu_model, lowering, tol, search=search, memory=memory)
+    cycles = estimate(tpu_model, the_chip)
+    seconds["memory + cycles"] = time.perf_counter() - t1
+    result = DeployResult(tpu_model, lowering, tol, search=search, memory=memory, cycles=cycles,
+                          s2d=s2d_stem(tpu_model, the_chip))
     if inputs is not None:
         t1 = time.perf_counter()
         pool = [inputs] + [s for s in (samples or []) if s is not inputs]

@@ -25,6 +25,17 @@ def _row(r) -> dict:
             "sqnr_db": _num(r.sqnr), "passed": bool(r.passed), "note": r.note}
 
 
+def _ops(result) -> list[dict]:
+    """Each TOP op: its TPU type, mode and why, and its estimated cycles."""
+    cycles = {o.name: o for o in (result.cycles.ops if result.cycles is not None else [])}
+    out = []
+    for d in result.lowering.decisions:
+        c = cycles.get(d.name) or cycles.get(f"{d.name}_i8")
+        out.append({"name": d.name, "type": c.type if c else d.op, "top_type": d.op, "mode": d.mode,
+                    "reason": d.reason, "cycles": c.cycles if c else 0})
+    return out
+
+
 def report_data(result) -> dict:
     """The report as plain data (what the JSON form holds)."""
     model = result.model
@@ -35,7 +46,7 @@ def report_data(result) -> dict:
         "checked": result.checked, "passed": result.passed if result.checked else None,
         "flops": int(model.flops()),
         "modes": result.lowering.counts(),
-        "ops": [{"name": d.name, "type": d.op, "mode": d.mode, "reason": d.reason} for d in result.lowering.decisions],
+        "ops": _ops(result),
         "outputs": [_row(r) for r in result.outputs],
         "output_parts": [{"output": out, "parts": [_row(r) for r in rows]} for out, rows in result.parts],
         "tensors": [dict(_row(r), mode=modes[r.name].mode if r.name in modes else None)
@@ -48,6 +59,13 @@ def report_data(result) -> dict:
         data["mixed_precision"] = result.search.as_dict()
     if result.memory is not None:
         data["memory"] = result.memory.as_dict()
+    if result.cycles is not None:
+        data["latency_us"] = round(result.cycles.latency_us, 3)
+        data["cycles"] = result.cycles.cycles
+        data["utilisation"] = round(result.cycles.utilisation, 6)
+    stem = result.s2d
+    data["s2d"] = {"applied": False, "first_conv": stem["name"] if stem else None,
+                   "first_conv_cycles": [stem["before"], stem["after"]] if stem else None}
     return data
 
 
@@ -118,6 +136,19 @@ def _memory_line(data: dict) -> str:
             f"(lower bound {m['lower_bound']:,} B).")
 
 
+def _latency_line(data: dict) -> str:
+    if "latency_us" not in data:
+        return ""
+    line = (f" Estimated latency {data['latency_us']:,.1f} us, matrix unit utilisation "
+            f"{100 * data['utilisation']:.1f}%.")
+    s2d = data.get("s2d") or {}
+    if s2d.get("first_conv_cycles"):
+        before, after = s2d["first_conv_cycles"]
+        line += (f" The first conv ({html.escape(s2d['first_conv'])}) takes {before:,} cycles; in space-to-depth "
+                 f"form {after:,} ({before / max(after, 1):.2f}x fewer; not applied at deployment yet).")
+    return line
+
+
 def html_page(data: dict) -> str:
     """The report as one self-contained HTML page."""
     status = "not checked" if data["passed"] is None else ("passed" if data["passed"] else "FAILED")
@@ -140,7 +171,7 @@ td,th{{border:1px solid #ccc;padding:2px 8px;font-size:13px;text-align:left}} .f
 </head><body>
 <h1>{html.escape(data['model'])} on {html.escape(data['chip'])} in {html.escape(data['mode'])}{' (asymmetric)' if data['asymmetric'] else ''}</h1>
 <p>Check against {html.escape(data['reference'])}: <b>{status}</b> (tolerance cosine {data['tolerance'][0]}, euclidean {data['tolerance'][1]}).
-Ops per mode: {html.escape(modes)}. {data['flops']:,} FLOPs.{_memory_line(data)}</p>
+Ops per mode: {html.escape(modes)}. {data['flops']:,} FLOPs.{_memory_line(data)}{_latency_line(data)}</p>
 <h2>Outputs</h2>{_table(data['outputs'], sim_cols)}{parts}
 <h2>Every tensor against TOP</h2>{_plot(data['tensors']) if data['tensors'] else '<p>No test input was given.</p>'}
 <h3>Worst tensors</h3>{_table(worst, sim_cols + [('mode', 'mode')])}
