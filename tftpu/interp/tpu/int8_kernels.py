@@ -13,6 +13,7 @@ import numpy as np
 from tftpu import rounding
 from tftpu.interp.kernels import KERNELS
 from tftpu.interp.kernels._registry import WEIGHTS, tf
+from tftpu.interp.tpu import requant
 from tftpu.interp.tpu.registry import int8, own
 from tftpu.ir import attrs as A
 
@@ -28,28 +29,49 @@ def _per_channel(v, ndim: int, axis: int) -> np.ndarray:
     return v.reshape(shape)
 
 
-def _clamp(y: np.ndarray, attrs: dict, out) -> np.ndarray:
-    """Saturate to the output type and apply a fused ReLU (at the zero point; `relu_limit`
-    quantized on the output grid)."""
+def _bounds(attrs: dict, out) -> tuple[int, int]:
+    """The output's clamp: its type's range, raised to the zero point by a fused ReLU and
+    lowered by `relu_limit` (quantized on the output grid)."""
     lo, hi = out.qmin, out.qmax
     if attrs.get("do_relu"):
         lo = max(lo, out.zp)
         limit = attrs.get("relu_limit", -1.0)
         if limit is not None and limit >= 0:
             hi = min(hi, out.zp + int(rounding.round_half_away_scalar(limit / out.scale)))
+    return lo, hi
+
+
+def _clamp(y: np.ndarray, attrs: dict, out) -> np.ndarray:
+    """Saturate to the output type and apply a fused ReLU."""
+    lo, hi = _bounds(attrs, out)
     return np.clip(y, lo, hi).astype(np.dtype(_NUMPY[out.dtype]))
 
 
 _NUMPY = {"i8": "int8", "u8": "uint8", "i16": "int16", "i32": "int32"}
 
 
-def _requant(acc, attrs: dict, out, axis: int) -> np.ndarray:
-    """INT32 accumulator -> output type: multiplier/rshift (per channel of `axis` or one)."""
+def _requant(acc, attrs: dict, out, axis: int, saturated: bool = False) -> np.ndarray:
+    """INT32 accumulator -> output type: multiplier/rshift (per channel of `axis` or one).
+    `acc` may be overwritten when it is an int64 array; `saturated`: known to lie in int32."""
+    acc = np.asarray(acc)
+    plan = requant.plan_for(attrs, ("requant", acc.ndim, axis, out), lambda: _make_plan(attrs, out, acc.ndim, axis))
+    if plan is not None:
+        t = acc if acc.dtype == np.int64 else acc.astype(np.int64)
+        return plan(t, saturated)
     acc = np.clip(np.asarray(acc, np.int64), rounding.INT32_MIN, rounding.INT32_MAX)
     m = _per_channel(attrs["multiplier"], acc.ndim, axis)
     r = _per_channel(attrs["rshift"], acc.ndim, axis)
     y = rounding.multiply_by_quantized_multiplier(acc, m, -r).astype(np.int64) + out.zp
     return _clamp(y, attrs, out)
+
+
+def _make_plan(attrs: dict, out, ndim: int, axis: int):
+    """The fast requantization of an op, or None where its parameters need the general rule."""
+    m, r = attrs["multiplier"], attrs["rshift"]
+    if out.dtype not in _NUMPY or not requant.Requant.applies(m, r):
+        return None
+    lo, hi = _bounds(attrs, out)
+    return requant.Requant(m, r, ndim, axis if np.size(m) > 1 else 0, lo, hi, out.zp, _NUMPY[out.dtype])
 
 
 def _centered(x, info) -> np.ndarray:
@@ -139,8 +161,14 @@ def conv_integer(x: np.ndarray, zp: int, w: np.ndarray, attrs: dict):
     session = WEIGHTS.get(w, key, lambda: _conv_integer_session(w, attrs, attrs["group"]) or _NO_SESSION)
     if session is _NO_SESSION:
         return None
-    xu = (x.astype(np.int16) + 128).astype(np.uint8)
+    xu = x.view(np.uint8) ^ np.uint8(0x80)             # int8 v -> uint8 v + 128 (the sign bit flipped)
     return session.run(None, {"x": xu, "xz": np.array(zp + 128, np.uint8)})[0]
+
+
+def _abs_sum_bound(w: np.ndarray) -> int:
+    """The largest sum of |w| over one output channel's taps (OIHW): with |x - zp| <= 255 it
+    bounds every accumulator of that channel."""
+    return int(np.abs(w.astype(np.int64)).reshape(w.shape[0], -1).sum(axis=1).max())
 
 
 @int8("tpu.Conv")
@@ -155,6 +183,17 @@ def conv(operands, attrs, info):
             if attrs["kernel_layout"] == "HWIO" else w
         acc = conv_integer(xn, info.ins[0].zp, wn, attrs)
         if acc is not None:
+            # |acc| <= 255 * sum|w| per channel: where that plus |bias| fits int32, the bias is
+            # added in int32 and nothing saturates
+            bound = 255 * WEIGHTS.get(wn, ("abs_sum",), lambda: _abs_sum_bound(wn))
+            if b is not None:
+                bound += int(np.abs(np.asarray(b, np.int64)).max(initial=0))
+            if bound <= rounding.INT32_MAX:
+                if b is not None:
+                    acc += WEIGHTS.get(b, ("nchw_i32", acc.ndim), lambda: _per_channel(b, acc.ndim, 1).astype(np.int32))
+                if nhwc:
+                    acc = acc.transpose(0, 2, 3, 1)
+                return [_requant(acc.astype(np.int64), attrs, info.outs[0], axis, saturated=True)]
             acc = acc.astype(np.int64)
             if nhwc:
                 acc = acc.transpose(0, 2, 3, 1)

@@ -1,0 +1,90 @@
+"""The fast requantization (`tftpu.interp.tpu.requant`) equals TFLite's
+MultiplyByQuantizedMultiplier + zero point + clamp, computed with Python integers
+(`tests/interp/int8_reference.py`), at the extremes: INT32_MIN/MAX and beyond (saturated),
+right shifts 0..31, multipliers 0..2**31-1, per channel or one, with and without a fused ReLU."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.interp import int8_reference as R
+from tftpu.interp.tpu.requant import Requant
+
+I32 = [R.INT32_MIN, R.INT32_MIN + 1, -(1 << 30), -(1 << 30) - 1, -3, -2, -1, 0, 1, 2, 3, 1 << 30,
+       R.INT32_MAX - 1, R.INT32_MAX]
+MULTS = [0, 1, 3, (1 << 30) - 1, 1 << 30, (1 << 30) + 1, 3 << 29, R.INT32_MAX - 1, R.INT32_MAX]
+
+
+def expected(acc, ms, rs, lo, hi, zp, dtype):
+    ms, rs = list(ms), list(rs)
+    out = np.empty(acc.shape, np.int64)
+    for idx in np.ndindex(acc.shape):
+        c = idx[1] if len(ms) > 1 else 0
+        y = R.mbqm(R.sat32(int(acc[idx])), ms[c], -rs[c]) + zp
+        out[idx] = max(lo, min(hi, y))
+    return out.astype(dtype)
+
+
+def check(acc, ms, rs, lo=-128, hi=127, zp=0, dtype=np.int8, saturated=False):
+    plan = Requant(ms, rs, acc.ndim, 1, lo, hi, zp, dtype)
+    got = plan(acc.astype(np.int64), saturated=saturated)
+    want = expected(acc, ms, rs, lo, hi, zp, dtype)
+    assert got.dtype == np.dtype(dtype)
+    np.testing.assert_array_equal(got, want)
+
+
+def _accs(rng, n, extra=()):
+    """Accumulators: the int32 extremes and ties, beyond int32 (saturated), random ones."""
+    vals = np.array(I32 + list(extra) + [R.INT32_MIN - 5, R.INT32_MAX + 7, -(1 << 40), 1 << 40], np.int64)
+    rand = rng.integers(R.INT32_MIN, R.INT32_MAX, n, dtype=np.int64, endpoint=True)
+    small = rng.integers(-(1 << 16), 1 << 16, n, dtype=np.int64)
+    return np.concatenate([vals, rand, small])
+
+
+@pytest.mark.parametrize("r", list(range(32)))
+def test_every_right_shift_at_the_extremes(r):
+    rng = np.random.default_rng(r)
+    # values landing on ties of both roundings, both signs
+    ties = [s * ((2 * k + 1) << max(r - 1, 0) << 31) // (1 << 30) for k in range(3) for s in (1, -1)]
+    acc = _accs(rng, 64, ties)
+    for m in MULTS:
+        for lo, hi, zp in ((-128, 127, 0), (0, 127, 0), (-128, 127, -7), (-7, 127, -7), (3, 100, 3), (0, 255, 128)):
+            dtype = np.uint8 if hi == 255 else np.int8
+            check(acc.reshape(1, 1, -1), [m], [r], lo, hi, zp, dtype)
+
+
+@settings(max_examples=60, derandomize=True, deadline=None)
+@given(st.data())
+def test_per_channel_parameters(data):
+    d = data.draw
+    c = d(st.integers(1, 5))
+    ms = [d(st.sampled_from(MULTS) | st.integers(0, R.INT32_MAX)) for _ in range(c)]
+    rs = [d(st.integers(0, 31)) for _ in range(c)]
+    zp = d(st.integers(-128, 127))
+    relu = d(st.booleans())
+    lo, hi = (max(-128, zp) if relu else -128), d(st.integers(max(-128, zp), 127))
+    rng = np.random.default_rng(d(st.integers(0, 2 ** 16)))
+    acc = rng.choice(_accs(rng, 32), size=(2, c, 3, 5))
+    check(acc, ms, rs, lo, hi, zp)
+    inside = np.clip(acc, R.INT32_MIN, R.INT32_MAX)
+    check(inside, ms, rs, lo, hi, zp, saturated=True)
+
+
+def test_output_types_and_zero_points_outside_them():
+    rng = np.random.default_rng(3)
+    acc = _accs(rng, 32).reshape(1, 1, -1)
+    check(acc, [1 << 30], [0], -32768, 32767, 5, np.int16)
+    check(acc, [R.INT32_MAX], [31], R.INT32_MIN, R.INT32_MAX, 0, np.int32)
+    check(acc, [3 << 29], [4], 0, 255, 128, np.uint8)
+    check(acc, [3 << 29], [4], 0, 127, -20, np.int8)       # zero point below the clamp
+
+
+def test_fast_path_declines_what_it_does_not_cover():
+    assert Requant.applies([1 << 30], [0]) and Requant.applies([0, R.INT32_MAX], [31, 0])
+    assert not Requant.applies([1 << 30], [-1])            # a left shift
+    assert not Requant.applies([1 << 30], [32])
+    assert not Requant.applies([-1], [3]) and not Requant.applies([1 << 31], [3])
+    assert not Requant.applies([], [])
