@@ -62,7 +62,7 @@ def main(args):
     mean, scale = _floats(FLAGS.mean, "mean"), _floats(FLAGS.scale, "scale")
     model = load(FLAGS.mlir)
     samples = quant.load_samples(model, FLAGS.dataset, FLAGS.input_num, mean, scale, FLAGS.pixel_format)
-    if len(samples) < FLAGS.input_num:
+    if FLAGS["input_num"].present and len(samples) < FLAGS.input_num:  # asked for more than there are
         logging.warning("--input_num=%d, but %s holds %d input(s): calibrating on those %d",
                         FLAGS.input_num, FLAGS.dataset, len(samples), len(samples))
     table = quant.calibrate(model, samples, FLAGS.calibration_method, asymmetric=FLAGS.asymmetric,
