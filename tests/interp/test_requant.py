@@ -88,3 +88,27 @@ def test_fast_path_declines_what_it_does_not_cover():
     assert not Requant.applies([1 << 30], [32])
     assert not Requant.applies([-1], [3]) and not Requant.applies([1 << 31], [3])
     assert not Requant.applies([], [])
+
+
+@pytest.mark.parametrize("r", [0, 1, 2, 7, 15, 30, 31])
+def test_add_sub_int32_path_at_the_extremes(r):
+    """INT8 Add/Sub computed in int32 (int16 multipliers, |x - zp| <= 255) equals TPU-MLIR's
+    rule in Python integers: extreme multipliers and zero points, pairs of extreme and random
+    inputs, with and without a fused ReLU."""
+    from tftpu.interp.tpu import int8_kernels as K
+    from tftpu.interp.tpu.info import OpInfo, TensorInfo
+
+    v = np.concatenate([[-128, -127, -2, -1, 0, 1, 2, 126, 127], np.random.default_rng(r).integers(-128, 128, 23)])
+    a, b = np.meshgrid(v, v)
+    a, b = a.astype(np.int8), b.astype(np.int8)
+    for m0, m1 in ((32767, -32768), (-32768, -32768), (32767, 32767), (1, -1), (12345, 0)):
+        for z0, z1, zo in ((0, 0, 0), (-128, 127, 127), (127, -128, -128)):
+            for relu in (False, True):
+                for op in ("tpu.Add", "tpu.Sub"):
+                    attrs = {"do_relu": relu, "relu_limit": -1.0, "multiplier": [m0, m1], "rshift": [r]}
+                    ins = (TensorInfo("i8", (0.1,), (z0,)), TensorInfo("i8", (0.1,), (z1,)))
+                    out = TensorInfo("i8", (0.5,), (zo,))
+                    got = (K.add if op == "tpu.Add" else K.sub)([a, b], attrs, OpInfo(ins, (out,)))[0]
+                    want, _ = R.reference_of(op, attrs, [R.Info("i8", (0.1,), (z0,)), R.Info("i8", (0.1,), (z1,))],
+                                             R.Info("i8", (0.5,), (zo,)), [a, b], check_params=False)
+                    np.testing.assert_array_equal(got, want)

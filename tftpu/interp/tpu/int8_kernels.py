@@ -207,9 +207,11 @@ def conv(operands, attrs, info):
 @int8("tpu.MatMul")
 def matmul(operands, attrs, info):
     x, w, b = operands
-    wf = _centered(w, info.ins[1])
-    if attrs["right_transpose"]:
-        wf = np.swapaxes(wf, -1, -2)
+    rt = bool(attrs["right_transpose"])
+    zw = info.ins[1].zp if info.ins[1].quantized and info.ins[1].axis is None else 0
+    wf = WEIGHTS.get(w, ("centered_f64", zw, rt),
+                     lambda: np.ascontiguousarray(np.swapaxes(_centered(w, info.ins[1]), -1, -2) if rt
+                                                  else _centered(w, info.ins[1])))
     acc = np.rint(np.matmul(_centered(x, info.ins[0]), wf)).astype(np.int64)
     if b is not None:
         acc += np.asarray(b, np.int64).reshape(-1)
@@ -220,10 +222,36 @@ def matmul(operands, attrs, info):
 
 def _add_sub(operands, attrs, info, sign: int):
     m, r = attrs["multiplier"], attrs["rshift"][0]
+    if (all(i.dtype in ("i8", "u8") and i.axis is None for i in info.ins[:2]) and info.outs[0].dtype in _NUMPY
+            and all(-(1 << 15) <= v < (1 << 15) for v in m[:2]) and 0 <= r <= 31):
+        return [_add_sub_int32(operands, m, r, attrs, info, sign)]
     a = (operands[0].astype(np.int64) - info.ins[0].zp) * m[0]
     b = (operands[1].astype(np.int64) - info.ins[1].zp) * m[1]
     y = rounding.rounding_divide_by_pot(a + sign * b, r).astype(np.int64) + info.outs[0].zp
     return [_clamp(y, attrs, info.outs[0])]
+
+
+def _add_sub_int32(operands, m, r: int, attrs, info, sign: int) -> np.ndarray:
+    """`_add_sub` in int32: |x - zp| <= 255 and |m| <= 2**15 keep each product under 2**23 and
+    the sum plus the rounding half under 2**31. The rounding shift is `requant`'s step 2 (one
+    shift where the clamp's lower bound is at or above the zero point, as its step 3)."""
+    a = np.array(operands[0], np.int32)
+    if info.ins[0].zp:
+        a -= np.int32(info.ins[0].zp)
+    a *= np.int32(m[0])
+    b = np.array(operands[1], np.int32)
+    if info.ins[1].zp:
+        b -= np.int32(info.ins[1].zp)
+    b *= np.int32(sign * m[1])
+    a = np.add(a, b, out=a) if a.shape == np.broadcast_shapes(a.shape, b.shape) else a + b
+    out = info.outs[0]
+    lo, hi = _bounds(attrs, out)
+    if r > 0:
+        if lo - out.zp < 0:
+            a += a >> 31                                # - [a < 0]
+        a += np.int32(1 << (r - 1))
+        a >>= r
+    return requant.clamp_into(a, lo, hi, out.zp, _NUMPY[out.dtype])
 
 
 @int8("tpu.Add")

@@ -40,9 +40,6 @@ class Requant:
         r = np.asarray(rshift, np.int64).reshape(-1)
         self.dtype = np.dtype(dtype)
         self.zp, self.lo, self.hi = int(zp), int(lo), int(hi)
-        info = np.iinfo(self.dtype)
-        # the zero point is added in the output type (exact: the result lies in [lo, hi])
-        self.zp_in_type = info.min <= self.zp <= info.max and info.min <= lo <= hi <= info.max
         self.m = _shaped(m, ndim, axis)
         self.combined = lo - zp >= 0
         half = np.where(r > 0, np.left_shift(np.int64(1), np.maximum(r - 1, 0)), 0)
@@ -82,13 +79,21 @@ class Requant:
                 t += neg
                 t += self.half
                 t >>= self.r
-        if self.zp_in_type:
-            y = np.clip(t, self.lo - self.zp, self.hi - self.zp, out=t).astype(self.dtype)
-            if self.zp:
-                y += self.dtype.type(self.zp)       # wraps in the type: exact, the sum is in range
-            return y
-        t += self.zp
-        return np.clip(t, self.lo, self.hi, out=t).astype(self.dtype)
+        return clamp_into(t, self.lo, self.hi, self.zp, self.dtype)
+
+
+def clamp_into(t: np.ndarray, lo: int, hi: int, zp: int, dtype) -> np.ndarray:
+    """`clip(t + zp, lo, hi)` as `dtype` (`t` is overwritten): clipped before the zero point is
+    added, in the output type where it fits there (exact: the sum lies in [lo, hi])."""
+    dtype = np.dtype(dtype)
+    info = np.iinfo(dtype)
+    if info.min <= zp <= info.max and info.min <= lo <= hi <= info.max:
+        y = np.clip(t, lo - zp, hi - zp, out=t).astype(dtype)
+        if zp:
+            y += dtype.type(zp)                     # wraps in the type, so exact
+        return y
+    t += zp
+    return np.clip(t, lo, hi, out=t).astype(dtype)
 
 
 _PLANS: dict[tuple, tuple] = {}
