@@ -33,6 +33,8 @@ flags.DEFINE_enum("mixed_precision_ranking", "isolated", ["isolated", "alone"],
                   "how the search ranks ops: 'isolated' (each op's own error on exact inputs; one "
                   "inference in all) or 'alone' (the outputs with only that op in INT8, TPU-MLIR's "
                   "measure; one inference per op, usually fewer ops kept)")
+flags.DEFINE_bool("space_to_depth", False, "rewrite the first strided conv on the image to its space-to-depth "
+                  "form first, where the chip's matrix unit gains (the image is rearranged in the module)")
 flags.DEFINE_string("tpu_mlir", None, "output TPU module (.tpu.mlir; its weights .npz go beside it)")
 flags.DEFINE_string("report", None, "report file: .json for data, .html (any other suffix) for a page")
 flags.DEFINE_string("model", None, "model file (.tpumodel): comes with the backend (layer groups, codegen)")
@@ -56,7 +58,8 @@ def main(args):
                     calibration_table=FLAGS.calibration_table, quantize_table=FLAGS.quantize_table,
                     asymmetric=FLAGS.asymmetric, test_input=FLAGS.test_input, test_reference=FLAGS.test_reference,
                     tolerance=FLAGS.tolerance, tpu_mlir=FLAGS.tpu_mlir, report=FLAGS.report,
-                    mixed_precision=FLAGS.mixed_precision, mixed_precision_ranking=FLAGS.mixed_precision_ranking)
+                    mixed_precision=FLAGS.mixed_precision, mixed_precision_ranking=FLAGS.mixed_precision_ranking,
+                    space_to_depth=FLAGS.space_to_depth)
     print(result.lowering)
     if result.search is not None:
         print(result.search)
@@ -64,10 +67,16 @@ def main(args):
         print(result.memory)
     if result.cycles is not None:
         print(result.cycles)
-    if result.s2d:
-        before, after = result.s2d["before"], result.s2d["after"]
-        print(f"space-to-depth of the first conv ({result.s2d['name']}) would take {after:,} cycles instead of "
-              f"{before:,} ({before / max(after, 1):.2f}x fewer; not applied at deployment yet)")
+    stem = result.s2d
+    if stem and stem.get("applied"):
+        print(f"space-to-depth applied to {stem['name']}: {stem['reason']}"
+              + (f"; {stem['after']:,} cycles instead of {stem['before']:,}" if stem.get("before") else ""))
+    elif stem and "reason" in stem:
+        print(f"space-to-depth declined: {stem['reason']}")
+    elif stem:
+        before, after = stem["before"], stem["after"]
+        print(f"space-to-depth of the first conv ({stem['name']}) would take {after:,} cycles instead of "
+              f"{before:,} ({before / max(after, 1):.2f}x fewer; --space_to_depth applies it)")
     if result.checked:
         cos, euc = result.tolerance
         print(f"outputs against {result.reference} (tolerance cosine {cos}, euclidean {euc}):")

@@ -239,3 +239,20 @@ def test_tools_end_to_end(cnn_case, tmp_path):
     bad = _tool("deploy", f"--mlir={top_path}", "--quantize=INT8", "--chip=npu1", f"--tpu_mlir={tmp_path / 'x.tpu.mlir'}")
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "calibration table" in bad.stderr
     assert not (tmp_path / "x.tpu.mlir").exists()
+
+
+def test_space_to_depth_at_deployment(cnn_case):
+    """The stem (3x3, stride 2, 3 channels) becomes its S2D form on npu1: fewer cycles, the same
+    outputs within INT8's tolerance, and the caller's TOP model untouched."""
+    model, table, samples = cnn_case
+    text = model.text()
+    res = deploy(model, quantize="INT8", chip="npu1", calibration_table=table, test_input=samples[0],
+                 space_to_depth=True, mixed_precision="none")
+    assert model.text() == text
+    assert res.s2d["applied"] and res.s2d["before"] >= 2 * res.s2d["after"], res.s2d
+    assert res.passed and res.outputs[0].cosine > 0.999
+    plain = deploy(model, quantize="INT8", chip="npu1", calibration_table=table, mixed_precision="none")
+    assert res.cycles.cycles < plain.cycles.cycles
+    # where the chip gains nothing it declines and says why (the cpu chip's unit is im2col)
+    cpu = deploy(model, quantize="F32", chip="cpu", space_to_depth=True)
+    assert not cpu.s2d["applied"] and "threshold" in cpu.s2d["reason"]

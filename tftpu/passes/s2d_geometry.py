@@ -19,91 +19,16 @@ kernel's gradient (TensorFlow's own pass slices at 0, which is wrong whenever ph
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Sequence
 
 from tftpu import geometry
-from tftpu.errors import ShapeError
+from tftpu.geometry import AxisPlan  # noqa: F401  (the plan's arithmetic is shared with the TOP pass)
 
 
 def same_pads(size: int, kernel: int, stride: int, dilation: int = 1) -> tuple[int, int]:
     """TensorFlow's SAME padding (extra pixel at the end) for one axis."""
     return geometry.same_pads(size, kernel, stride, dilation)
-
-
-@dataclasses.dataclass(frozen=True)
-class AxisPlan:
-    """The S2D rewrite of one spatial axis of a convolution."""
-
-    size: int
-    kernel: int
-    stride: int
-    block: int
-    pads: tuple[int, int]
-
-    def __post_init__(self):
-        if self.block < 1 or self.stride % self.block:
-            raise ShapeError(f"block size {self.block} does not divide stride {self.stride}")
-        if self.out < 1:
-            raise ShapeError(f"conv axis of size {self.size} with kernel {self.kernel} has no output")
-
-    @classmethod
-    def from_padding(cls, size: int, kernel: int, stride: int, block: int,
-                     padding: str | Sequence[int] = "VALID") -> "AxisPlan":
-        """Plan from TF padding: "VALID", "SAME" or explicit (begin, end)."""
-        if isinstance(padding, str):
-            if padding.upper() == "SAME":
-                pads = same_pads(size, kernel, stride)
-            elif padding.upper() == "VALID":
-                pads = (0, 0)
-            else:
-                raise ShapeError(f"unknown padding {padding!r}")
-        else:
-            pads = (int(padding[0]), int(padding[1]))
-        return cls(size, kernel, stride, block, pads)
-
-    @property
-    def out(self) -> int:
-        return geometry.conv_out(self.size, self.kernel, self.stride, 1, *self.pads)
-
-    @property
-    def ph_top(self) -> int:
-        return (-self.pads[0]) % self.block
-
-    @property
-    def ph_bot(self) -> int:
-        return (-(self.kernel + self.ph_top)) % self.block
-
-    @property
-    def padded_kernel(self) -> int:
-        return self.kernel + self.ph_top + self.ph_bot
-
-    @property
-    def new_kernel(self) -> int:
-        return self.padded_kernel // self.block
-
-    @property
-    def new_stride(self) -> int:
-        return self.stride // self.block
-
-    @property
-    def blocked_size(self) -> int:
-        """Size of the S2D input along this axis (input zero-padded to a multiple of b)."""
-        return math.ceil(self.size / self.block)
-
-    @property
-    def size_pad(self) -> int:
-        """Zeros appended to the input so that b divides its size."""
-        return self.blocked_size * self.block - self.size
-
-    @property
-    def begin(self) -> int:
-        return (self.pads[0] + self.ph_top) // self.block
-
-    @property
-    def end(self) -> int:
-        return (self.out - 1) * self.new_stride + self.new_kernel - self.begin - self.blocked_size
 
 
 def _tf():

@@ -114,7 +114,7 @@ def _worse(a, b) -> bool:
 def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=None, asymmetric: bool = False,
            test_input=None, test_reference=None, tolerance=None, tpu_mlir=None, report=None,
            mixed_precision: str | None = "auto", samples: list[dict] | None = None,
-           mixed_precision_ranking: str = "isolated") -> DeployResult:
+           mixed_precision_ranking: str = "isolated", space_to_depth: bool = False) -> DeployResult:
     """Lower the TOP model `mlir` (a path or TopModel) for `chip` in `quantize` mode.
 
     `test_input` (a dict of arrays or an .npz path) checks the TPU model against TOP, and
@@ -122,7 +122,9 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     with a test input, "auto" (the default) keeps pure INT8 where its outputs (and each part of
     a concatenated output) reach cosine 0.99 and SQNR 20 dB, otherwise the fewest ops in float
     that reach it; "cos,sqnr_db" sets another target; "none" keeps pure INT8. Inputs are all
-    checked before anything is written."""
+    checked before anything is written. `space_to_depth` rewrites the first strided conv on the
+    image to its S2D form first (a copy of the model; applied where the chip's matrix unit gains,
+    see `tftpu.transforms.space_to_depth`)."""
     from tftpu.ir.module import TopModel, TpuModel, load
     from tftpu.quant.qtable import read_qtable
     from tftpu.quant.table import read_table
@@ -149,6 +151,15 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     if outputs:
         check_writable(*outputs)
     seconds["load"] = time.perf_counter() - t0
+    s2d_result = None
+    if space_to_depth:
+        from tftpu.ir.module import parse_module
+        from tftpu.transforms.pipeline import run_pipeline
+        from tftpu.transforms.space_to_depth import SpaceToDepthPass
+        t1 = time.perf_counter()
+        top_model = TopModel(parse_module(top_model.text()), dict(top_model.weights))
+        s2d_result, = run_pipeline(top_model, [SpaceToDepthPass(chip=the_chip.path or the_chip.name)])
+        seconds["space-to-depth"] = time.perf_counter() - t1
     search = None
     if mixed_precision in (None, "none", "") or mode != "INT8":
         mixed_precision = None
@@ -173,8 +184,19 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     memory = plan_memory(tpu_model, the_chip)
     cycles = estimate(tpu_model, the_chip)
     seconds["memory + cycles"] = time.perf_counter() - t1
-    result = DeployResult(tpu_model, lowering, tol, search=search, memory=memory, cycles=cycles,
-                          s2d=s2d_stem(tpu_model, the_chip))
+    stem = s2d_stem(tpu_model, the_chip)
+    if s2d_result is not None:
+        applied = bool(s2d_result.changed)
+        numbers = (s2d_result.changed or s2d_result.declined)[0]
+        stem = {"name": numbers.where, "applied": applied, "reason": numbers.reason,
+                "before": None, "after": None}
+        if applied:                                    # priced on the rewritten conv, and as it was
+            rewritten = [o for o in cycles.ops if o.name.split("_i8")[0] == numbers.where and o.type == "tpu.Conv"]
+            stem["after"] = rewritten[0].cycles if rewritten else None
+            issued = numbers.numbers
+            if stem["after"] is not None and issued.get("issued_macs_after"):
+                stem["before"] = round(stem["after"] * issued["issued_macs_before"] / issued["issued_macs_after"])
+    result = DeployResult(tpu_model, lowering, tol, search=search, memory=memory, cycles=cycles, s2d=stem)
     if inputs is not None:
         t1 = time.perf_counter()
         pool = [inputs] + [s for s in (samples or []) if s is not inputs]

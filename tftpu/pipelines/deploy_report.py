@@ -64,8 +64,9 @@ def report_data(result) -> dict:
         data["cycles"] = result.cycles.cycles
         data["utilisation"] = round(result.cycles.utilisation, 6)
     stem = result.s2d
-    data["s2d"] = {"applied": False, "first_conv": stem["name"] if stem else None,
-                   "first_conv_cycles": [stem["before"], stem["after"]] if stem else None}
+    data["s2d"] = {"applied": bool(stem and stem.get("applied")), "first_conv": stem["name"] if stem else None,
+                   "first_conv_cycles": [stem["before"], stem["after"]] if stem and stem.get("before") else None,
+                   "reason": stem.get("reason", "") if stem else ""}
     return data
 
 
@@ -144,8 +145,9 @@ def _latency_line(data: dict) -> str:
     s2d = data.get("s2d") or {}
     if s2d.get("first_conv_cycles"):
         before, after = s2d["first_conv_cycles"]
+        state = "applied" if s2d.get("applied") else "not applied (--space_to_depth applies it)"
         line += (f" The first conv ({html.escape(s2d['first_conv'])}) takes {before:,} cycles; in space-to-depth "
-                 f"form {after:,} ({before / max(after, 1):.2f}x fewer; not applied at deployment yet).")
+                 f"form {after:,} ({before / max(after, 1):.2f}x fewer; {state}).")
     return line
 
 

@@ -20,7 +20,8 @@ from tftpu.utils.passes import ModulePass, PassRegistry
 __all__ = ["ModulePass", "TOP_PASSES", "register", "registered", "parse_pipeline", "run_pipeline"]
 
 TOP_PASSES = PassRegistry("TOP", verify=lambda model: model.verify(),
-                          modules=("tftpu.transforms.canonicalize", "tftpu.transforms.convert_layout"))
+                          modules=("tftpu.transforms.canonicalize", "tftpu.transforms.convert_layout",
+                                   "tftpu.transforms.space_to_depth"))
 register = TOP_PASSES.register
 
 
