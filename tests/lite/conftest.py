@@ -1,5 +1,6 @@
-"""Models of the tftpu.lite tests: Keras applications (random weights, small inputs) and mtcnn
-with its real weights, each built once per session."""
+"""Models of the tftpu.lite tests: Keras applications (random weights, 32x32 inputs: the
+conversion cost is the graph and weights, not the image size) and mtcnn with its real weights,
+each built and converted by TensorFlow once per session."""
 
 import numpy as np
 import pytest
@@ -14,9 +15,9 @@ def _keras_app(name, size):
 
 
 BUILDERS = {
-    "ResNet50": lambda: _keras_app("ResNet50", 64),
-    "MobileNetV2": lambda: _keras_app("MobileNetV2", 64),
-    "EfficientNetB0": lambda: _keras_app("EfficientNetB0", 64),
+    "ResNet50": lambda: _keras_app("ResNet50", 32),
+    "MobileNetV2": lambda: _keras_app("MobileNetV2", 32),
+    "EfficientNetB0": lambda: _keras_app("EfficientNetB0", 32),
     "mtcnn_rnet": lambda: __import__("tests.models.mtcnn", fromlist=["rnet"]).rnet(weights=True),
     "mtcnn_onet": lambda: __import__("tests.models.mtcnn", fromlist=["onet"]).onet(weights=True),
 }

@@ -80,7 +80,6 @@ def test_plain_conversion_is_tensorflows(tmp_path, saved_model):
         str(saved_model[0])).convert()
 
 
-@pytest.mark.slow
 def test_one_command_saved_model_pipeline(tmp_path, saved_model, photos):
     out, report = tmp_path / "m.tflite", tmp_path / "m.json"
     done = _cli(f"--saved_model_dir={saved_model[0]}", "--device_specs=GPU,CPU", "--space_to_depth",

@@ -28,7 +28,6 @@ def _scores(data, images):
     return np.array([runtime.run(interp, [x[None]])[k][0, 1] for x in images])
 
 
-@pytest.mark.slow
 def test_onet_int8_beats_tflite(keras_model):
     import tensorflow as tf
 
