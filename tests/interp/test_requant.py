@@ -112,3 +112,28 @@ def test_add_sub_int32_path_at_the_extremes(r):
                     want, _ = R.reference_of(op, attrs, [R.Info("i8", (0.1,), (z0,)), R.Info("i8", (0.1,), (z1,))],
                                              R.Info("i8", (0.5,), (zo,)), [a, b], check_params=False)
                     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("c,k,group,stride,dil", [(32, 3, 32, 2, 1), (16, 3, 4, 1, 2), (24, 5, 24, 1, 1),
+                                                  (8, 3, 8, 1, 1)])
+def test_float32_conv_path_equals_float64_path_at_extremes(c, k, group, stride, dil):
+    """onnxruntime's float32 Conv gives the exact integer sums (plus bias) wherever
+    255 * sum|w| + |b| < 2**24, with saturated inputs and extreme zero points; above the
+    bound it declines."""
+    from tftpu.interp.tpu.int8_kernels import conv_accumulate, conv_f32
+
+    rng = np.random.default_rng(c * k + group)
+    o = 2 * group
+    x = rng.choice(np.array([-128, 127, 0, -1, 1], np.int8), size=(1, c, 11, 13)).astype(np.int8)
+    w = rng.choice(np.array([-127, 127, 0, 5], np.int8), size=(o, c // group, k, k)).astype(np.int8)
+    w[0] = -127                                          # one channel at its largest sum
+    b = rng.integers(-(1 << 22), 1 << 22, o).astype(np.int32)
+    attrs = {"strides": [stride] * 2, "pads": [1, 2, 0, 1], "dilations": [dil] * 2, "group": group,
+             "layout": "NCHW", "kernel_layout": "OIHW"}
+    for zp in (-128, 0, 127):
+        got = conv_f32(x, zp, w, b, attrs)
+        want = conv_accumulate(x.astype(np.float64) - zp, w, attrs) + b.reshape(1, -1, 1, 1)
+        assert got is not None and got.dtype == np.float32
+        np.testing.assert_array_equal(got.astype(np.float64), want)
+    big = np.full_like(b, (1 << 24) - 100)
+    assert conv_f32(x, 0, w, big, attrs) is None

@@ -121,8 +121,6 @@ def conv_accumulate(x, w, attrs) -> np.ndarray:
 
 def _conv_integer_session(w: np.ndarray, attrs: dict, group: int):
     """An onnxruntime ConvInteger (uint8 x uint8 -> exact int32) for one INT8 weight, or None."""
-    import onnx
-    import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
     wu = (w.astype(np.int16) + 128).astype(np.uint8)
@@ -135,6 +133,34 @@ def _conv_integer_session(w: np.ndarray, attrs: dict, group: int):
          helper.make_tensor_value_info("xz", TensorProto.UINT8, [])],
         [helper.make_tensor_value_info("y", TensorProto.INT32, None)],
         [numpy_helper.from_array(wu, "w"), numpy_helper.from_array(np.array(128, np.uint8), "wz")])
+    return _session(graph)
+
+
+def _conv_f32_session(w: np.ndarray, attrs: dict, zp: int):
+    """An onnxruntime float32 Conv of INT8 `x` less `zp` (cast inside) and `w`, plus bias `b`."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    nodes = [helper.make_node("Cast", ["x"], ["xf"], to=TensorProto.FLOAT)]
+    if zp:
+        nodes.append(helper.make_node("Sub", ["xf", "xz"], ["xc"]))
+    nodes.append(helper.make_node("Conv", ["xc" if zp else "xf", "w", "b"], ["y"], strides=list(attrs["strides"]),
+                                  pads=list(attrs["pads"]), dilations=list(attrs["dilations"]),
+                                  group=attrs["group"], kernel_shape=list(w.shape[2:])))
+    graph = helper.make_graph(
+        nodes, "conv_f32",
+        [helper.make_tensor_value_info("x", TensorProto.INT8, None),
+         helper.make_tensor_value_info("b", TensorProto.FLOAT, [w.shape[0]])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(w.astype(np.float32), "w")]
+        + ([numpy_helper.from_array(np.array(zp, np.float32), "xz")] if zp else []))
+    return _session(graph)
+
+
+def _session(graph):
+    """A non-spinning onnxruntime session of one small graph, or None where it fails."""
+    import onnxruntime as ort
+    from onnx import helper
+
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=9)
     options = ort.SessionOptions()
     # one session per conv: idle pools must not spin (they would slow every other kernel)
@@ -165,6 +191,27 @@ def conv_integer(x: np.ndarray, zp: int, w: np.ndarray, attrs: dict):
     return session.run(None, {"x": xu, "xz": np.array(zp + 128, np.uint8)})[0]
 
 
+def conv_f32(x: np.ndarray, zp: int, w: np.ndarray, b, attrs: dict):
+    """Exact sums `conv(x - zp, w) + b` of a 2-D NCHW conv as float32, through onnxruntime's
+    float Conv, or None where that is not exact: every partial sum is an integer no larger than
+    255 * sum|w| + |b| per channel, so where that is below 2**24 every float32 addition is
+    exact, whatever the order (products of integers below 2**15 are exact, FMA included)."""
+    if x.ndim != 4:
+        return None
+    bound = 255 * WEIGHTS.get(w, ("abs_sum",), lambda: _abs_sum_bound(w))
+    if b is not None:
+        bound += int(np.abs(np.asarray(b, np.int64)).max(initial=0))
+    if bound >= 1 << 24:
+        return None
+    key = ("conv_f32", tuple(attrs["strides"]), tuple(attrs["pads"]), tuple(attrs["dilations"]), attrs["group"], zp)
+    session = WEIGHTS.get(w, key, lambda: _conv_f32_session(w, attrs, zp) or _NO_SESSION)
+    if session is _NO_SESSION:
+        return None
+    bf = np.zeros(w.shape[0], np.float32) if b is None else \
+        WEIGHTS.get(b, ("f32",), lambda: np.asarray(b, np.float32).reshape(-1))
+    return session.run(None, {"x": x, "b": bf})[0]
+
+
 def _abs_sum_bound(w: np.ndarray) -> int:
     """The largest sum of |w| over one output channel's taps (OIHW): with |x - zp| <= 255 it
     bounds every accumulator of that channel."""
@@ -181,6 +228,12 @@ def conv(operands, attrs, info):
         xn = np.ascontiguousarray(x.transpose(0, 3, 1, 2)) if nhwc else x
         wn = WEIGHTS.get(w, ("oihw",), lambda: np.ascontiguousarray(w.transpose(3, 2, 0, 1))) \
             if attrs["kernel_layout"] == "HWIO" else w
+        if attrs["group"] > 1:          # grouped / depthwise: onnxruntime's float kernels are faster
+            t = conv_f32(xn, info.ins[0].zp, wn, b, attrs)
+            if t is not None:
+                if nhwc:
+                    t = t.transpose(0, 2, 3, 1)
+                return [_requant(t.astype(np.int64), attrs, info.outs[0], axis, saturated=True)]
         acc = conv_integer(xn, info.ins[0].zp, wn, attrs)
         if acc is not None:
             # |acc| <= 255 * sum|w| per channel: where that plus |bias| fits int32, the bias is
