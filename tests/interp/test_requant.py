@@ -137,3 +137,20 @@ def test_float32_conv_path_equals_float64_path_at_extremes(c, k, group, stride, 
         np.testing.assert_array_equal(got.astype(np.float64), want)
     big = np.full_like(b, (1 << 24) - 100)
     assert conv_f32(x, 0, w, big, attrs) is None
+
+
+@pytest.mark.parametrize("k,rt", [(1, False), (300, True), (2048, False), (33025, False)])
+def test_matmul_integer_path_equals_python_integers(k, rt):
+    """onnxruntime's MatMulInteger (uint8 offset by 128) gives the exact integer products with
+    saturated operands and extreme zero points; a reduction that could overflow int32 declines."""
+    from tftpu.interp.tpu.int8_kernels import matmul_integer
+
+    rng = np.random.default_rng(k)
+    x = rng.choice(np.array([-128, 127, 0, -1], np.int8), size=(2, k)).astype(np.int8)
+    w = rng.choice(np.array([-128, 127, 0, 3], np.int8), size=(k, 5)).astype(np.int8)
+    for zx, zw in ((0, 0), (-128, 127), (127, -128)):
+        got = matmul_integer(x, zx, np.ascontiguousarray(w.T) if rt else w, zw, rt)
+        want = (x.astype(np.int64) - zx) @ (w.astype(np.int64) - zw)
+        assert got is not None and got.dtype == np.int32
+        np.testing.assert_array_equal(got, want)
+    assert matmul_integer(np.zeros((1, 33026), np.int8), 0, np.zeros((33026, 2), np.int8), 0, False) is None

@@ -212,6 +212,38 @@ def conv_f32(x: np.ndarray, zp: int, w: np.ndarray, b, attrs: dict):
     return session.run(None, {"x": x, "b": bf})[0]
 
 
+def _matmul_integer_session(w: np.ndarray, zw: int):
+    """An onnxruntime MatMulInteger (uint8 x uint8 -> exact int32) by one INT8 [K, N] weight."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    wu = (w.astype(np.int16) + 128).astype(np.uint8)
+    graph = helper.make_graph(
+        [helper.make_node("MatMulInteger", ["x", "w", "xz", "wz"], ["y"])], "matmul_integer",
+        [helper.make_tensor_value_info("x", TensorProto.UINT8, None),
+         helper.make_tensor_value_info("xz", TensorProto.UINT8, [])],
+        [helper.make_tensor_value_info("y", TensorProto.INT32, None)],
+        [numpy_helper.from_array(wu, "w"), numpy_helper.from_array(np.array(zw + 128, np.uint8), "wz")])
+    return _session(graph)
+
+
+def matmul_integer(x: np.ndarray, zx: int, w: np.ndarray, zw: int, right_transpose: bool):
+    """Exact int32 products `(x - zx) @ (w - zw)` of INT8 operands (w 2-D, [K, N] or [N, K]
+    with `right_transpose`) through onnxruntime's MatMulInteger (uint8 operands offset by 128,
+    as `conv_integer`), or None where an int32 sum could overflow or the kernel is unavailable."""
+    if w.ndim != 2 or x.ndim < 2:
+        return None
+    k = w.shape[1 if right_transpose else 0]
+    if x.shape[-1] != k or k * 255 * 255 >= 1 << 31:
+        return None
+    session = WEIGHTS.get(w, ("matmul_integer", zw, right_transpose),
+                          lambda: _matmul_integer_session(np.ascontiguousarray(w.T) if right_transpose else w, zw)
+                          or _NO_SESSION)
+    if session is _NO_SESSION:
+        return None
+    xu = np.ascontiguousarray(x).view(np.uint8) ^ np.uint8(0x80)
+    return session.run(None, {"x": xu, "xz": np.array(zx + 128, np.uint8)})[0]
+
+
 def _abs_sum_bound(w: np.ndarray) -> int:
     """The largest sum of |w| over one output channel's taps (OIHW): with |x - zp| <= 255 it
     bounds every accumulator of that channel."""
@@ -262,6 +294,15 @@ def matmul(operands, attrs, info):
     x, w, b = operands
     rt = bool(attrs["right_transpose"])
     zw = info.ins[1].zp if info.ins[1].quantized and info.ins[1].axis is None else 0
+    xi, wi = info.ins[0], info.ins[1]
+    if (xi.dtype == "i8" and xi.axis is None and x.dtype == np.int8 and w.dtype == np.int8
+            and (wi.axis is None or not any(wi.zero_points))):
+        acc = matmul_integer(x, xi.zp, w, zw, rt)
+        if acc is not None:
+            acc = acc.astype(np.int64)
+            if b is not None:
+                acc += np.asarray(b, np.int64).reshape(-1)
+            return [_requant(acc, attrs, info.outs[0], acc.ndim - 1)]
     wf = WEIGHTS.get(w, ("centered_f64", zw, rt),
                      lambda: np.ascontiguousarray(np.swapaxes(_centered(w, info.ins[1]), -1, -2) if rt
                                                   else _centered(w, info.ins[1])))
