@@ -5,12 +5,15 @@ right shifts 0..31, multipliers 0..2**31-1, per channel or one, with and without
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.interp import int8_reference as R
+from tftpu.interp.tpu import requant
 from tftpu.interp.tpu.requant import Requant
 
 I32 = [R.INT32_MIN, R.INT32_MIN + 1, -(1 << 30), -(1 << 30) - 1, -3, -2, -1, 0, 1, 2, 3, 1 << 30,
@@ -30,10 +33,23 @@ def expected(acc, ms, rs, lo, hi, zp, dtype):
 
 def check(acc, ms, rs, lo=-128, hi=127, zp=0, dtype=np.int8, saturated=False):
     plan = Requant(ms, rs, acc.ndim, 1, lo, hi, zp, dtype)
-    got = plan(acc.astype(np.int64), saturated=saturated)
     want = expected(acc, ms, rs, lo, hi, zp, dtype)
-    assert got.dtype == np.dtype(dtype)
-    np.testing.assert_array_equal(got, want)
+    for slab_min in (requant.SLAB_MIN, 1):          # in one piece, and cut into slabs on threads
+        with slabs_from(slab_min):
+            got = plan(acc.astype(np.int64), saturated=saturated)
+        assert got.dtype == np.dtype(dtype)
+        np.testing.assert_array_equal(got, want)
+    if not saturated and acc.min() >= -(1 << 24) and acc.max() <= 1 << 24:
+        np.testing.assert_array_equal(plan(acc.astype(np.float32), saturated=True), want)   # float sums
+
+
+@contextlib.contextmanager
+def slabs_from(n: int):
+    old, requant.SLAB_MIN = requant.SLAB_MIN, n
+    try:
+        yield
+    finally:
+        requant.SLAB_MIN = old
 
 
 def _accs(rng, n, extra=()):
@@ -108,9 +124,16 @@ def test_add_sub_int32_path_at_the_extremes(r):
                     attrs = {"do_relu": relu, "relu_limit": -1.0, "multiplier": [m0, m1], "rshift": [r]}
                     ins = (TensorInfo("i8", (0.1,), (z0,)), TensorInfo("i8", (0.1,), (z1,)))
                     out = TensorInfo("i8", (0.5,), (zo,))
-                    got = (K.add if op == "tpu.Add" else K.sub)([a, b], attrs, OpInfo(ins, (out,)))[0]
                     want, _ = R.reference_of(op, attrs, [R.Info("i8", (0.1,), (z0,)), R.Info("i8", (0.1,), (z1,))],
                                              R.Info("i8", (0.5,), (zo,)), [a, b], check_params=False)
+                    for slab_min in (requant.SLAB_MIN, 1):
+                        with slabs_from(slab_min):
+                            got = (K.add if op == "tpu.Add" else K.sub)([a, b], attrs, OpInfo(ins, (out,)))[0]
+                        np.testing.assert_array_equal(got, want)
+                    # broadcast operands (one piece)
+                    got = (K.add if op == "tpu.Add" else K.sub)([a, b[:1]], attrs, OpInfo(ins, (out,)))[0]
+                    want, _ = R.reference_of(op, attrs, [R.Info("i8", (0.1,), (z0,)), R.Info("i8", (0.1,), (z1,))],
+                                             R.Info("i8", (0.5,), (zo,)), [a, b[:1]], check_params=False)
                     np.testing.assert_array_equal(got, want)
 
 

@@ -56,8 +56,7 @@ def _requant(acc, attrs: dict, out, axis: int, saturated: bool = False) -> np.nd
     acc = np.asarray(acc)
     plan = requant.plan_for(attrs, ("requant", acc.ndim, axis, out), lambda: _make_plan(attrs, out, acc.ndim, axis))
     if plan is not None:
-        t = acc if acc.dtype == np.int64 else acc.astype(np.int64)
-        return plan(t, saturated)
+        return plan(acc, saturated)
     acc = np.clip(np.asarray(acc, np.int64), rounding.INT32_MIN, rounding.INT32_MAX)
     m = _per_channel(attrs["multiplier"], acc.ndim, axis)
     r = _per_channel(attrs["rshift"], acc.ndim, axis)
@@ -265,7 +264,7 @@ def conv(operands, attrs, info):
             if t is not None:
                 if nhwc:
                     t = t.transpose(0, 2, 3, 1)
-                return [_requant(t.astype(np.int64), attrs, info.outs[0], axis, saturated=True)]
+                return [_requant(t, attrs, info.outs[0], axis, saturated=True)]
         acc = conv_integer(xn, info.ins[0].zp, wn, attrs)
         if acc is not None:
             # |acc| <= 255 * sum|w| per channel: where that plus |bias| fits int32, the bias is
@@ -278,7 +277,7 @@ def conv(operands, attrs, info):
                     acc += WEIGHTS.get(b, ("nchw_i32", acc.ndim), lambda: _per_channel(b, acc.ndim, 1).astype(np.int32))
                 if nhwc:
                     acc = acc.transpose(0, 2, 3, 1)
-                return [_requant(acc.astype(np.int64), attrs, info.outs[0], axis, saturated=True)]
+                return [_requant(acc, attrs, info.outs[0], axis, saturated=True)]
             acc = acc.astype(np.int64)
             if nhwc:
                 acc = acc.transpose(0, 2, 3, 1)
@@ -329,23 +328,33 @@ def _add_sub_int32(operands, m, r: int, attrs, info, sign: int) -> np.ndarray:
     """`_add_sub` in int32: |x - zp| <= 255 and |m| <= 2**15 keep each product under 2**23 and
     the sum plus the rounding half under 2**31. The rounding shift is `requant`'s step 2 (one
     shift where the clamp's lower bound is at or above the zero point, as its step 3)."""
-    a = np.array(operands[0], np.int32)
-    if info.ins[0].zp:
-        a -= np.int32(info.ins[0].zp)
-    a *= np.int32(m[0])
-    b = np.array(operands[1], np.int32)
-    if info.ins[1].zp:
-        b -= np.int32(info.ins[1].zp)
-    b *= np.int32(sign * m[1])
-    a = np.add(a, b, out=a) if a.shape == np.broadcast_shapes(a.shape, b.shape) else a + b
+    x0, x1 = np.asarray(operands[0]), np.asarray(operands[1])
     out = info.outs[0]
     lo, hi = _bounds(attrs, out)
-    if r > 0:
-        if lo - out.zp < 0:
-            a += a >> 31                                # - [a < 0]
-        a += np.int32(1 << (r - 1))
-        a >>= r
-    return requant.clamp_into(a, lo, hi, out.zp, _NUMPY[out.dtype])
+    z0, z1 = info.ins[0].zp, info.ins[1].zp
+
+    def slab(a, b, y):
+        a = a.astype(np.int32)
+        if z0:
+            a -= np.int32(z0)
+        a *= np.int32(m[0])
+        b = b.astype(np.int32)
+        if z1:
+            b -= np.int32(z1)
+        b *= np.int32(sign * m[1])
+        a = np.add(a, b, out=a) if a.shape == np.broadcast_shapes(a.shape, b.shape) else a + b
+        if r > 0:
+            if lo - out.zp < 0:
+                a += a >> 31                            # - [a < 0]
+            a += np.int32(1 << (r - 1))
+            a >>= r
+        return requant.clamp_into(a, lo, hi, out.zp, y)
+
+    if x0.shape != x1.shape:
+        return slab(x0, x1, np.dtype(_NUMPY[out.dtype]))
+    y = np.empty(x0.shape, _NUMPY[out.dtype])
+    requant.in_slabs(x0.shape, None, lambda sl: slab(x0[sl], x1[sl], y[sl]))
+    return y
 
 
 @int8("tpu.Add")

@@ -17,6 +17,10 @@ tests/interp/test_requant.py proves each against Python-integer definitions at t
 
 from __future__ import annotations
 
+import functools
+import math
+import os
+
 import numpy as np
 
 INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
@@ -40,6 +44,7 @@ class Requant:
         r = np.asarray(rshift, np.int64).reshape(-1)
         self.dtype = np.dtype(dtype)
         self.zp, self.lo, self.hi = int(zp), int(lo), int(hi)
+        self.axis = axis if m.size > 1 or r.size > 1 else None
         self.m = _shaped(m, ndim, axis)
         self.combined = lo - zp >= 0
         half = np.where(r > 0, np.left_shift(np.int64(1), np.maximum(r - 1, 0)), 0)
@@ -61,8 +66,16 @@ class Requant:
         r = np.asarray(rshift, np.int64)
         return bool(m.size and r.size and m.min() >= 0 and m.max() <= INT32_MAX and r.min() >= 0 and r.max() <= 31)
 
-    def __call__(self, t: np.ndarray, saturated: bool = False) -> np.ndarray:
-        """`t` (int64, overwritten): accumulators; `saturated`: already within int32."""
+    def __call__(self, acc: np.ndarray, saturated: bool = False) -> np.ndarray:
+        """Accumulators `acc` (any integer type, or floats holding integers; an int64 `acc` is
+        overwritten) to the output type; `saturated`: already within int32. Large tensors are
+        cut into slabs run on threads (numpy releases the GIL)."""
+        y = np.empty(acc.shape, self.dtype)
+        in_slabs(acc.shape, self.axis, lambda sl: self._slab(acc[sl], y[sl], saturated))
+        return y
+
+    def _slab(self, a: np.ndarray, out: np.ndarray, saturated: bool) -> None:
+        t = a if a.dtype == np.int64 else a.astype(np.int64)
         if not saturated:
             np.clip(t, INT32_MIN, INT32_MAX, out=t)
         t *= self.m
@@ -79,21 +92,64 @@ class Requant:
                 t += neg
                 t += self.half
                 t >>= self.r
-        return clamp_into(t, self.lo, self.hi, self.zp, self.dtype)
+        clamp_into(t, self.lo, self.hi, self.zp, out)
 
 
-def clamp_into(t: np.ndarray, lo: int, hi: int, zp: int, dtype) -> np.ndarray:
-    """`clip(t + zp, lo, hi)` as `dtype` (`t` is overwritten): clipped before the zero point is
-    added, in the output type where it fits there (exact: the sum lies in [lo, hi])."""
-    dtype = np.dtype(dtype)
-    info = np.iinfo(dtype)
-    if info.min <= zp <= info.max and info.min <= lo <= hi <= info.max:
-        y = np.clip(t, lo - zp, hi - zp, out=t).astype(dtype)
+def clamp_into(t: np.ndarray, lo: int, hi: int, zp: int, out) -> np.ndarray:
+    """`clip(t + zp, lo, hi)` into `out` (an array, or a dtype for a new one; `t` is
+    overwritten): clipped before the zero point is added, which is added in the output type
+    where it fits there (exact: the sum lies in [lo, hi])."""
+    if not isinstance(out, np.ndarray):
+        out = np.empty(t.shape, out)
+    tmin, tmax = _range(out.dtype)
+    if tmin <= zp <= tmax and tmin <= lo <= hi <= tmax:
+        np.clip(t, lo - zp, hi - zp, out=t)
+        np.copyto(out, t, casting="unsafe")
         if zp:
-            y += dtype.type(zp)                     # wraps in the type, so exact
-        return y
+            out += out.dtype.type(zp)               # wraps in the type, so exact
+        return out
     t += zp
-    return np.clip(t, lo, hi, out=t).astype(dtype)
+    np.copyto(out, np.clip(t, lo, hi, out=t), casting="unsafe")
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def _range(dtype: np.dtype) -> tuple[int, int]:
+    info = np.iinfo(dtype)
+    return int(info.min), int(info.max)
+
+
+# ---------------------------------------------------------------- slabs on threads
+
+SLAB_MIN = 1 << 19          # elements below which a tensor runs in one piece (threads cost more)
+_POOL = None
+
+
+@functools.lru_cache(maxsize=None)
+def _workers() -> int:
+    return max(1, min(os.cpu_count() or 1, 4))
+
+
+def in_slabs(shape: tuple, axis, fn) -> None:
+    """Call `fn(slices)` on slabs covering an array of `shape`, cut along its longest axis
+    other than `axis` (where per-channel constants broadcast), on up to 4 threads."""
+    global _POOL
+    n = _workers()
+    size = math.prod(shape)
+    cut = max((d for d in range(len(shape)) if d != axis), key=lambda d: shape[d], default=None)
+    if n == 1 or size < SLAB_MIN or cut is None or shape[cut] < 2:
+        fn(Ellipsis)
+        return
+    n = min(n, shape[cut])
+    edges = [shape[cut] * i // n for i in range(n + 1)]
+    slabs = [tuple([slice(None)] * cut + [slice(edges[i], edges[i + 1])]) for i in range(n)]
+    if _POOL is None:
+        from concurrent.futures import ThreadPoolExecutor
+        _POOL = ThreadPoolExecutor(max_workers=_workers(), thread_name_prefix="tftpu-int8")
+    futures = [_POOL.submit(fn, sl) for sl in slabs[1:]]
+    fn(slabs[0])
+    for f in futures:
+        f.result()
 
 
 _PLANS: dict[tuple, tuple] = {}
