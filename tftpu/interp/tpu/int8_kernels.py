@@ -1,9 +1,11 @@
 """INT8 kernels of the TPU ops: exact integer arithmetic, bit-exact by construction.
 
-Products of INT8 values accumulate in INT32 (saturating); convolutions and matmuls run in
-float64 (TensorFlow's / BLAS's), which holds every such sum exactly whatever the summation
-order (|sum| < 2**53 for any reduction shorter than 2**38 taps), then requantize with the
-rules of `tftpu.rounding` (multiplier and right shift per channel).
+Products of INT8 values accumulate in INT32 (saturating), then requantize with the rules of
+`tftpu.rounding` (multiplier and right shift per channel; `requant.Requant` computes the same
+integers in fewer passes). The sums come from the fastest exact source that applies:
+onnxruntime's ConvInteger / MatMulInteger (exact int32), its float32 Conv for grouped convs
+whose partial sums provably stay below 2**24, else float64 (TensorFlow's / BLAS's: exact for
+any reduction shorter than 2**38 taps).
 """
 
 from __future__ import annotations
