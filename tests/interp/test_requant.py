@@ -39,6 +39,10 @@ def check(acc, ms, rs, lo=-128, hi=127, zp=0, dtype=np.int8, saturated=False):
             got = plan(acc.astype(np.int64), saturated=saturated)
         assert got.dtype == np.dtype(dtype)
         np.testing.assert_array_equal(got, want)
+    # within int32 (the reference saturates first, so the same result)
+    inside = np.clip(acc, R.INT32_MIN, R.INT32_MAX)
+    np.testing.assert_array_equal(plan(inside.astype(np.int64), saturated=True), want)
+    np.testing.assert_array_equal(plan(inside.astype(np.int32), saturated=True), want)
     if not saturated and acc.min() >= -(1 << 24) and acc.max() <= 1 << 24:
         np.testing.assert_array_equal(plan(acc.astype(np.float32), saturated=True), want)   # float sums
 

@@ -11,6 +11,12 @@ For an int32 `t` (saturated), multiplier `0 <= m < 2**31` and right shift `0 <= 
 3. where the clamp's lower bound (less the zero point) is >= 0 (a fused ReLU), steps 1-2 are one
    shift: `(P + 2**30 + h * 2**31) >> (31 + r)`. For y >= 0 it is steps 1-2 (floors compose);
    for y < 0 both are <= 0, so both clamp to the same bound.
+4. that is `floor(t * a + c)` with `a = m / 2**(31+r)`, `c = (2**30 + h * 2**31) / 2**(31+r)`,
+   and float64 computes it exactly for every `t` whose result is not clamped when those `t`
+   keep `t * m` below 2**53 and r <= 13; for the other `t`, the float64 product and sum are
+   monotone in `t`, so they land beyond the clamp's bounds as the exact values do (a < 1, so
+   the last unclamped `t` on either side is exact). Clamping to [low, high] (low >= 0) first
+   makes the float -> int truncation the floor.
 
 tests/interp/test_requant.py proves each against Python-integer definitions at the extremes.
 """
@@ -27,9 +33,9 @@ INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
 
 
 def _shaped(v: np.ndarray, ndim: int, axis: int):
-    """One value: a numpy int64 scalar; per channel: shaped to broadcast along `axis`."""
+    """One value: a numpy scalar of its type; per channel: shaped to broadcast along `axis`."""
     if v.size == 1 or (v == v.flat[0]).all():
-        return np.int64(v.flat[0])
+        return v.flat[0]
     shape = [1] * ndim
     shape[axis] = -1
     return np.ascontiguousarray(v.reshape(shape))
@@ -48,9 +54,13 @@ class Requant:
         self.m = _shaped(m, ndim, axis)
         self.combined = lo - zp >= 0
         half = np.where(r > 0, np.left_shift(np.int64(1), np.maximum(r - 1, 0)), 0)
+        self.fa = None
         if self.combined:
             self.add = _shaped((1 << 30) + (half << 31), ndim, axis)
             self.shift = _shaped(r + 31, ndim, axis)
+            if _float_exact(m, r, lo - zp, hi - zp) and hi - zp <= _range(self.dtype)[1]:
+                self.fa = _shaped(m.astype(np.float64) * np.exp2(-(r + 31.0)), ndim, axis)
+                self.fc = _shaped(((1 << 30) + (half << 31)).astype(np.float64) * np.exp2(-(r + 31.0)), ndim, axis)
         else:
             self.half = _shaped(half, ndim, axis)
             self.r = _shaped(r, ndim, axis)
@@ -75,6 +85,14 @@ class Requant:
         return y
 
     def _slab(self, a: np.ndarray, out: np.ndarray, saturated: bool) -> None:
+        if self.fa is not None and saturated:      # step 4: float64, clamped before the floor
+            v = np.multiply(a, self.fa, dtype=np.float64)
+            v += self.fc
+            np.clip(v, self.lo - self.zp, self.hi - self.zp, out=v)
+            np.copyto(out, v, casting="unsafe")    # truncation is the floor: v >= 0
+            if self.zp:
+                out += out.dtype.type(self.zp)
+            return
         t = a if a.dtype == np.int64 else a.astype(np.int64)
         if not saturated:
             np.clip(t, INT32_MIN, INT32_MAX, out=t)
@@ -150,6 +168,23 @@ def in_slabs(shape: tuple, axis, fn) -> None:
     fn(slabs[0])
     for f in futures:
         f.result()
+
+
+def _float_exact(m: np.ndarray, r: np.ndarray, low: int, high: int) -> bool:
+    """Whether step 4 holds for every channel: `t * m` below 2**53 for every `t` whose result is
+    not clamped (t_low..t_high) and `r <= 13` (so `t * a + c`, a multiple of 2**-(31+r) below
+    2**9, fits 53 bits)."""
+    if low < 0 or high >= 1 << 9 or r.max() > 13:
+        return False
+    for mm, rr in zip(np.broadcast_to(m, np.broadcast(m, r).shape).tolist(),
+                      np.broadcast_to(r, np.broadcast(m, r).shape).tolist()):
+        if mm == 0:
+            continue
+        d, c = 1 << (31 + rr), (1 << 30) + ((1 << (rr - 1)) << 31 if rr else 0)
+        t_low, t_high = -((c - low * d) // mm), -((c - (high + 1) * d) // mm)    # ceil((k*d - c) / m)
+        if max(abs(t_low), abs(t_high)) * mm >= 1 << 53:
+            return False
+    return True
 
 
 _PLANS: dict[tuple, tuple] = {}
