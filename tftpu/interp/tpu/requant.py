@@ -17,6 +17,11 @@ For an int32 `t` (saturated), multiplier `0 <= m < 2**31` and right shift `0 <= 
    monotone in `t`, so they land beyond the clamp's bounds as the exact values do (a < 1, so
    the last unclamped `t` on either side is exact). Clamping to [low, high] (low >= 0) first
    makes the float -> int truncation the floor.
+5. without the ReLU, steps 1-2 are `floor(u + c)` for `u = t * a >= -2**-(r+1)` and
+   `ceil(u - c + e)` below (ties away from zero; `e = 2**-(31+r)`, the grid of u), which both
+   give 0 in between, so the result is `trunc(u + e/2 + copysign(c - e/2, u))`; exact in
+   float64 under the conditions of step 4 with r <= 12 (the sums sit on a grid of e/2) and
+   monotone in t (the copysign jumps up at 0).
 
 tests/interp/test_requant.py proves each against Python-integer definitions at the extremes.
 """
@@ -62,6 +67,11 @@ class Requant:
                 self.fa = _shaped(m.astype(np.float64) * np.exp2(-(r + 31.0)), ndim, axis)
                 self.fc = _shaped(((1 << 30) + (half << 31)).astype(np.float64) * np.exp2(-(r + 31.0)), ndim, axis)
         else:
+            if _float_exact(m, r, lo - zp, hi - zp, signed=True) and _range(self.dtype)[0] <= lo - zp <= hi - zp <= _range(self.dtype)[1]:
+                eps = np.exp2(-(r + 32.0))                   # half the grid of t * a
+                self.fa = _shaped(m.astype(np.float64) * np.exp2(-(r + 31.0)), ndim, axis)
+                self.fh = _shaped(eps, ndim, axis)
+                self.fk = _shaped(((1 << 30) + (half << 31)).astype(np.float64) * np.exp2(-(r + 31.0)) - eps, ndim, axis)
             self.half = _shaped(half, ndim, axis)
             self.r = _shaped(r, ndim, axis)
             self.any_r = bool((r > 0).any())
@@ -85,11 +95,16 @@ class Requant:
         return y
 
     def _slab(self, a: np.ndarray, out: np.ndarray, saturated: bool) -> None:
-        if self.fa is not None and saturated:      # step 4: float64, clamped before the floor
+        if self.fa is not None and saturated:      # steps 4-5: float64, clamped before truncating
             v = np.multiply(a, self.fa, dtype=np.float64)
-            v += self.fc
+            if self.combined:
+                v += self.fc
+            else:
+                k = np.copysign(self.fk, v)
+                v += self.fh
+                v += k
             np.clip(v, self.lo - self.zp, self.hi - self.zp, out=v)
-            np.copyto(out, v, casting="unsafe")    # truncation is the floor: v >= 0
+            np.copyto(out, v, casting="unsafe")    # truncation (the floor where v >= 0)
             if self.zp:
                 out += out.dtype.type(self.zp)
             return
@@ -170,19 +185,20 @@ def in_slabs(shape: tuple, axis, fn) -> None:
         f.result()
 
 
-def _float_exact(m: np.ndarray, r: np.ndarray, low: int, high: int) -> bool:
-    """Whether step 4 holds for every channel: `t * m` below 2**53 for every `t` whose result is
-    not clamped (t_low..t_high) and `r <= 13` (so `t * a + c`, a multiple of 2**-(31+r) below
-    2**9, fits 53 bits)."""
-    if low < 0 or high >= 1 << 9 or r.max() > 13:
+def _float_exact(m: np.ndarray, r: np.ndarray, low: int, high: int, signed: bool = False) -> bool:
+    """Whether step 4 (`signed`: step 5) holds for every channel: `t * m` below 2**53 for every
+    `t` whose result is not clamped, and r <= 13 (12) so that the sums, multiples of
+    2**-(31+r) (2**-(32+r)) below 2**9, fit 53 bits."""
+    if high >= 1 << 8 or low <= -(1 << 8) or (low < 0 and not signed) or r.max() > (12 if signed else 13):
         return False
+    bound = max(abs(low), abs(high)) + 2
     for mm, rr in zip(np.broadcast_to(m, np.broadcast(m, r).shape).tolist(),
                       np.broadcast_to(r, np.broadcast(m, r).shape).tolist()):
         if mm == 0:
             continue
-        d, c = 1 << (31 + rr), (1 << 30) + ((1 << (rr - 1)) << 31 if rr else 0)
-        t_low, t_high = -((c - low * d) // mm), -((c - (high + 1) * d) // mm)    # ceil((k*d - c) / m)
-        if max(abs(t_low), abs(t_high)) * mm >= 1 << 53:
+        # |z| <= bound - 1 needs |y| <= bound * 2**r, so |t * m| <= (bound * 2**r + 1) * 2**31
+        t = (((bound << rr) + 1) << 31) // mm + 2
+        if t * mm >= 1 << 53:
             return False
     return True
 
