@@ -1,6 +1,6 @@
-"""Requantization of INT32 accumulators in a few in-place int64 numpy passes: the same integers
-as `tftpu.rounding.multiply_by_quantized_multiplier` + zero point + clamp (TFLite's
-MultiplyByQuantizedMultiplier), without its temporaries.
+"""Requantization of INT32 accumulators in a few in-place numpy passes (int64, or float64 where
+provably exact): the same integers as `tftpu.rounding.multiply_by_quantized_multiplier` + zero
+point + clamp (TFLite's MultiplyByQuantizedMultiplier), without its temporaries.
 
 For an int32 `t` (saturated), multiplier `0 <= m < 2**31` and right shift `0 <= r <= 31`,
 `P = t * m` fits int64 (|P| < 2**62) and, with `h = 2**(r-1)` (0 for r = 0):
@@ -23,7 +23,7 @@ For an int32 `t` (saturated), multiplier `0 <= m < 2**31` and right shift `0 <= 
    float64 under the conditions of step 4 with r <= 12 (the sums sit on a grid of e/2) and
    monotone in t (the copysign jumps up at 0).
 
-tests/interp/test_requant.py proves each against Python-integer definitions at the extremes.
+tests/interp/test_requant.py checks each against Python-integer definitions at the extremes.
 """
 
 from __future__ import annotations
