@@ -159,7 +159,7 @@ def test_readme_blocks_run_as_pasted(tmp_path):
     assert "face_nhwc.top.mlir:0" in grep and "face_nchw.top.mlir:5" in grep
     assert "permutes 102 -> 1" in output_of(done, "MobileNetV3Small(")
     assert "(None, 112, 112, 12)" in output_of(done, "s2d_model.input_shape")
-    assert "['canonicalize', 'convert-layout']" in output_of(done, "print(sorted(registered()))")
+    assert "['canonicalize', 'convert-layout', 'space-to-depth']" in output_of(done, "print(sorted(registered()))")
 
 
 if __name__ == "__main__":
