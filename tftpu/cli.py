@@ -93,10 +93,14 @@ def _terminate(signum, frame):
     raise errors.Terminated()
 
 
-def not_yet_available(name: str, issue: str) -> Callable[[list[str]], int]:
-    """A `main` for a tool whose capability has not landed: one line, exit status 2."""
+def floats(values: Sequence[str], flag: str) -> list[float]:
+    """A list flag's values as finite numbers; a UsageError naming the flag otherwise."""
+    import math
 
-    def main(args: list[str]) -> int:
-        raise errors.UsageError(f"{name} is not yet available in this version of tftpu ({issue})")
-
-    return main
+    try:
+        numbers = [float(v) for v in values]
+    except ValueError:
+        raise errors.UsageError(f"--{flag}={','.join(values)}: expected numbers") from None
+    if not all(math.isfinite(v) for v in numbers):
+        raise errors.UsageError(f"--{flag}={','.join(values)}: expected finite numbers")
+    return numbers

@@ -40,17 +40,6 @@ flags.DEFINE_bool("simulate", True, "then run the calibration inputs with simula
 FLAGS = flags.FLAGS
 
 
-def _floats(values, flag):
-    from tftpu import errors
-    import math
-    try:
-        numbers = [float(v) for v in values]
-    except ValueError:
-        raise errors.UsageError(f"--{flag}={','.join(values)}: expected numbers") from None
-    if not all(math.isfinite(v) for v in numbers):
-        raise errors.UsageError(f"--{flag}={','.join(values)}: expected finite numbers")
-    return numbers
-
 
 def main(args):
     from tftpu import errors, quant
@@ -59,7 +48,7 @@ def main(args):
     for flag in ("mlir", "dataset", "o"):
         if not getattr(FLAGS, flag):
             raise errors.UsageError(f"--{flag} is required")
-    mean, scale = _floats(FLAGS.mean, "mean"), _floats(FLAGS.scale, "scale")
+    mean, scale = cli.floats(FLAGS.mean, "mean"), cli.floats(FLAGS.scale, "scale")
     model = load(FLAGS.mlir)
     samples = quant.load_samples(model, FLAGS.dataset, FLAGS.input_num, mean, scale, FLAGS.pixel_format)
     if FLAGS["input_num"].present and len(samples) < FLAGS.input_num:  # asked for more than there are

@@ -36,18 +36,6 @@ flags.DEFINE_string("report", None, "write the JSON report here")
 FLAGS = flags.FLAGS
 
 
-def _floats(values, flag):
-    import math
-
-    from tftpu import errors
-    try:
-        numbers = [float(v) for v in values]
-    except ValueError:
-        raise errors.UsageError(f"--{flag}={','.join(values)}: expected numbers") from None
-    if not all(math.isfinite(v) for v in numbers):
-        raise errors.UsageError(f"--{flag}={','.join(values)}: expected finite numbers")
-    return numbers
-
 
 def main(args):
     from tftpu import errors
@@ -61,7 +49,7 @@ def main(args):
         signature_key=FLAGS.signature_key, device_specs=FLAGS.device_specs, space_to_depth=s2d,
         s2d_input=FLAGS.s2d_input, s2d_target=FLAGS.s2d_target, quantize=FLAGS.quantize,
         representative_data=FLAGS.representative_data, input_num=FLAGS.input_num,
-        mean=_floats(FLAGS.mean, "mean"), scale=_floats(FLAGS.scale, "scale"), pixel_format=FLAGS.pixel_format,
+        mean=cli.floats(FLAGS.mean, "mean"), scale=cli.floats(FLAGS.scale, "scale"), pixel_format=FLAGS.pixel_format,
         calibration_method=FLAGS.calibration_method, report=FLAGS.report)
     print(command.summary(FLAGS.output_file, report))
     return 0

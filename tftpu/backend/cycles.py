@@ -29,7 +29,6 @@ __all__ = ["OpCycles", "CycleReport", "estimate", "conv_cycles", "s2d_stem"]
 _VIEWS = {"tpu.Reshape", "tpu.Flatten", "tpu.Squeeze", "tpu.Unsqueeze"}
 _MOVES = {"tpu.Permute", "tpu.Concat", "tpu.Slice", "tpu.Split", "tpu.Pad", "tpu.SpaceToDepth",
           "tpu.DepthToSpace", "tpu.Gather"}
-_BYTES = {"f32": 4, "f16": 2, "bf16": 2, "i8": 1, "u8": 1, "i16": 2, "i32": 4, "i64": 8, "f64": 8, "bool": 1}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,7 +80,7 @@ class CycleReport:
 def _bytes(t) -> int:
     if not isinstance(t, TensorType):
         return 0
-    return numel(t.get_shape()) * _BYTES.get(A.dtype_name(t.element_type), 4)
+    return numel(t.get_shape()) * A.numpy_dtype(A.dtype_name(t.element_type)).itemsize
 
 
 def _dtype(op) -> str:

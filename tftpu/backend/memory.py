@@ -25,7 +25,6 @@ from tftpu.ir.base import numel, value_name
 
 __all__ = ["MemoryPlan", "plan_memory", "assign_memory"]
 
-_BYTES = {"f32": 4, "f16": 2, "bf16": 2, "i8": 1, "u8": 1, "i16": 2, "i32": 4, "i64": 8, "f64": 8, "bool": 1}
 
 
 def _align(n: int, a: int) -> int:
@@ -60,7 +59,7 @@ class MemoryPlan:
 
 
 def _bytes(t) -> int:
-    return numel(t.get_shape()) * _BYTES[A.dtype_name(t.element_type)]
+    return numel(t.get_shape()) * A.numpy_dtype(A.dtype_name(t.element_type)).itemsize
 
 
 def plan_memory(model, chip) -> MemoryPlan:

@@ -27,7 +27,7 @@ from tftpu.errors import ShapeError, UnsupportedOpError, UsageError
 from tftpu.keras import layers as s2d_layers
 from tftpu.passes import s2d_geometry
 
-__all__ = ["space_to_depth", "find_first_conv", "SpaceToDepthModel"]
+__all__ = ["space_to_depth", "find_first_conv", "conv_pads", "SpaceToDepthModel"]
 
 _CONVS = {keras.layers.Conv2D: s2d_layers.Conv2D, keras.layers.Conv3D: s2d_layers.Conv3D}
 _ZERO_PADS = (keras.layers.ZeroPadding2D, keras.layers.ZeroPadding3D)
@@ -187,6 +187,12 @@ def _conv_plan(conv, sizes: Sequence[int], pads_layers, blocks) -> list[tuple[in
         if s % b:
             raise ShapeError(f"{where}: stride {tuple(conv.strides)} is not divisible by block "
                              f"{tuple(blocks)} on spatial axis {axis}")
+    return conv_pads(conv, sizes, pads_layers)
+
+
+def conv_pads(conv, sizes: Sequence[int], pads_layers) -> list[tuple[int, int]]:
+    """Explicit (begin, end) pads per spatial axis of a Keras conv over an input of `sizes`: the
+    ZeroPadding2D layers before it folded in, then its own SAME padding."""
     pads = [[0, 0] for _ in sizes]
     for zp in pads_layers:
         for axis, (b, e) in enumerate(zp.padding):

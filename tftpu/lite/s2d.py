@@ -49,6 +49,7 @@ def _first_conv(model):
 
 def estimate(model, block: int, target_name: str) -> dict:
     """The first conv's S2D geometry and the target's cost estimate for it (as the graph pass)."""
+    from tftpu.keras.space_to_depth import conv_pads
     from tftpu.passes import s2d_geometry
     from tftpu.passes.cost import ConvGeometry, Target
 
@@ -57,16 +58,7 @@ def estimate(model, block: int, target_name: str) -> dict:
     if len(sizes) != 2 or any(s is None for s in shape):
         raise errors.ShapeError(f"model '{model.name}': input shape {shape}: space_to_depth needs a known "
                                 f"[H, W, C] image")
-    pads = [[0, 0], [0, 0]]
-    for zp in pads_layers:
-        for axis, (b, e) in enumerate(zp.padding):
-            pads[axis][0] += b
-            pads[axis][1] += e
-    if conv.padding == "same":
-        for axis, size in enumerate(sizes):
-            b, e = s2d_geometry.same_pads(size + sum(pads[axis]), conv.kernel_size[axis], conv.strides[axis])
-            pads[axis][0] += b
-            pads[axis][1] += e
+    pads = conv_pads(conv, sizes, pads_layers)
     desc = (f"{conv.name}: Conv2D k={'x'.join(map(str, conv.kernel_size))} "
             f"s={'x'.join(map(str, conv.strides))} {conv.padding.upper()} C={channels}")
     info = {"conv": conv.name, "block_size": block, "kernel": list(conv.kernel_size),

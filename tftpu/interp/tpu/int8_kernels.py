@@ -18,6 +18,7 @@ from tftpu.interp.kernels._registry import WEIGHTS, tf
 from tftpu.interp.tpu import requant
 from tftpu.interp.tpu.registry import int8, own
 from tftpu.ir import attrs as A
+from tftpu.ir import quant
 
 
 # ---------------------------------------------------------------- requantization and clamps
@@ -46,10 +47,9 @@ def _bounds(attrs: dict, out) -> tuple[int, int]:
 def _clamp(y: np.ndarray, attrs: dict, out) -> np.ndarray:
     """Saturate to the output type and apply a fused ReLU."""
     lo, hi = _bounds(attrs, out)
-    return np.clip(y, lo, hi).astype(np.dtype(_NUMPY[out.dtype]))
+    return np.clip(y, lo, hi).astype(np.dtype(quant.STORAGE[out.dtype][0]))
 
 
-_NUMPY = {"i8": "int8", "u8": "uint8", "i16": "int16", "i32": "int32"}
 
 
 def _requant(acc, attrs: dict, out, axis: int, saturated: bool = False) -> np.ndarray:
@@ -69,10 +69,10 @@ def _requant(acc, attrs: dict, out, axis: int, saturated: bool = False) -> np.nd
 def _make_plan(attrs: dict, out, ndim: int, axis: int):
     """The fast requantization of an op, or None where its parameters need the general rule."""
     m, r = attrs["multiplier"], attrs["rshift"]
-    if out.dtype not in _NUMPY or not requant.Requant.applies(m, r):
+    if out.dtype not in quant.STORAGE or not requant.Requant.applies(m, r):
         return None
     lo, hi = _bounds(attrs, out)
-    return requant.Requant(m, r, ndim, axis if np.size(m) > 1 else 0, lo, hi, out.zp, _NUMPY[out.dtype])
+    return requant.Requant(m, r, ndim, axis if np.size(m) > 1 else 0, lo, hi, out.zp, quant.STORAGE[out.dtype][0])
 
 
 def _centered(x, info) -> np.ndarray:
@@ -317,7 +317,7 @@ def matmul(operands, attrs, info):
 
 def _add_sub(operands, attrs, info, sign: int):
     m, r = attrs["multiplier"], attrs["rshift"][0]
-    if (all(i.dtype in ("i8", "u8") and i.axis is None for i in info.ins[:2]) and info.outs[0].dtype in _NUMPY
+    if (all(i.dtype in ("i8", "u8") and i.axis is None for i in info.ins[:2]) and info.outs[0].dtype in quant.STORAGE
             and all(-(1 << 15) <= v < (1 << 15) for v in m[:2]) and 0 <= r <= 31):
         return [_add_sub_int32(operands, m, r, attrs, info, sign)]
     a = (operands[0].astype(np.int64) - info.ins[0].zp) * m[0]
@@ -353,8 +353,8 @@ def _add_sub_int32(operands, m, r: int, attrs, info, sign: int) -> np.ndarray:
         return requant.clamp_into(a, lo, hi, out.zp, y)
 
     if x0.shape != x1.shape:
-        return slab(x0, x1, np.dtype(_NUMPY[out.dtype]))
-    y = np.empty(x0.shape, _NUMPY[out.dtype])
+        return slab(x0, x1, np.dtype(quant.STORAGE[out.dtype][0]))
+    y = np.empty(x0.shape, quant.STORAGE[out.dtype][0])
     requant.in_slabs(x0.shape, None, lambda sl: slab(x0[sl], x1[sl], y[sl]))
     return y
 
@@ -482,7 +482,7 @@ def cast(operands, attrs, info):
         y = rounding.multiply_by_quantized_multiplier(acc, attrs["multiplier"][0], -attrs["rshift"][0])
         return [_clamp(y.astype(np.int64) + dst.zp, {}, dst)]
     if dst.quantized:
-        return [rounding.quantize(_widen(x), dst.scale, dst.zp, np.dtype(_NUMPY[dst.dtype]))]
+        return [rounding.quantize(_widen(x), dst.scale, dst.zp, np.dtype(quant.STORAGE[dst.dtype][0]))]
     if src.quantized:
         return [rounding.dequantize(x, src.scale, src.zp, dst.dtype)]
     if dst.dtype in ("f32", "f16", "bf16"):

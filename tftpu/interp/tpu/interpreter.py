@@ -9,17 +9,19 @@ from __future__ import annotations
 
 import numpy as np
 
+from tftpu.interp.kernels import KERNELS
 from tftpu.interp.top_interpreter import TopInterpreter
 from tftpu.interp.tpu import float_kernels, int8_kernels  # noqa: F401  (registers the kernels)
 from tftpu.interp.tpu.info import OpInfo, info_of
 from tftpu.interp.tpu.registry import INT8, OWN
 from tftpu.ir import tpu
+from tftpu.ir.base import value_name
 
 
 def kernel_of(op):
     """A `(operands, attrs) -> results` callable for one TPU (or TOP) op, None if none exists."""
     if not isinstance(op, tpu.TpuOp):
-        return TopInterpreter.kernel_for(None, op)
+        return KERNELS.get(op.name)
     info = OpInfo.of(op)
     fn = OWN.get(op.name)
     if fn is None:
@@ -44,7 +46,7 @@ class TpuInterpreter(TopInterpreter):
             for r in op.results:
                 info = info_of(r.type)
                 if info is not None and info.quantized:
-                    self.infos[tpu_value_name(r)] = info
+                    self.infos[value_name(r)] = info
 
     def kernel_for(self, op):
         return kernel_of(op)
@@ -56,11 +58,6 @@ class TpuInterpreter(TopInterpreter):
         if dequantize:
             out = {k: self.infos[k].dequantize(np.asarray(v)) if k in self.infos else v for k, v in out.items()}
         return out
-
-
-def tpu_value_name(v) -> str:
-    from tftpu.ir.module import value_name
-    return value_name(v)
 
 
 def run(model, inputs: dict, dump_all: bool = False, dequantize: bool = False) -> dict:
