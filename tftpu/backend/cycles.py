@@ -24,7 +24,7 @@ from tftpu.ir import attrs as A
 from tftpu.ir import tpu
 from tftpu.ir.base import numel
 
-__all__ = ["OpCycles", "CycleReport", "estimate", "conv_cycles", "s2d_stem"]
+__all__ = ["OpCycles", "CycleReport", "estimate", "op_cycles", "conv_cycles", "s2d_stem"]
 
 _VIEWS = {"tpu.Reshape", "tpu.Flatten", "tpu.Squeeze", "tpu.Unsqueeze"}
 _MOVES = {"tpu.Permute", "tpu.Concat", "tpu.Slice", "tpu.Split", "tpu.Pad", "tpu.SpaceToDepth",
@@ -108,7 +108,8 @@ def conv_cycles(chip, dtype: str, batch: int, out_spatial, kernel, in_channels: 
     return math.ceil(issued / (unit.rows * unit.cols) / _rate(chip, dtype)), useful, issued
 
 
-def _op_cycles(op, chip) -> OpCycles:
+def op_cycles(op, chip) -> OpCycles:
+    """The estimate of one TPU op run on its own (its operands from DDR, its results to DDR)."""
     dtype = _dtype(op)
     moved = sum(_bytes(v.type) for v in op.operands) + sum(_bytes(r.type) for r in op.results)
     bytes_per_cycle = chip.ddr_bandwidth / chip.frequency_hz
@@ -139,7 +140,7 @@ def _op_cycles(op, chip) -> OpCycles:
 def estimate(model, chip) -> CycleReport:
     """Cycles of every TPU op of `model` on `chip` (a name, path or Chip)."""
     chip = chips.load(chip)
-    ops = [_op_cycles(op, chip) for op in model.ops if isinstance(op, tpu.TpuOp)]
+    ops = [op_cycles(op, chip) for op in model.ops if isinstance(op, tpu.TpuOp)]
     return CycleReport(chip.name, chip.frequency_hz, ops, chip.matrix.rows * chip.matrix.cols)
 
 

@@ -23,7 +23,7 @@ from tftpu.ir import attrs as A
 from tftpu.ir import top
 from tftpu.ir.base import numel, value_name
 
-__all__ = ["MemoryPlan", "plan_memory", "assign_memory"]
+__all__ = ["MemoryPlan", "plan_memory", "assign_memory", "place"]
 
 
 
@@ -58,13 +58,42 @@ class MemoryPlan:
                 "lower_bound": self.lower_bound, "overhead": round(self.overhead, 6), "alignment": self.alignment}
 
 
+def place(items, key=None) -> tuple[dict, int]:
+    """Offsets for `(tensor, size, first, last)` items (sizes already aligned) so that no two
+    items alive at the same step share bytes, largest first at the lowest free offset;
+    returns (offsets by tensor, peak). `key` breaks ties between equal items deterministically."""
+    placed: list = []                        # (offset, size, first, last)
+    offsets = {}
+    for v, size, lo, hi in sorted(items, key=lambda it: (-it[1], it[2], key(it[0]) if key else it[0])):
+        clashes = sorted((o, s) for o, s, f, l in placed if not (l < lo or hi < f))
+        offset = 0
+        for o, s in clashes:
+            if offset + size <= o:
+                break
+            offset = max(offset, o + s)
+        placed.append((offset, size, lo, hi))
+        offsets[v] = offset
+    return offsets, max((o + s for o, s, _, _ in placed), default=0)
+
+
 def _bytes(t) -> int:
     return numel(t.get_shape()) * A.numpy_dtype(A.dtype_name(t.element_type)).itemsize
 
 
-def plan_memory(model, chip) -> MemoryPlan:
-    """The DDR plan of a TPU (or TOP) module for `chip` (its EU width is the alignment)."""
+def plan_memory(model, chip, groups=None) -> MemoryPlan:
+    """The DDR plan of a TPU (or TOP) module for `chip` (its EU width is the alignment).
+
+    With `groups` (a `tftpu.backend.layer_group.GroupPlan`), tensors made and used only inside a
+    group stay in local memory and get no address, and a group's DDR inputs and outputs are all
+    alive from its first op to its last (its slices read and write them throughout)."""
     chip = chips.load(chip)
+    span, inner = {}, set()
+    for g in (groups.local_groups if groups is not None else []):
+        first_op, last_op = g.ops[0].index, g.ops[-1].index
+        for f in g.ops:
+            span[f.index] = (first_op, last_op)
+            if f is not g.ops[-1]:
+                inner.update(f.outs)
     align = chip.eu_bytes
     ops = model.ops
     weights, tensors = {}, {}
@@ -75,14 +104,15 @@ def plan_memory(model, chip) -> MemoryPlan:
         if isinstance(op, top.Weight):
             weights[op.results[0]] = _align(_bytes(op.results[0].type), align)
             continue
+        lo, hi = span.get(i, (i, i))
         for r in op.results:
-            if isinstance(r.type, TensorType):
+            if isinstance(r.type, TensorType) and value_name(r) not in inner:
                 tensors[r] = _align(_bytes(r.type), align)
-                first[r] = 0 if isinstance(op, top.Input) else i
+                first[r] = 0 if isinstance(op, top.Input) else lo
                 last[r] = first[r]
         for v in op.operands:
             if v in tensors:
-                last[v] = i
+                last[v] = max(last[v], hi)
     end = len(ops)
     for v in model.return_op.operands:
         if v in tensors:
@@ -90,19 +120,7 @@ def plan_memory(model, chip) -> MemoryPlan:
     # the lower bound: the largest total live at one op
     events = sorted({first[v] for v in tensors} | {last[v] for v in tensors})
     bound = max((sum(s for v, s in tensors.items() if first[v] <= t <= last[v]) for t in events), default=0)
-    placed: list = []                        # (offset, size, first, last)
-    offsets = {}
-    for v in sorted(tensors, key=lambda v: (-tensors[v], first[v], value_name(v))):
-        size, lo, hi = tensors[v], first[v], last[v]
-        clashes = sorted((o, s) for o, s, f, l in placed if not (l < lo or hi < f))
-        offset = 0
-        for o, s in clashes:
-            if offset + size <= o:
-                break
-            offset = max(offset, o + s)
-        placed.append((offset, size, lo, hi))
-        offsets[v] = offset
-    peak = max((o + s for o, s, _, _ in placed), default=0)
+    offsets, peak = place(((v, tensors[v], first[v], last[v]) for v in tensors), key=value_name)
     weight_bytes, addresses, at = 0, {}, 0
     for v, size in weights.items():
         addresses[value_name(v)] = (at, size)
@@ -114,11 +132,11 @@ def plan_memory(model, chip) -> MemoryPlan:
     return MemoryPlan(addresses, weight_bytes, base, peak, bound, align)
 
 
-def assign_memory(model, chip) -> MemoryPlan:
+def assign_memory(model, chip, groups=None) -> MemoryPlan:
     """Plan DDR memory and write each tensor's address into its type (the function's signature
     follows its arguments' and results' new types)."""
     chip = chips.load(chip)
-    plan = plan_memory(model, chip)
+    plan = plan_memory(model, chip, groups)
     fn = model.func
     for op in model.ops:
         for r in list(op.results):

@@ -1,0 +1,244 @@
+"""Codegen: a TPU module, its layer groups and its DDR plan become a command list for the
+chip's engines, the program a `.tpumodel` file carries.
+
+Commands (plain dicts, in issue order):
+- `load` / `store` (engine `dma`): a tensor's rows `[n0, n1) x [h0, h1)` (whole for weights)
+  between its DDR address and a local-memory offset (the same offset in every lane);
+- `compute` (engine `tiu`): one op of a group on local operands, with the rows each operand
+  holds and the rows it reads, and the pad rows of a window op's slice;
+- `global` (engine `tiu`): one op from DDR to DDR.
+Each carries its estimated `cycles` and `deps`: the earlier commands it waits for (a slice's
+computes wait for its loads, its stores for its computes, a load into a buffer for the computes
+that last read it; the first command of a group or a global op waits for every engine).
+
+>>> program = generate(tpu_model, "npu1")            # doctest: +SKIP
+>>> len(program.commands), program.ddr_bytes         # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from xdsl.dialects.builtin import TensorType
+
+from tftpu import chip as chips
+from tftpu.backend.layer_group import GroupPlan, lane_bytes, place_local, plan_groups, weight_lane_axis
+from tftpu.backend.memory import MemoryPlan, plan_memory
+from tftpu.errors import InternalError
+from tftpu.interp.tpu.info import info_of
+from tftpu.ir import attrs as A
+from tftpu.ir import top
+from tftpu.ir.base import numel, value_name
+
+__all__ = ["Program", "generate", "tensor_desc"]
+
+
+@dataclasses.dataclass
+class Program:
+    """Everything the simulator needs: the module (op semantics and tensor types), the command
+    list, the DDR layout and the model's inputs and outputs."""
+
+    chip: object                     # tftpu.chip.Chip
+    model: object                    # TpuModel (weights by key)
+    commands: list
+    memory: MemoryPlan
+    groups: GroupPlan
+    inputs: list                     # tensor descriptions: name, shape, dtype, ddr, quant, preprocess
+    outputs: list
+
+    @property
+    def ddr_bytes(self) -> int:
+        return self.memory.activation_base + self.memory.peak
+
+    def weight_blob(self) -> bytes:
+        """The weight region of DDR: each weight at its address, zero padding between."""
+        blob = bytearray(self.memory.activation_base)
+        for op in self.model.ops:
+            if isinstance(op, top.Weight):
+                addr, _ = self.memory.addresses[value_name(op.results[0])]
+                data = self.model.weights[op.key]
+                raw = data.astype(A.numpy_dtype(A.dtype_name(op.results[0].type.element_type)), copy=False).tobytes()
+                blob[addr:addr + len(raw)] = raw
+        return bytes(blob)
+
+
+def tensor_desc(v, memory: MemoryPlan) -> dict:
+    """Name, shape, dtype, DDR address and quantization of a model input or output."""
+    t = v.type
+    info = info_of(t)
+    d = {"name": value_name(v), "shape": list(t.get_shape()), "dtype": A.dtype_name(t.element_type),
+         "ddr": memory.addresses[value_name(v)][0]}
+    if info is not None and info.quantized:
+        d["dtype"] = info.dtype
+        d["quant"] = {"scales": list(info.scales), "zero_points": list(info.zero_points), "axis": info.axis}
+    return d
+
+
+class _Emitter:
+    def __init__(self, model, chip, groups: GroupPlan, memory: MemoryPlan):
+        self.model, self.chip, self.groups, self.memory = model, chip, groups, memory
+        self.commands: list = []
+        self.last: dict = {}                      # engine -> index of its last command
+        self.bpc = chip.ddr_bandwidth / chip.frequency_hz
+        self.items = {}
+        for op in model.ops:
+            for r in op.results:
+                if isinstance(r.type, TensorType):
+                    self.items[value_name(r)] = A.numpy_dtype(A.dtype_name(r.type.element_type)).itemsize
+
+    def emit(self, cmd: dict, deps=()) -> int:
+        cmd["deps"] = sorted({d for d in deps if d is not None})
+        self.commands.append(cmd)
+        self.last[cmd["engine"]] = len(self.commands) - 1
+        return len(self.commands) - 1
+
+    def barrier(self, engine: str) -> list:
+        return [i for e, i in self.last.items() if e != engine]
+
+    def ddr(self, name: str) -> int:
+        return self.memory.addresses[name][0]
+
+    def dma_cycles(self, nbytes: int) -> int:
+        return math.ceil(nbytes / self.bpc)
+
+    # -- one op from DDR
+
+    def global_op(self, g) -> None:
+        f = g.ops[0]
+        ins = [None if _operand_name(f, k) is None else self.ddr(_operand_name(f, k)) for k in range(len(f.ins))]
+        self.emit({"kind": "global", "engine": "tiu", "op": f.index, "name": f.name, "ins": ins,
+                   "outs": [self.ddr(o) for o in f.outs], "cycles": int(f.cycles.cycles)}, self.barrier("tiu"))
+
+    # -- a group
+
+    def group(self, g, gi: int) -> None:
+        types = self.groups.types
+        slices = g.slices(types)
+        sizes: dict = {}
+        for rng in slices:
+            for name, (n0, n1, h0, h1) in rng.tensors.items():
+                shape = types[name]
+                b = lane_bytes((n1 - n0, shape[1], h1 - h0, *shape[3:]), self.items[name], self.chip)
+                sizes[name] = max(sizes.get(name, 0), b)
+        wsizes = {w: lane_bytes(types[w], self.items[w], self.chip, weight_lane_axis(types[w])) for w in g.weights}
+        copies = g.copies if len(slices) > 1 else 1
+        local, peak = place_local(g.ops, sizes, g.inputs, g.outputs, g.weights, copies, wsizes)
+        if peak > self.chip.local_mem_per_lane and copies > 1:
+            copies = 1
+            local, peak = place_local(g.ops, sizes, g.inputs, g.outputs, g.weights, 1, wsizes)
+        if peak > self.chip.local_mem_per_lane:
+            raise InternalError("codegen", f"group {g.ops[0].name}: {peak} B per lane exceed the "
+                                           f"{self.chip.local_mem_per_lane} B of local memory")
+        g.local, g.local_peak, g.copies = local, peak, copies
+        barrier = self.barrier("dma")
+        weights = []
+        for w in g.weights:
+            nbytes = numel(types[w]) * self.items[w]
+            weights.append(self.emit({"kind": "load", "engine": "dma", "tensor": w, "ddr": self.ddr(w),
+                                      "local": local[(w, 0)], "rows": None, "lane_axis": weight_lane_axis(types[w]),
+                                      "cycles": self.dma_cycles(nbytes), "group": gi}, barrier))
+            barrier = []
+        loads: dict = {}
+        last_compute: dict = {}
+
+        def load(k: int, deps) -> None:
+            rng = slices[k]
+            got = []
+            for name in g.inputs:
+                r = rng.tensors.get(name)
+                if r is None:
+                    continue
+                wait = list(deps)
+                if k - copies >= 0:
+                    wait.append(last_compute.get(k - copies))
+                got.append(self.emit({"kind": "load", "engine": "dma", "tensor": name, "ddr": self.ddr(name),
+                                      "local": local[(name, k % copies)], "rows": list(r), "lane_axis": 1,
+                                      "cycles": self.dma_cycles(self._bytes(name, r)), "group": gi, "slice": k},
+                                     wait))
+                deps = []
+            loads[k] = got
+
+        load(0, barrier)
+        for k, rng in enumerate(slices):
+            if copies > 1 and k + 1 < len(slices):
+                load(k + 1, [])
+            ready = list(loads.get(k, [])) + weights
+            computed = None
+            for f in g.ops:
+                out = rng.tensors.get(f.outs[0])
+                if out is None:
+                    continue
+                operands = []
+                for pos, name in enumerate(f.ins):
+                    w = _operand_name(f, pos)
+                    if w is None:
+                        operands.append(None)
+                    elif name is None:
+                        operands.append({"local": local[(w, 0)], "rows": None, "lane_axis": weight_lane_axis(types[w]),
+                                         "tensor": w})
+                    else:
+                        held = rng.tensors[name]
+                        copy = k % copies if (name in g.inputs or name in g.outputs) else 0
+                        operands.append({"local": local[(name, copy)], "rows": list(held), "tensor": name,
+                                         "use": list(_use(f, name, out, held, rng, types))})
+                copy = k % copies if f.outs[0] in g.outputs else 0
+                cmd = {"kind": "compute", "engine": "tiu", "op": f.index, "name": f.name, "operands": operands,
+                       "result": {"local": local[(f.outs[0], copy)], "rows": list(out), "tensor": f.outs[0]},
+                       "cycles": self._compute_cycles(f, out), "group": gi, "slice": k}
+                if f.name in rng.reads:
+                    cmd["pads"] = list(rng.reads[f.name][2:])
+                computed = self.emit(cmd, ready if computed is None else [])
+                ready = []
+            last_compute[k] = computed
+            for name in g.outputs:
+                r = rng.tensors[name]
+                self.emit({"kind": "store", "engine": "dma", "tensor": name, "ddr": self.ddr(name),
+                           "local": local[(name, k % copies)], "rows": list(r), "lane_axis": 1,
+                           "cycles": self.dma_cycles(self._bytes(name, r)), "group": gi, "slice": k}, [computed])
+            if copies == 1 and k + 1 < len(slices):
+                load(k + 1, [computed])
+
+    def _bytes(self, name: str, r) -> int:
+        shape = self.groups.types[name]
+        return (r[1] - r[0]) * shape[1] * (r[3] - r[2]) * numel(shape[3:]) * self.items[name]
+
+    def _compute_cycles(self, f, r) -> int:
+        shape = self.groups.types[f.outs[0]]
+        return math.ceil(f.cycles.compute * (r[1] - r[0]) * (r[3] - r[2]) / (shape[0] * shape[2]))
+
+
+def _operand_name(f, pos: int):
+    """The tensor name of operand `pos` of a planner op (None for an absent operand)."""
+    v = f.op.operands[pos]
+    return None if not isinstance(v.type, TensorType) else value_name(v)
+
+
+def _use(f, name, out, held, rng, types) -> tuple:
+    """The rows (n0, n1, h0, h1) op `f` reads of operand `name` to make its rows `out`."""
+    shape, oshape = types[name], types[f.outs[0]]
+    n = (0, 1) if shape[0] == 1 and oshape[0] != 1 else (out[0], out[1])
+    if f.kind == "window" and f.ins[0] == name:
+        h = rng.reads[f.name][:2]
+    elif f.kind == "batch":
+        h = (0, shape[2])
+    else:
+        h = (0, 1) if shape[2] == 1 and oshape[2] != 1 else (out[2], out[3])
+    return (n[0], n[1], h[0], h[1])
+
+
+def generate(model, chip, groups: GroupPlan | None = None) -> Program:
+    """The program of a TPU `model` on `chip`: layer groups (planned unless given), the DDR plan
+    around them, and the command list."""
+    chip = chips.load(chip)
+    groups = groups or plan_groups(model, chip)
+    memory = plan_memory(model, chip, groups)
+    em = _Emitter(model, chip, groups, memory)
+    for gi, g in enumerate(groups.groups):
+        if g.is_global:
+            em.global_op(g)
+        else:
+            em.group(g, gi)
+    inputs = [tensor_desc(op.results[0], memory) for op in model.ops if isinstance(op, top.Input)]
+    outputs = [tensor_desc(v, memory) for v in model.return_op.operands]
+    return Program(chip, model, em.commands, memory, groups, inputs, outputs)

@@ -1,0 +1,482 @@
+"""Layer groups: runs of consecutive TPU ops that execute on chip back to back, sliced along N
+and H so that each slice (its inputs with their halos, intermediates and weights) fits local
+memory; the paper's LayerGroup pass (TPU-MLIR section 3.7).
+
+Ops that can run in local memory ("local" ops: convs and pools, element-wise ops, activations,
+casts, channel concats; global pools with N slices only) are grouped; every other op runs as
+a "global" op, reading and writing DDR. Groups and slicings are chosen by dynamic programming
+over the op sequence: a group costs its weights' DMA plus, per slice, the larger of its compute
+(halo rows recomputed) and its DMA (double-buffered when memory allows, else in series), all
+from `tftpu.backend.cycles`; a global op costs its own cycle estimate. A tensor made inside a
+group and used outside it may only be the group's last op's result.
+
+>>> plan = plan_groups(tpu_model, "npu1")       # doctest: +SKIP
+>>> print(plan)                                   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from xdsl.dialects.builtin import NoneType, TensorType
+
+from tftpu import chip as chips
+from tftpu import geometry
+from tftpu.backend import cycles as cyc
+from tftpu.backend.memory import place
+from tftpu.errors import InternalError
+from tftpu.ir import attrs as A
+from tftpu.ir import top, tpu
+from tftpu.ir.base import numel, value_name
+
+__all__ = ["SLICING", "Group", "GroupPlan", "SliceRanges", "plan_groups", "slice_ranges", "lane_bytes",
+           "MAX_GROUP_OPS"]
+
+MAX_GROUP_OPS = 32        # the longest run the DP tries as one group
+
+# How a local op's rows depend on its inputs' rows, by full op name.
+_WINDOW = ("tpu.Conv", "tpu.MaxPool", "tpu.AvgPool")
+_BATCH = ("tpu.GlobalAvgPool", "tpu.GlobalMaxPool")
+_ELEMENTWISE = ("tpu.Cast", "tpu.Lut", "tpu.Add", "tpu.Sub", "tpu.Mul", "tpu.Div", "tpu.Max", "tpu.Min",
+                "tpu.PRelu", "tpu.Abs", "tpu.Clip", "tpu.Erf", "tpu.Exp", "tpu.GELU", "tpu.HardSigmoid",
+                "tpu.HardSwish", "tpu.LeakyRelu", "tpu.Log", "tpu.Neg", "tpu.Relu", "tpu.SiLU", "tpu.Sigmoid",
+                "tpu.Sqrt", "tpu.Tanh", "tpu.Scale", "tpu.BatchNorm", "tpu.Concat")
+SLICING = {**{n: "window" for n in _WINDOW}, **{n: "batch" for n in _BATCH},
+           **{n: "elementwise" for n in _ELEMENTWISE}}
+
+
+def _align(n: int, a: int) -> int:
+    return -(-n // a) * a if a > 1 else n
+
+
+def _itemsize(t) -> int:
+    return A.numpy_dtype(A.dtype_name(t.element_type)).itemsize
+
+
+def lane_bytes(shape, itemsize: int, chip, lane_axis: int = 1) -> int:
+    """Bytes one lane holds of a tensor in local memory: axis `lane_axis` spread over the lanes
+    (channel c in lane c % lanes), each (outer, slot) plane aligned to the EU width."""
+    outer = numel(shape[:lane_axis])
+    c = shape[lane_axis] if len(shape) > lane_axis else 1
+    inner = numel(shape[lane_axis + 1:])
+    return outer * -(-c // chip.lanes) * _align(inner * itemsize, chip.eu_bytes)
+
+
+def weight_lane_axis(shape) -> int:
+    """Weights spread their first axis over the lanes (conv filters, biases, per-channel
+    vectors), or the second when the first is 1 (`[1, C, 1, 1]` scales)."""
+    return 1 if len(shape) >= 2 and shape[0] == 1 else 0
+
+
+# ---------------------------------------------------------------- per-op facts
+
+
+@dataclasses.dataclass
+class _Op:
+    """What the planner needs of one TPU op."""
+
+    index: int                    # position among the module's ops
+    op: object
+    name: str
+    kind: str | None              # window / elementwise / batch, or None: a global op
+    reason: str                   # why it is global
+    ins: list                     # activation operand names (None for weights / none)
+    weights: list                 # weight operand names
+    outs: list
+    cycles: cyc.OpCycles
+
+
+def _aligned(shape, rank: int) -> tuple:
+    return (1,) * (rank - len(shape)) + tuple(shape)
+
+
+def _local_kind(op, weights: set) -> tuple[str | None, str]:
+    kind = SLICING.get(op.name)
+    if kind is None:
+        return None, "runs from DDR (no local form)"
+    out = op.results[0].type
+    if len(op.results) != 1 or not isinstance(out, TensorType):
+        return None, "several results"
+    rank = len(out.get_shape())
+    if rank not in (3, 4):
+        return None, f"{rank}-D result"
+    attrs = op.attrs()
+    if attrs.get("layout", "NCHW") != "NCHW":
+        return None, "not NCHW"
+    oshape = out.get_shape()
+    if op.name == "tpu.Concat" and attrs.get("axis") not in (1, 1 - rank):
+        return None, "concat off the channel axis"
+    if kind == "window" and any(value_name(v) not in weights for v in op.operands[1:]
+                                if not isinstance(v.type, NoneType)):
+        return None, "filter is not a weight"
+    if kind == "window" and op.name != "tpu.Conv" and attrs.get("ceil_mode"):
+        kind = "batch"
+    for i, v in enumerate(op.operands):
+        if isinstance(v.type, NoneType):
+            continue
+        shape = v.type.get_shape()
+        if value_name(v) in weights:
+            if len(shape) > rank:
+                return None, "weight of higher rank"
+            if kind == "elementwise" and len(shape) >= rank - 1 and _aligned(shape, rank)[2] > 1:
+                return None, "weight varies along H"
+            continue
+        if len(shape) != rank:
+            return None, "operand of another rank"
+        if kind == "elementwise" and (shape[2] not in (1, oshape[2]) or shape[0] not in (1, oshape[0])):
+            return None, "broadcast along H or N"
+    return kind, ""
+
+
+def _facts(model, chip) -> list[_Op]:
+    weights = {value_name(op.results[0]) for op in model.ops if isinstance(op, top.Weight)}
+    facts = []
+    for i, op in enumerate(model.ops):
+        if not isinstance(op, tpu.TpuOp):
+            continue
+        kind, reason = _local_kind(op, weights)
+        ins, ws = [], []
+        for v in op.operands:
+            if isinstance(v.type, NoneType):
+                ins.append(None)
+                continue
+            name = value_name(v)
+            if name in weights:
+                ws.append(name)
+                ins.append(None)
+            else:
+                ins.append(name)
+        facts.append(_Op(i, op, value_name(op.results[0]), kind, reason, ins, ws,
+                         [value_name(r) for r in op.results], cyc.op_cycles(op, chip)))
+    return facts
+
+
+# ---------------------------------------------------------------- row ranges of a slice
+
+
+@dataclasses.dataclass
+class SliceRanges:
+    """One slice of a group: per tensor its (n0, n1, h0, h1) rows, and per window op the rows
+    it reads of its input and the pad rows before / after them."""
+
+    n: tuple
+    h: tuple                      # rows of the group's last result
+    tensors: dict                 # name -> (n0, n1, h0, h1)
+    reads: dict                   # op name -> (h0, h1, pad_before, pad_after) of its first operand
+
+
+def _shape(model_types: dict, name: str) -> tuple:
+    return model_types[name]
+
+
+def slice_ranges(group_ops: list, types: dict, n: tuple, h: tuple) -> SliceRanges:
+    """Backward propagation of one slice's rows through a group's ops (the last op makes rows
+    `h` of images `n`); each tensor's range is the union of what its consumers read."""
+    ranges: dict = {}
+    reads: dict = {}
+    last = group_ops[-1]
+    for r in last.outs:
+        ranges[r] = (n[0], n[1], h[0], h[1])
+    for f in reversed(group_ops):
+        got = ranges.get(f.outs[0])
+        if got is None:
+            continue
+        n0, n1, h0, h1 = got
+        oshape = types[f.outs[0]]
+        for pos, name in enumerate(f.ins):
+            if name is None:
+                continue
+            shape = types[name]
+            nn = (0, 1) if shape[0] == 1 and oshape[0] != 1 else (n0, n1)
+            if f.kind == "window":
+                a = f.op.attrs()
+                k, s, d = a["kernel_shape"][0], a["strides"][0], (a.get("dilations") or [1])[0]
+                pb = a["pads"][0]
+                rng = geometry.input_range(h0, h1, k, s, d, pb, size=shape[2])
+                need = (rng.start, rng.stop)
+                reads[f.name] = (rng.start, rng.stop, rng.pad_before, rng.pad_after)
+            elif f.kind == "batch":
+                need = (0, shape[2])
+            else:
+                need = (0, 1) if shape[2] == 1 and oshape[2] != 1 else (h0, h1)
+            old = ranges.get(name)
+            if old is not None:
+                nn = (min(nn[0], old[0]), max(nn[1], old[1]))
+                need = (min(need[0], old[2]), max(need[1], old[3]))
+            ranges[name] = (nn[0], nn[1], need[0], need[1])
+    return SliceRanges(n, h, ranges, reads)
+
+
+# ---------------------------------------------------------------- a group and its plan
+
+
+@dataclasses.dataclass
+class Group:
+    """Ops `start..stop-1` (positions in the planner's op list) run on chip as `n_slices` x
+    `h_slices` slices; `local` gives each tensor its per-lane offset, bytes and copies."""
+
+    start: int
+    stop: int
+    ops: list                      # _Op
+    n_slices: int = 1
+    h_slices: int = 1
+    cycles: int = 0
+    inputs: list = dataclasses.field(default_factory=list)       # activations loaded from DDR
+    outputs: list = dataclasses.field(default_factory=list)      # results stored to DDR
+    weights: list = dataclasses.field(default_factory=list)
+    local: dict = dataclasses.field(default_factory=dict)        # (name, copy) -> offset per lane
+    local_peak: int = 0
+    copies: int = 1                # buffers of each input / output (2: DMA overlaps compute)
+    is_global: bool = False        # one op run from DDR
+
+    @property
+    def names(self) -> list[str]:
+        return [f.name for f in self.ops]
+
+    def slices(self, types: dict) -> list[SliceRanges]:
+        """Every slice's ranges, N outer, H inner."""
+        out_shape = types[self.ops[-1].outs[0]]
+        ns = _bounds(out_shape[0], self.n_slices)
+        hs = _bounds(out_shape[2], self.h_slices)
+        return [slice_ranges(self.ops, types, n, h) for n in ns for h in hs]
+
+    def __str__(self) -> str:
+        if self.is_global:
+            f = self.ops[0]
+            why = f.reason or "does not fit local memory"
+            return f"global {f.name} ({f.op.name}): {why}, {self.cycles:,} cycles"
+        return (f"group {self.ops[0].name}..{self.ops[-1].name} ({len(self.ops)} ops), {self.n_slices}x{self.h_slices} "
+                f"slices (N x H), local {self.local_peak:,} B per lane, {self.cycles:,} cycles")
+
+
+def _bounds(size: int, parts: int) -> list[tuple]:
+    cuts = [size * k // parts for k in range(parts + 1)]
+    return [(a, b) for a, b in zip(cuts, cuts[1:]) if b > a]
+
+
+@dataclasses.dataclass
+class GroupPlan:
+    """The groups of a module in program order (global ops are groups of one), with the cycle
+    estimate of each and of the whole."""
+
+    chip: str
+    groups: list
+    types: dict                    # tensor name -> shape
+    single_cycles: int             # the same program with one op per group
+
+    @property
+    def cycles(self) -> int:
+        return sum(g.cycles for g in self.groups)
+
+    @property
+    def local_groups(self) -> list:
+        return [g for g in self.groups if not g.is_global]
+
+    def as_dict(self) -> dict:
+        return {"cycles": self.cycles, "single_op_cycles": self.single_cycles,
+                "groups": [{"ops": g.names, "global": g.is_global, "n_slices": g.n_slices, "h_slices": g.h_slices,
+                            "cycles": g.cycles, "local_bytes_per_lane": g.local_peak,
+                            **({"reason": g.ops[0].reason or "does not fit local memory"} if g.is_global else {})}
+                           for g in self.groups]}
+
+    def __str__(self) -> str:
+        groups = self.local_groups
+        ops = sum(len(g.ops) for g in groups)
+        sliced = sum(1 for g in groups if g.n_slices * g.h_slices > 1)
+        return (f"layer groups on {self.chip}: {len(groups)} groups holding {ops} ops ({sliced} sliced), "
+                f"{len(self.groups) - len(groups)} global ops; {self.cycles:,} cycles "
+                f"against {self.single_cycles:,} with one op per group")
+
+
+def place_local(ops, sizes: dict, ins, outs, ws, copies: int, weight_sizes: dict) -> tuple[dict, int]:
+    """Per-lane offsets of a group's tensors, keyed (name, copy): weights for the whole group,
+    inputs and outputs for a whole slice (`copies` of each, so the next slice's DMA overlaps this
+    one's compute), intermediates from the op that makes them to their last reader."""
+    end = len(ops)
+    first, last = {}, {}
+    for p, f in enumerate(ops):
+        for o in f.outs:
+            first.setdefault(o, p)
+            last.setdefault(o, p)
+        for name in f.ins:
+            if name is not None:
+                last[name] = p
+    items = [((w, 0), weight_sizes[w], -1, end) for w in ws]
+    for name, size in sizes.items():
+        if name in ins or name in outs:
+            items.extend(((name, c), size, 0, end) for c in range(copies))
+        else:
+            items.append(((name, 0), size, first.get(name, 0), last.get(name, end)))
+    return place(items, key=lambda k: (k[0], k[1]))
+
+
+class _Planner:
+    def __init__(self, model, chip):
+        self.chip = chip
+        self.facts = _facts(model, chip)
+        self.types: dict = {}
+        self.items: dict = {}
+        for op in model.ops:
+            for r in op.results:
+                if isinstance(r.type, TensorType):
+                    self.types[value_name(r)] = tuple(r.type.get_shape())
+                    self.items[value_name(r)] = _itemsize(r.type)
+        outputs = {value_name(v) for v in model.return_op.operands}
+        pos = {f.name: p for p, f in enumerate(self.facts)}
+        for f in self.facts:
+            for o in f.outs[1:]:
+                pos[o] = pos[f.name]
+        self.last_use = [p for p in range(len(self.facts))]
+        for p, f in enumerate(self.facts):
+            for name in f.ins:
+                if name is not None and name in pos:
+                    q = pos[name]
+                    self.last_use[q] = max(self.last_use[q], p)
+            if any(o in outputs for o in f.outs):
+                self.last_use[p] = len(self.facts)
+        self.bank = chip.local_mem_per_lane
+        self.bytes_per_cycle = chip.ddr_bandwidth / chip.frequency_hz
+
+    # -- one candidate group
+
+    def _io(self, ops: list) -> tuple[list, list, list]:
+        made = {o for f in ops for o in f.outs}
+        ins, ws = [], []
+        for f in ops:
+            for name in f.ins:
+                if name is not None and name not in made and name not in ins:
+                    ins.append(name)
+            for w in f.weights:
+                if w not in ws:
+                    ws.append(w)
+        return ins, list(ops[-1].outs), ws
+
+    def _local(self, ops, rng: SliceRanges, ins, outs, ws, copies: int) -> tuple[dict, int]:
+        """Per-lane placement of one slice's tensors."""
+        return place_local(ops, self.slice_sizes(rng), ins, outs, ws, copies, self.weight_sizes(ws))
+
+    def slice_sizes(self, rng: SliceRanges) -> dict:
+        """Bytes per lane of each tensor of a slice."""
+        out = {}
+        for name, (n0, n1, h0, h1) in rng.tensors.items():
+            shape = self.types[name]
+            out[name] = lane_bytes((n1 - n0, shape[1], h1 - h0, *shape[3:]), self.items[name], self.chip)
+        return out
+
+    def weight_sizes(self, ws) -> dict:
+        return {w: lane_bytes(self.types[w], self.items[w], self.chip, weight_lane_axis(self.types[w])) for w in ws}
+
+    def _cost(self, ops, rng: SliceRanges, count: int, ins, outs, ws, copies: int) -> int:
+        compute = 0
+        for f in ops:
+            got = rng.tensors.get(f.outs[0])
+            if got is None:
+                continue
+            shape = self.types[f.outs[0]]
+            share = (got[1] - got[0]) * (got[3] - got[2]) / (shape[0] * shape[2])
+            compute += f.cycles.compute * share
+        load = sum(self._bytes(name, rng.tensors[name]) for name in ins if name in rng.tensors)
+        store = sum(self._bytes(name, rng.tensors[name]) for name in outs)
+        wbytes = sum(numel(self.types[w]) * self.items[w] for w in ws)
+        load, store, w = load / self.bytes_per_cycle, store / self.bytes_per_cycle, wbytes / self.bytes_per_cycle
+        if copies > 1:
+            total = w + load + store + compute + (count - 1) * max(compute, load + store)
+        else:
+            total = w + count * (load + compute + store)
+        return math.ceil(total)
+
+    def _bytes(self, name: str, r: tuple) -> int:
+        shape = self.types[name]
+        return (r[1] - r[0]) * shape[1] * (r[3] - r[2]) * numel(shape[3:]) * self.items[name]
+
+    def evaluate(self, start: int, stop: int):
+        """(cycles, Group) of the best slicing of ops start..stop-1, or None if none fits."""
+        ops = self.facts[start:stop]
+        ins, outs, ws = self._io(ops)
+        oshape = self.types[ops[-1].outs[0]]
+        n_total, h_total = oshape[0], oshape[2]
+        h_free = all(f.kind != "batch" for f in ops)
+        best = None
+        for n_rows in sorted({n_total, 1}, reverse=True):
+            fits = self._most_rows(ops, n_rows, h_total if h_free else None, ins, outs, ws)
+            if fits is None:
+                continue
+            for rows in sorted({max(1, fits >> k) for k in range(4)}, reverse=True):
+                got = self._fits(ops, n_rows, rows, ins, outs, ws)
+                copies, rng, local, peak = got
+                count = -(-n_total // n_rows) * -(-h_total // rows)
+                cost = self._cost(ops, rng, count, ins, outs, ws, copies)
+                if best is None or cost < best[0]:
+                    best = (cost, Group(start, stop, ops, -(-n_total // n_rows), -(-h_total // rows), cost, ins,
+                                        outs, ws, local, peak, copies))
+            if best is not None:
+                break                        # whole images fit: no need to slice N
+        return best
+
+    def _most_rows(self, ops, n_rows: int, h_total: int | None, ins, outs, ws) -> int | None:
+        """The most output rows per slice that fit (by bisection: memory grows with rows); with
+        `h_total` None, only whole images are tried."""
+        full = self.types[ops[-1].outs[0]][2]
+        if self._fits(ops, n_rows, full, ins, outs, ws) is not None:
+            return full
+        if h_total is None or self._fits(ops, n_rows, 1, ins, outs, ws) is None:
+            return None
+        lo, hi = 1, full - 1
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self._fits(ops, n_rows, mid, ins, outs, ws) is not None:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def _fits(self, ops, n_rows: int, rows: int, ins, outs, ws):
+        """(copies, ranges, local, peak) of a representative slice (interior rows, so halos on
+        both sides) when it fits local memory, else None."""
+        oshape = self.types[ops[-1].outs[0]]
+        h_total = oshape[2]
+        m = max(0, (h_total - rows) // 2)
+        rng = slice_ranges(ops, self.types, (0, n_rows), (m, m + rows))
+        for copies in (2, 1):
+            local, peak = self._local(ops, rng, ins, outs, ws, copies)
+            if peak <= self.bank:
+                return copies, rng, local, peak
+        return None
+
+    def plan(self) -> GroupPlan:
+        n = len(self.facts)
+        best = [0] + [None] * n
+        choice: list = [None] * (n + 1)
+        single = 0                        # every op on its own (a group of one, or global)
+        for j in range(1, n + 1):
+            f = self.facts[j - 1]
+            alone = self.evaluate(j - 1, j) if f.kind is not None else None
+            g = alone[1] if alone else Group(j - 1, j, [f], cycles=f.cycles.cycles, is_global=True)
+            single += g.cycles
+            best[j], choice[j] = best[j - 1] + g.cycles, g
+            for i in range(j - 2, max(-1, j - 1 - MAX_GROUP_OPS) if alone else j - 2, -1):
+                if self.facts[i].kind is None or self.last_use[i] >= j:
+                    break                 # a global op, or an inner result read after the group
+                got = self.evaluate(i, j)
+                if got is None:
+                    break                 # one row does not fit: longer groups fit even less
+                cost, group = got
+                if best[i] + cost < best[j]:
+                    best[j], choice[j] = best[i] + cost, group
+        groups = []
+        j = n
+        while j > 0:
+            g = choice[j]
+            groups.append(g)
+            j = g.start
+        groups.reverse()
+        return GroupPlan(self.chip.name, groups, self.types, single)
+
+
+def plan_groups(model, chip) -> GroupPlan:
+    """Layer groups and slices of a TPU module for `chip` (a name, path or Chip)."""
+    chip = chips.load(chip)
+    if not any(isinstance(op, tpu.TpuOp) for op in model.ops):
+        raise InternalError("layer groups", "the module has no TPU op (lower it first)")
+    return _Planner(model, chip).plan()
