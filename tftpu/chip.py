@@ -21,7 +21,7 @@ from tftpu.errors import ConfigError
 from tftpu.utils import config
 
 __all__ = ["Chip", "MatrixUnit", "Host", "MemoryFormat", "NCHW", "NHWC", "FORMAT_KINDS", "MODES", "load",
-           "known"]
+           "known", "from_data"]
 
 DTYPE_BYTES = {"f32": 4, "bf16": 2, "f16": 2, "i8": 1, "u8": 1, "i16": 2, "i32": 4}
 MODES = {"F32": "f32", "BF16": "bf16", "F16": "f16", "INT8": "i8"}   # mode -> the dtype it computes in
@@ -286,6 +286,13 @@ def _read(data: dict, path: Path) -> Chip:
     f.done()
     return Chip(name, description, lanes, eu_bytes, local_mem, ddr, reorder, clock, macs, modes, dtypes, matrix,
                 host, min_speedup, formats, str(path))
+
+
+def from_data(data, where: str) -> Chip:
+    """A chip from a parsed YAML mapping (e.g. the copy a `.tpumodel` embeds); `where` names it."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: expected a mapping at the top level")
+    return _read(data, Path(where))
 
 
 _CACHE: dict = {}

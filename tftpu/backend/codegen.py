@@ -20,6 +20,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import numpy as np
+
 from xdsl.dialects.builtin import TensorType
 
 from tftpu import chip as chips
@@ -37,30 +39,35 @@ __all__ = ["Program", "generate", "tensor_desc"]
 @dataclasses.dataclass
 class Program:
     """Everything the simulator needs: the module (op semantics and tensor types), the command
-    list, the DDR layout and the model's inputs and outputs."""
+    list, DDR's size and its weight region, and the model's inputs and outputs."""
 
     chip: object                     # tftpu.chip.Chip
-    model: object                    # TpuModel (weights by key)
+    model: object                    # TpuModel (a loaded program's holds no weights: they are in `blob`)
     commands: list
-    memory: MemoryPlan
-    groups: GroupPlan
     inputs: list                     # tensor descriptions: name, shape, dtype, ddr, quant, preprocess
     outputs: list
-
-    @property
-    def ddr_bytes(self) -> int:
-        return self.memory.activation_base + self.memory.peak
+    ddr_bytes: int
+    blob: bytes                      # DDR bytes 0..len(blob): the weights at their addresses
+    memory: MemoryPlan | None = None
+    groups: GroupPlan | None = None
+    host: list = dataclasses.field(default_factory=list)     # op indices the host runs
+    chip_text: str = ""              # the chip's YAML as a loaded file embedded it
+    meta: dict = dataclasses.field(default_factory=dict)     # a loaded file's meta section
 
     def weight_blob(self) -> bytes:
-        """The weight region of DDR: each weight at its address, zero padding between."""
-        blob = bytearray(self.memory.activation_base)
-        for op in self.model.ops:
-            if isinstance(op, top.Weight):
-                addr, _ = self.memory.addresses[value_name(op.results[0])]
-                data = self.model.weights[op.key]
-                raw = data.astype(A.numpy_dtype(A.dtype_name(op.results[0].type.element_type)), copy=False).tobytes()
-                blob[addr:addr + len(raw)] = raw
-        return bytes(blob)
+        return self.blob
+
+
+def _weight_blob(model, memory: MemoryPlan) -> bytes:
+    """The weight region of DDR: each weight at its address, zero padding between."""
+    blob = bytearray(memory.activation_base)
+    for op in model.ops:
+        if isinstance(op, top.Weight):
+            addr, _ = memory.addresses[value_name(op.results[0])]
+            data = model.weights[op.key]
+            raw = np.ascontiguousarray(data, A.numpy_dtype(A.dtype_name(op.results[0].type.element_type))).tobytes()
+            blob[addr:addr + len(raw)] = raw
+    return bytes(blob)
 
 
 def tensor_desc(v, memory: MemoryPlan) -> dict:
@@ -241,4 +248,5 @@ def generate(model, chip, groups: GroupPlan | None = None) -> Program:
             em.group(g, gi)
     inputs = [tensor_desc(op.results[0], memory) for op in model.ops if isinstance(op, top.Input)]
     outputs = [tensor_desc(v, memory) for v in model.return_op.operands]
-    return Program(chip, model, em.commands, memory, groups, inputs, outputs)
+    return Program(chip, model, em.commands, inputs, outputs, memory.activation_base + memory.peak,
+                   _weight_blob(model, memory), memory, groups)
