@@ -1,11 +1,14 @@
-"""tftpu-deploy: lower a TOP model to the TPU dialect for a chip and mode, check it against TOP.
+"""tftpu-deploy: lower a TOP model to the TPU dialect for a chip and mode, compile it to a model
+file, and check each stage against the one before.
 
     tftpu-deploy --mlir=resnet.top.mlir --quantize=INT8 --chip=npu1 \\
         --calibration_table=resnet_cali_table --test_input=in.npz --tpu_mlir=resnet.tpu.mlir \\
-        --report=deploy.html
+        --model=resnet.tpumodel --report=deploy.html --trace=resnet.trace.json
 
-Writes the TPU module (.tpu.mlir + its weights .npz). With --test_input every tensor the TPU
-model shares with TOP is compared (INT8 tensors dequantized) and the outputs are judged against
+Writes the TPU module (.tpu.mlir + its weights .npz) and the compiled program (.tpumodel: layer
+groups, DDR plan, command list) with its estimated timeline (--trace, for Perfetto). With a test
+input the simulator runs the program and must equal TPU inference (INT8 bit for bit), and
+every tensor the TPU model shares with TOP is compared (INT8 tensors dequantized) and the outputs are judged against
 --tolerance (default per mode, as TPU-MLIR: F32 0.99,0.99; F16 0.95,0.85; BF16 0.95,0.80;
 INT8 0.8,0.5); an output made by a Concat is also judged part by part. Exit status 1 when a
 check falls short. --quantize_table pins ops to modes (`op_name MODE` per line). In INT8 with a
@@ -37,7 +40,9 @@ flags.DEFINE_bool("space_to_depth", False, "rewrite the first strided conv on th
                   "form first, where the chip's matrix unit gains (the image is rearranged in the module)")
 flags.DEFINE_string("tpu_mlir", None, "output TPU module (.tpu.mlir; its weights .npz go beside it)")
 flags.DEFINE_string("report", None, "report file: .json for data, .html (any other suffix) for a page")
-flags.DEFINE_string("model", None, "model file (.tpumodel): comes with the backend (layer groups, codegen)")
+flags.DEFINE_string("model", None, "output model file (.tpumodel): the compiled program for the simulator "
+                    "(tftpu-run --model=X.tpumodel)")
+flags.DEFINE_string("trace", None, "output timeline of the program (Chrome trace-event JSON; open in Perfetto)")
 
 FLAGS = flags.FLAGS
 
@@ -49,23 +54,24 @@ def main(args):
     for flag in ("mlir", "chip"):
         if not getattr(FLAGS, flag):
             raise errors.UsageError(f"--{flag} is required")
-    if FLAGS.model:
-        raise errors.UsageError("--model: the .tpumodel file comes with the backend (layer groups, memory, "
-                                "codegen), not in this version; use --tpu_mlir")
-    if not (FLAGS.tpu_mlir or FLAGS.test_input or FLAGS.report):
-        raise errors.UsageError("nothing to do: give --tpu_mlir, --test_input or --report")
+    if not (FLAGS.tpu_mlir or FLAGS.test_input or FLAGS.report or FLAGS.model or FLAGS.trace):
+        raise errors.UsageError("nothing to do: give --model, --tpu_mlir, --test_input, --report or --trace")
     result = deploy(FLAGS.mlir, quantize=FLAGS.quantize, chip=FLAGS.chip,
                     calibration_table=FLAGS.calibration_table, quantize_table=FLAGS.quantize_table,
                     asymmetric=FLAGS.asymmetric, test_input=FLAGS.test_input, test_reference=FLAGS.test_reference,
                     tolerance=FLAGS.tolerance, tpu_mlir=FLAGS.tpu_mlir, report=FLAGS.report,
                     mixed_precision=FLAGS.mixed_precision, mixed_precision_ranking=FLAGS.mixed_precision_ranking,
-                    space_to_depth=FLAGS.space_to_depth)
+                    space_to_depth=FLAGS.space_to_depth, model=FLAGS.model, trace=FLAGS.trace)
     print(result.lowering)
     if result.search is not None:
         print(result.search)
     if result.memory is not None:
         print(result.memory)
-    if result.cycles is not None:
+    if result.program is not None:
+        print(result.program.groups)
+    if result.profile is not None:
+        print(result.profile)
+    elif result.cycles is not None:
         print(result.cycles)
     stem = result.s2d
     if stem and stem.get("applied"):
@@ -89,7 +95,12 @@ def main(args):
         worst = result.worst_tensors(3)
         if worst:
             print("worst tensors: " + ", ".join(f"{r.name} (cosine {r.cosine:.4f}, SQNR {r.sqnr:.1f} dB)" for r in worst))
-    for path in (result.mlir, result.weights):
+    if result.simulator is not None:
+        sim = result.simulator
+        exact = all(r["bit_exact"] for r in sim["outputs"])
+        print(f"simulator against TPU inference: {'bit-exact' if exact else 'max difference ' + format(max(r['max_abs_diff'] for r in sim['outputs']), '.3g')}"
+              f"{'' if sim['passed'] else '  << FAILED'} ({sim['seconds']} s)")
+    for path in (result.mlir, result.weights, result.model_file, result.trace):
         if path is not None:
             print(f"wrote {path}")
     if FLAGS.report:

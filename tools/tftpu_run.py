@@ -1,6 +1,13 @@
-"""tftpu-run: inference of an .onnx (onnxruntime), .top.mlir / .tpu.mlir (TOP / TPU interpreter) or model file.
+"""tftpu-run: inference of an .onnx (onnxruntime), .top.mlir / .tpu.mlir (TOP / TPU interpreter)
+or a compiled .tpumodel (the simulated chip runs its command list).
 
     tftpu-run --model=resnet.top.mlir --input=in.npz --output=out.npz [--dump_all_tensors]
+    tftpu-run --model=resnet.tpumodel --input=images.npz --output=out.npz
+
+A .tpumodel takes the original images even when it was compiled with space-to-depth: the host
+preprocessing it records runs first. INT8 tensors are written as the float values they stand
+for; --dump_all_tensors on a .tpumodel writes every tensor that reaches DDR (tensors inside a
+layer group stay in local memory).
 
 Inputs: the arrays of --input are matched to the model's inputs by name when the archive holds
 a key for every input name (extra keys are ignored), else by position (the archive's order)
@@ -54,9 +61,13 @@ def main(args):
             # per-op: for one inference it beats building the compiled graph (backend="compiled"
             # pays off from a few runs on: ResNet50 224 one-shot 0.3 s per-op vs 2.8 s compiled)
             outputs = run_top(model, inputs, dump_all=FLAGS.dump_all_tensors)
+    elif suffix == ".tpumodel":
+        from tftpu.backend import tpumodel
+        from tftpu.backend.simulator import Simulator
+        outputs = Simulator(tpumodel.load(model_path)).run(inputs, dump_all=FLAGS.dump_all_tensors, dequantize=True)
     else:
         raise errors.ModelFileError(model_path, f"cannot run a {suffix or 'suffix-less'} file; "
-                                                "expected .onnx or .mlir")
+                                                "expected .onnx, .mlir or .tpumodel")
     save_npz(FLAGS.output, outputs)
     print(f"{FLAGS.output}: {len(outputs)} tensor(s)")
     return 0

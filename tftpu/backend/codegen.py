@@ -6,7 +6,9 @@ Commands (plain dicts, in issue order):
   between its DDR address and a local-memory offset (the same offset in every lane);
 - `compute` (engine `tiu`): one op of a group on local operands, with the rows each operand
   holds and the rows it reads, and the pad rows of a window op's slice;
-- `global` (engine `tiu`): one op from DDR to DDR.
+- `global` (engine `tiu`): one op from DDR to DDR;
+- `host` (engine `host`): one op the host runs on DDR before the chip reads it (the
+  space-to-depth of the image, as the input pipeline does in training).
 Each carries its estimated `cycles` and `deps`: the earlier commands it waits for (a slice's
 computes wait for its loads, its stores for its computes, a load into a buffer for the computes
 that last read it; the first command of a group or a global op waits for every engine).
@@ -114,8 +116,9 @@ class _Emitter:
     def global_op(self, g) -> None:
         f = g.ops[0]
         ins = [None if _operand_name(f, k) is None else self.ddr(_operand_name(f, k)) for k in range(len(f.ins))]
-        self.emit({"kind": "global", "engine": "tiu", "op": f.index, "name": f.name, "ins": ins,
-                   "outs": [self.ddr(o) for o in f.outs], "cycles": int(f.cycles.cycles)}, self.barrier("tiu"))
+        kind, engine = ("host", "host") if g.on_host else ("global", "tiu")
+        self.emit({"kind": kind, "engine": engine, "op": f.index, "name": f.name, "ins": ins,
+                   "outs": [self.ddr(o) for o in f.outs], "cycles": int(g.cycles)}, self.barrier(engine))
 
     # -- a group
 
@@ -138,14 +141,6 @@ class _Emitter:
             raise InternalError("codegen", f"group {g.ops[0].name}: {peak} B per lane exceed the "
                                            f"{self.chip.local_mem_per_lane} B of local memory")
         g.local, g.local_peak, g.copies = local, peak, copies
-        barrier = self.barrier("dma")
-        weights = []
-        for w in g.weights:
-            nbytes = numel(types[w]) * self.items[w]
-            weights.append(self.emit({"kind": "load", "engine": "dma", "tensor": w, "ddr": self.ddr(w),
-                                      "local": local[(w, 0)], "rows": None, "lane_axis": weight_lane_axis(types[w]),
-                                      "cycles": self.dma_cycles(nbytes), "group": gi}, barrier))
-            barrier = []
         loads: dict = {}
         last_compute: dict = {}
 
@@ -166,11 +161,22 @@ class _Emitter:
                 deps = []
             loads[k] = got
 
+        barrier = self.barrier("dma")
         load(0, barrier)
+        if loads[0]:
+            barrier = []
+        weights = {}
+        for w in g.weights:
+            nbytes = numel(types[w]) * self.items[w]
+            weights[w] = self.emit({"kind": "load", "engine": "dma", "tensor": w, "ddr": self.ddr(w),
+                                      "local": local[(w, 0)], "rows": None, "lane_axis": weight_lane_axis(types[w]),
+                                      "cycles": self.dma_cycles(nbytes), "group": gi}, barrier)
+            barrier = []
+        # weights load in the order their ops run: each compute waits for its own weights only
         for k, rng in enumerate(slices):
             if copies > 1 and k + 1 < len(slices):
                 load(k + 1, [])
-            ready = list(loads.get(k, [])) + weights
+            ready = list(loads.get(k, []))
             computed = None
             for f in g.ops:
                 out = rng.tensors.get(f.outs[0])
@@ -195,7 +201,7 @@ class _Emitter:
                        "cycles": self._compute_cycles(f, out), "group": gi, "slice": k}
                 if f.name in rng.reads:
                     cmd["pads"] = list(rng.reads[f.name][2:])
-                computed = self.emit(cmd, ready if computed is None else [])
+                computed = self.emit(cmd, (ready if computed is None else []) + [weights[w] for w in f.weights])
                 ready = []
             last_compute[k] = computed
             for name in g.outputs:
@@ -248,5 +254,30 @@ def generate(model, chip, groups: GroupPlan | None = None) -> Program:
             em.group(g, gi)
     inputs = [tensor_desc(op.results[0], memory) for op in model.ops if isinstance(op, top.Input)]
     outputs = [tensor_desc(v, memory) for v in model.return_op.operands]
+    host = [g.ops[0].index for g in groups.groups if g.on_host]
+    ops = model.ops
+    for d in inputs:
+        chain = [ops[i] for i in host if _reads(ops[i], d["name"], ops)]
+        if chain:
+            s2d = [op for op in chain if op.name == "tpu.SpaceToDepth"]
+            d["preprocess"] = {"ops": [op.name for op in chain], "space_to_depth": s2d[0].attrs()["block_size"]
+                               if s2d else None, "on": "host"}
     return Program(chip, model, em.commands, inputs, outputs, memory.activation_base + memory.peak,
-                   _weight_blob(model, memory), memory, groups)
+                   _weight_blob(model, memory), memory, groups, host)
+
+
+def _reads(op, input_name: str, ops) -> bool:
+    """Whether `op` lies downstream of model input `input_name`."""
+    seen = set()
+    stack = [op]
+    while stack:
+        o = stack.pop()
+        if id(o) in seen:
+            continue
+        seen.add(id(o))
+        if isinstance(o, top.Input):
+            if o.loc == input_name:
+                return True
+            continue
+        stack.extend(v.owner for v in o.operands if hasattr(v.owner, "operands"))
+    return False

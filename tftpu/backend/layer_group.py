@@ -31,7 +31,7 @@ from tftpu.ir import top, tpu
 from tftpu.ir.base import numel, value_name
 
 __all__ = ["SLICING", "Group", "GroupPlan", "SliceRanges", "plan_groups", "slice_ranges", "lane_bytes",
-           "MAX_GROUP_OPS"]
+           "MAX_GROUP_OPS", "host_preprocessing", "place_local", "weight_lane_axis"]
 
 MAX_GROUP_OPS = 32        # the longest run the DP tries as one group
 
@@ -129,13 +129,45 @@ def _local_kind(op, weights: set) -> tuple[str | None, str]:
     return kind, ""
 
 
-def _facts(model, chip) -> list[_Op]:
+_HOST_MOVES = ("tpu.Cast", "tpu.Permute", "tpu.Pad", "tpu.SpaceToDepth")
+
+
+def host_preprocessing(model) -> set:
+    """Indices of the ops that make a model input's space-to-depth form (casts, layout changes,
+    pads and the `tpu.SpaceToDepth` itself with the window pad after it, each the only reader of
+    the one before): the host runs them, as the input pipeline does in training, so the chip
+    receives the rearranged image."""
+    readers: dict = {}
+    index = {}
+    for i, op in enumerate(model.ops):
+        index[op] = i
+        for v in op.operands:
+            readers.setdefault(v, []).append(op)
+    outputs = set(model.return_op.operands)
+    host = set()
+    for op in model.ops:
+        if not isinstance(op, top.Input):
+            continue
+        chain, v, found = [], op.results[0], False
+        while len(readers.get(v, [])) == 1 and v not in outputs:
+            nxt = readers[v][0]
+            if nxt.name not in _HOST_MOVES or found and nxt.name != "tpu.Pad":
+                break
+            chain.append(index[nxt])
+            found = found or nxt.name == "tpu.SpaceToDepth"
+            v = nxt.results[0]
+        if found:
+            host.update(chain)
+    return host
+
+
+def _facts(model, chip, host: set) -> list[_Op]:
     weights = {value_name(op.results[0]) for op in model.ops if isinstance(op, top.Weight)}
     facts = []
     for i, op in enumerate(model.ops):
         if not isinstance(op, tpu.TpuOp):
             continue
-        kind, reason = _local_kind(op, weights)
+        kind, reason = (None, "host preprocessing") if i in host else _local_kind(op, weights)
         ins, ws = [], []
         for v in op.operands:
             if isinstance(v.type, NoneType):
@@ -229,6 +261,7 @@ class Group:
     local_peak: int = 0
     copies: int = 1                # buffers of each input / output (2: DMA overlaps compute)
     is_global: bool = False        # one op run from DDR
+    on_host: bool = False          # a global op the host runs
 
     @property
     def names(self) -> list[str]:
@@ -245,7 +278,8 @@ class Group:
         if self.is_global:
             f = self.ops[0]
             why = f.reason or "does not fit local memory"
-            return f"global {f.name} ({f.op.name}): {why}, {self.cycles:,} cycles"
+            where = "host" if self.on_host else "global"
+            return f"{where} {f.name} ({f.op.name}): {why}, {self.cycles:,} cycles"
         return (f"group {self.ops[0].name}..{self.ops[-1].name} ({len(self.ops)} ops), {self.n_slices}x{self.h_slices} "
                 f"slices (N x H), local {self.local_peak:,} B per lane, {self.cycles:,} cycles")
 
@@ -275,7 +309,7 @@ class GroupPlan:
 
     def as_dict(self) -> dict:
         return {"cycles": self.cycles, "single_op_cycles": self.single_cycles,
-                "groups": [{"ops": g.names, "global": g.is_global, "n_slices": g.n_slices, "h_slices": g.h_slices,
+                "groups": [{"ops": g.names, "global": g.is_global, "host": g.on_host, "n_slices": g.n_slices, "h_slices": g.h_slices,
                             "cycles": g.cycles, "local_bytes_per_lane": g.local_peak,
                             **({"reason": g.ops[0].reason or "does not fit local memory"} if g.is_global else {})}
                            for g in self.groups]}
@@ -312,9 +346,10 @@ def place_local(ops, sizes: dict, ins, outs, ws, copies: int, weight_sizes: dict
 
 
 class _Planner:
-    def __init__(self, model, chip):
+    def __init__(self, model, chip, host: set):
         self.chip = chip
-        self.facts = _facts(model, chip)
+        self.host = host
+        self.facts = _facts(model, chip, host)
         self.types: dict = {}
         self.items: dict = {}
         for op in model.ops:
@@ -444,6 +479,16 @@ class _Planner:
                 return copies, rng, local, peak
         return None
 
+    def _global_cycles(self, f) -> int:
+        """A global op's cycles; a host op's are the part of the host's time the input pipeline
+        does not hide (`host.overlap`), in chip cycles."""
+        if f.index not in self.host:
+            return f.cycles.cycles
+        moved = sum(numel(self.types[n]) * self.items[n] for n in f.ins if n is not None)
+        moved += sum(numel(self.types[o]) * self.items[o] for o in f.outs)
+        host = self.chip.host
+        return math.ceil(moved / host.bandwidth * (1.0 - host.overlap) * self.chip.frequency_hz)
+
     def plan(self) -> GroupPlan:
         n = len(self.facts)
         best = [0] + [None] * n
@@ -452,7 +497,8 @@ class _Planner:
         for j in range(1, n + 1):
             f = self.facts[j - 1]
             alone = self.evaluate(j - 1, j) if f.kind is not None else None
-            g = alone[1] if alone else Group(j - 1, j, [f], cycles=f.cycles.cycles, is_global=True)
+            g = alone[1] if alone else Group(j - 1, j, [f], cycles=self._global_cycles(f), is_global=True,
+                                             on_host=f.index in self.host)
             single += g.cycles
             best[j], choice[j] = best[j - 1] + g.cycles, g
             for i in range(j - 2, max(-1, j - 1 - MAX_GROUP_OPS) if alone else j - 2, -1):
@@ -474,9 +520,10 @@ class _Planner:
         return GroupPlan(self.chip.name, groups, self.types, single)
 
 
-def plan_groups(model, chip) -> GroupPlan:
-    """Layer groups and slices of a TPU module for `chip` (a name, path or Chip)."""
+def plan_groups(model, chip, host: set | None = None) -> GroupPlan:
+    """Layer groups and slices of a TPU module for `chip` (a name, path or Chip); `host` (op
+    indices, by default `host_preprocessing(model)`) run on the host."""
     chip = chips.load(chip)
     if not any(isinstance(op, tpu.TpuOp) for op in model.ops):
         raise InternalError("layer groups", "the module has no TPU op (lower it first)")
-    return _Planner(model, chip).plan()
+    return _Planner(model, chip, host_preprocessing(model) if host is None else set(host)).plan()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from tftpu.errors import InternalError
+from tftpu.interp.tpu.info import info_of
 from tftpu.interp.tpu.interpreter import kernel_of
 from tftpu.ir import attrs as A
 from tftpu.ir.base import value_name
@@ -43,12 +44,16 @@ class Simulator:
         chip = program.chip
         self.lanes, self.bank, self.eu = chip.lanes, chip.local_mem_per_lane, chip.eu_bytes
         self.types: dict = {}
+        self.infos: dict = {}
         self.ops = list(program.model.ops)
         for op in self.ops:
             for r in op.results:
                 t = r.type
                 if hasattr(t, "get_shape"):
                     self.types[value_name(r)] = (tuple(t.get_shape()), A.numpy_dtype(A.dtype_name(t.element_type)))
+                    info = info_of(t)
+                    if info is not None and info.quantized:
+                        self.infos[value_name(r)] = info
         self.kernels: dict = {}
         self.attrs: dict = {}
         self.weights = np.frombuffer(program.weight_blob(), np.uint8)
@@ -127,13 +132,15 @@ class Simulator:
         n0, n1, h0, h1 = rows
         return (n1 - n0, shape[1], h1 - h0, *shape[3:])
 
-    def run(self, inputs: dict) -> dict:
-        """Outputs by name, as the program's output descriptions give them (INT8 outputs stay
-        integers: dequantize with their `quant`)."""
+    def run(self, inputs: dict, dump_all: bool = False, dequantize: bool = False) -> dict:
+        """Outputs by name, as the program's output descriptions give them; `dump_all` adds
+        every tensor that reaches DDR (those inside a layer group never do); `dequantize` turns
+        INT8 tensors into the float values they stand for."""
         p = self.program
         ddr = np.zeros(p.ddr_bytes, np.uint8)
         ddr[:self.weights.size] = self.weights
         local = np.zeros((self.lanes, self.bank), np.uint8)
+        dump: dict = {}
         arrays = match_inputs([d["name"] for d in p.inputs], inputs)
         for d, arr in zip(p.inputs, arrays):
             shape, dtype = tuple(d["shape"]), A.numpy_dtype(d["dtype"])
@@ -158,16 +165,22 @@ class Simulator:
                 data = self._read_local(local, cmd["local"], self._slice_shape(name, r), dtype, 1, i, cmd)
                 full = self._ddr_view(ddr, cmd["ddr"], shape, dtype, i, cmd)
                 full[r[0]:r[1], :, r[2]:r[3]] = data
+                if dump_all:
+                    dump[name] = full.copy()
             elif kind == "compute":
                 self._compute(local, i, cmd)
-            elif kind == "global":
-                self._global(ddr, i, cmd)
+            elif kind in ("global", "host"):
+                made = self._global(ddr, i, cmd)
+                if dump_all:
+                    dump.update(made)
             else:
                 raise SimulatorError(i, cmd, f"unknown command kind {kind!r}")
-        out = {}
+        out = dump
         for d in p.outputs:
             shape, dtype = tuple(d["shape"]), A.numpy_dtype(d["dtype"])
             out[d["name"]] = self._ddr_view(ddr, d["ddr"], shape, dtype, -1, {"kind": "output"}).copy()
+        if dequantize:
+            out = {k: self.infos[k].dequantize(v) if k in self.infos else v for k, v in out.items()}
         return out
 
     def _compute(self, local, i: int, cmd: dict) -> None:
@@ -206,9 +219,13 @@ class Simulator:
             shape, dtype = self.types[value_name(v)]
             operands.append(self._ddr_view(ddr, addr, shape, dtype, i, cmd).copy())
         results = kernel(operands, attrs)
+        made = {}
         for r, addr, got in zip(op.results, cmd["outs"], results):
             shape, dtype = self.types[value_name(r)]
-            self._ddr_view(ddr, addr, shape, dtype, i, cmd)[...] = np.asarray(got).astype(dtype, copy=False)
+            view = self._ddr_view(ddr, addr, shape, dtype, i, cmd)
+            view[...] = np.asarray(got).astype(dtype, copy=False)
+            made[value_name(r)] = view.copy()
+        return made
 
 
 def simulate(program, inputs: dict) -> dict:

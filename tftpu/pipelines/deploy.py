@@ -49,6 +49,11 @@ class DeployResult:
     memory: object | None = None                # tftpu.backend.MemoryPlan: DDR addresses, peak, lower bound
     cycles: object | None = None                # tftpu.backend.CycleReport: per-op cycles, latency
     s2d: dict | None = None                     # the stem's cycles as it is and in space-to-depth form
+    program: object | None = None               # tftpu.backend.Program: layer groups, DDR plan, commands
+    profile: object | None = None               # tftpu.backend.Profile: the program's estimated timeline
+    simulator: dict | None = None               # the simulator's outputs against TPU inference
+    model_file: Path | None = None
+    trace: Path | None = None
 
     @property
     def checked(self) -> bool:
@@ -58,7 +63,10 @@ class DeployResult:
     def failed(self) -> list:
         """Output rows (and parts of concatenated outputs) under tolerance."""
         rows = list(self.outputs) + [r for _, part in self.parts for r in part]
-        return [r for r in rows if not r.passed]
+        failed = [r for r in rows if not r.passed]
+        if self.simulator is not None and not self.simulator["passed"]:
+            failed.append(_SimulatorRow(self.simulator))
+        return failed
 
     @property
     def passed(self) -> bool:
@@ -69,6 +77,37 @@ class DeployResult:
             return []
         finite = [r for r in self.tensors.rows if not math.isnan(r.cosine) and "rounding noise" not in r.note]
         return sorted(finite, key=lambda r: (r.cosine, r.sqnr))[:n]
+
+
+@dataclasses.dataclass
+class _SimulatorRow:
+    data: dict
+    passed: bool = False
+
+    @property
+    def name(self) -> str:
+        return "simulator vs TPU inference"
+
+
+def check_simulator(program, tpu_model, inputs: dict) -> dict:
+    """The simulator's outputs against TPU-dialect inference: INT8 must be bit-equal, float modes
+    within round-off (relative 1e-3 of each output's range)."""
+    from tftpu.backend.simulator import Simulator
+
+    t0 = time.perf_counter()
+    got = Simulator(program).run(inputs)
+    seconds = time.perf_counter() - t0
+    ref = TpuInterpreter(tpu_model).run(inputs)
+    rows, passed = [], True
+    for name, want in ref.items():
+        have = got[name]
+        equal = bool(np.array_equal(np.asarray(want), have))
+        diff = float(np.max(np.abs(np.asarray(want, np.float64) - have))) if want.size else 0.0
+        scale = float(np.max(np.abs(np.asarray(want, np.float64)))) if want.size else 0.0
+        ok = equal or (tpu_model.mode != "INT8" and diff <= 1e-3 * max(scale, 1e-30))
+        passed &= ok
+        rows.append({"output": name, "bit_exact": equal, "max_abs_diff": diff, "passed": ok})
+    return {"passed": passed, "outputs": rows, "seconds": round(seconds, 3)}
 
 
 def verify(top_model, tpu_model, samples: list[dict], tolerance, reference: dict | None = None):
@@ -114,7 +153,8 @@ def _worse(a, b) -> bool:
 def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=None, asymmetric: bool = False,
            test_input=None, test_reference=None, tolerance=None, tpu_mlir=None, report=None,
            mixed_precision: str | None = "auto", samples: list[dict] | None = None,
-           mixed_precision_ranking: str = "isolated", space_to_depth: bool = False) -> DeployResult:
+           mixed_precision_ranking: str = "isolated", space_to_depth: bool = False, model=None,
+           trace=None) -> DeployResult:
     """Lower the TOP model `mlir` (a path or TopModel) for `chip` in `quantize` mode.
 
     `test_input` (a dict of arrays or an .npz path) checks the TPU model against TOP, and
@@ -124,7 +164,10 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     that reach it; "cos,sqnr_db" sets another target; "none" keeps pure INT8. Inputs are all
     checked before anything is written. `space_to_depth` rewrites the first strided conv on the
     image to its S2D form first (a copy of the model; applied where the chip's matrix unit gains,
-    see `tftpu.transforms.space_to_depth`)."""
+    see `tftpu.transforms.space_to_depth`; the host then makes the S2D input). The backend always
+    runs (layer groups, DDR plan, codegen, the estimated timeline); `model` writes the
+    `.tpumodel`, `trace` its timeline (Chrome trace JSON), and with a test input the simulator
+    runs the program and is checked against TPU inference."""
     from tftpu.ir.module import TopModel, TpuModel, load
     from tftpu.quant.qtable import read_qtable
     from tftpu.quant.table import read_table
@@ -147,7 +190,7 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     reference = _reference(top_model, test_reference)
     if reference is not None and inputs is None:
         raise errors.UsageError("--test_reference needs --test_input")
-    outputs = [p for p in (tpu_mlir, report) if p is not None]
+    outputs = [p for p in (tpu_mlir, report, model, trace) if p is not None]
     if outputs:
         check_writable(*outputs)
     seconds["load"] = time.perf_counter() - t0
@@ -180,10 +223,14 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     tpu_model.verify()
     seconds["lower"] = time.perf_counter() - t1
     t1 = time.perf_counter()
-    from tftpu.backend import estimate, plan_memory, s2d_stem
-    memory = plan_memory(tpu_model, the_chip)
+    from tftpu.backend import estimate, s2d_stem
+    from tftpu.backend.codegen import generate
+    from tftpu.backend.profile import profile
     cycles = estimate(tpu_model, the_chip)
-    seconds["memory + cycles"] = time.perf_counter() - t1
+    program = generate(tpu_model, the_chip)
+    memory = program.memory
+    prof = profile(program)
+    seconds["layer groups + memory + codegen"] = time.perf_counter() - t1
     stem = s2d_stem(tpu_model, the_chip)
     if s2d_result is not None:
         applied = bool(s2d_result.changed)
@@ -196,17 +243,30 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
             issued = numbers.numbers
             if stem["after"] is not None and issued.get("issued_macs_after"):
                 stem["before"] = round(stem["after"] * issued["issued_macs_before"] / issued["issued_macs_after"])
-    result = DeployResult(tpu_model, lowering, tol, search=search, memory=memory, cycles=cycles, s2d=stem)
+    result = DeployResult(tpu_model, lowering, tol, search=search, memory=memory, cycles=cycles, s2d=stem,
+                          program=program, profile=prof)
     if inputs is not None:
         t1 = time.perf_counter()
         pool = [inputs] + [s for s in (samples or []) if s is not inputs]
         result.tensors, result.outputs, result.parts = verify(top_model, tpu_model, pool, tol, reference)
         result.reference = "--test_reference" if reference is not None else "TOP"
         seconds["verify"] = time.perf_counter() - t1
+        t1 = time.perf_counter()
+        result.simulator = check_simulator(program, tpu_model, inputs)
+        seconds["simulate"] = time.perf_counter() - t1
     if tpu_mlir is not None:
         t1 = time.perf_counter()
         result.mlir, result.weights = tpu_model.save(tpu_mlir)
         seconds["save"] = time.perf_counter() - t1
+    if model is not None:
+        from tftpu.backend import tpumodel
+        t1 = time.perf_counter()
+        result.model_file = tpumodel.save(program, model, meta={"estimate": {
+            "latency_us": round(prof.latency_us, 3), "flops": prof.flops, "utilisation": round(prof.utilisation, 6)}})
+        seconds["write model file"] = time.perf_counter() - t1
+    if trace is not None:
+        prof.write_trace(trace)
+        result.trace = Path(trace)
     result.seconds = seconds
     if report is not None:
         from tftpu.pipelines.deploy_report import write_report

@@ -26,13 +26,17 @@ def _row(r) -> dict:
 
 
 def _ops(result) -> list[dict]:
-    """Each TOP op: its TPU type, mode and why, and its estimated cycles."""
-    cycles = {o.name: o for o in (result.cycles.ops if result.cycles is not None else [])}
+    """Each TOP op: its TPU type, mode and why, and its estimated cycles (in the program, layer
+    groups and all, when there is one; else the per-op estimate)."""
+    if result.profile is not None:
+        cycles = {o["name"]: (o["type"], o["cycles"]) for o in result.profile.ops}
+    else:
+        cycles = {o.name: (o.type, o.cycles) for o in (result.cycles.ops if result.cycles is not None else [])}
     out = []
     for d in result.lowering.decisions:
         c = cycles.get(d.name) or cycles.get(f"{d.name}_i8")
-        out.append({"name": d.name, "type": c.type if c else d.op, "top_type": d.op, "mode": d.mode,
-                    "reason": d.reason, "cycles": c.cycles if c else 0})
+        out.append({"name": d.name, "type": c[0] if c else d.op, "top_type": d.op, "mode": d.mode,
+                    "reason": d.reason, "cycles": c[1] if c else 0})
     return out
 
 
@@ -59,11 +63,28 @@ def report_data(result) -> dict:
         data["mixed_precision"] = result.search.as_dict()
     if result.memory is not None:
         data["memory"] = result.memory.as_dict()
-    if result.cycles is not None:
+    if result.profile is not None:
+        prof = result.profile
+        data["latency_us"] = round(prof.latency_us, 3)
+        data["cycles"] = prof.cycles
+        data["utilisation"] = round(prof.utilisation, 6)
+        data["timeline"] = {k: v for k, v in prof.as_dict().items() if k not in ("ops", "flops", "latency_us",
+                                                                                  "utilisation", "cycles")}
+    elif result.cycles is not None:
         data["latency_us"] = round(result.cycles.latency_us, 3)
         data["cycles"] = result.cycles.cycles
         data["utilisation"] = round(result.cycles.utilisation, 6)
+    if result.cycles is not None:
+        data["latency_us_without_groups"] = round(result.cycles.latency_us, 3)
+    if result.program is not None and result.program.groups is not None:
+        data["layer_groups"] = result.program.groups.as_dict()
+        data["host_ops"] = [g.ops[0].name for g in result.program.groups.groups if g.on_host]
+        data["inputs"] = result.program.inputs
+    if result.simulator is not None:
+        data["simulator"] = result.simulator
     stem = result.s2d
+    data["files"]["model"] = str(result.model_file) if result.model_file else None
+    data["files"]["trace"] = str(result.trace) if result.trace else None
     data["s2d"] = {"applied": bool(stem and stem.get("applied")), "first_conv": stem["name"] if stem else None,
                    "first_conv_cycles": [stem["before"], stem["after"]] if stem and stem.get("before") else None,
                    "reason": stem.get("reason", "") if stem else ""}
