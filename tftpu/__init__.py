@@ -19,6 +19,8 @@ from tftpu import errors  # noqa: E402  (light, no TensorFlow)
 # public name -> "module:attribute" (attribute empty for a submodule)
 _LAZY = {
     "optimize": "tftpu.pipelines.optimize:optimize",
+    "compile": "tftpu.compiler:compile",
+    "CompiledModel": "tftpu.compiler:CompiledModel",
     "keras": "tftpu.keras:",
     "data": "tftpu.data:",
     "tac": "tftpu.tac:",

@@ -200,6 +200,7 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
         from tftpu.transforms.pipeline import run_pipeline
         from tftpu.transforms.space_to_depth import SpaceToDepthPass
         t1 = time.perf_counter()
+        original = top_model
         top_model = TopModel(parse_module(top_model.text()), dict(top_model.weights))
         s2d_result, = run_pipeline(top_model, [SpaceToDepthPass(chip=the_chip.path or the_chip.name)])
         seconds["space-to-depth"] = time.perf_counter() - t1
@@ -243,6 +244,12 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
             issued = numbers.numbers
             if stem["after"] is not None and issued.get("issued_macs_after"):
                 stem["before"] = round(stem["after"] * issued["issued_macs_before"] / issued["issued_macs_after"])
+            if inputs is not None:                     # the rewritten TOP against the original
+                want = TopInterpreter(original).run(inputs)
+                got = TopInterpreter(top_model).run(inputs)
+                diffs = [float(np.max(np.abs(want[n].astype(np.float64) - got[n]) / (np.max(np.abs(want[n])) + 1e-30)))
+                         for n in original.output_names]
+                stem["max_rel_diff"] = max(diffs, default=0.0)
     result = DeployResult(tpu_model, lowering, tol, search=search, memory=memory, cycles=cycles, s2d=stem,
                           program=program, profile=prof)
     if inputs is not None:

@@ -1,0 +1,316 @@
+"""`tftpu.compile`: the whole compile path in one call, each stage checked against the one
+before, as TPU-MLIR's deploy flow does.
+
+    source (Keras / SavedModel / ONNX / TFLite / .top.mlir)
+      -> TOP (checked against onnxruntime on the source's ONNX form)
+      -> calibration (INT8)
+      -> space-to-depth of the stem, where the chip's cost model gains (checked against TOP)
+      -> TPU dialect (checked against TOP: cosine / SQNR per output and per concat part)
+      -> layer groups, DDR plan, codegen (the program)
+      -> simulator (checked against TPU inference: INT8 bit for bit)
+
+>>> compiled = tftpu.compile(keras_model, chip="npu1", calibration_data=photos)   # doctest: +SKIP
+>>> compiled.run({"image": x})                                                     # doctest: +SKIP
+>>> compiled.save("model.tpumodel"); compiled.report["latency_us"]                 # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+
+from tftpu import errors
+
+__all__ = ["compile", "CompiledModel", "Stage"]
+
+_LOG = logging.getLogger("tftpu.compile")
+
+
+@dataclasses.dataclass
+class Stage:
+    """One stage of the compile: what it made, how long it took and how it compares with the
+    stage before (`check` is a line for people, `passed` None where nothing was compared)."""
+
+    name: str
+    seconds: float
+    check: str = ""
+    passed: bool | None = None
+
+    def as_dict(self) -> dict:
+        return {"name": self.name, "seconds": round(self.seconds, 3), "check": self.check, "passed": self.passed}
+
+    def __str__(self) -> str:
+        state = "" if self.passed is None else (" ok" if self.passed else " FAILED")
+        return f"{self.name} ({self.seconds:.1f} s){': ' + self.check if self.check else ''}{state}"
+
+
+class CompiledModel:
+    """A model compiled for one chip: `.run(inputs)` on the simulated chip, `.save(path)` as a
+    `.tpumodel`, `.report` (stages and their checks, latency, FLOPs, utilisation, per-op
+    cycles, S2D, memory, layer groups)."""
+
+    def __init__(self, deployed, top_model, stages: list, extra: dict):
+        self.deployed = deployed
+        self.top_model = top_model
+        self.tpu_model = deployed.model
+        self.program = deployed.program
+        self.stages = stages
+        self._extra = extra
+        self._simulator = None
+
+    @property
+    def chip(self) -> str:
+        return self.program.chip.name
+
+    @property
+    def input_names(self) -> list[str]:
+        return [d["name"] for d in self.program.inputs]
+
+    @property
+    def output_names(self) -> list[str]:
+        return [d["name"] for d in self.program.outputs]
+
+    @property
+    def passed(self) -> bool:
+        return all(s.passed is not False for s in self.stages)
+
+    def run(self, inputs) -> dict:
+        """Outputs by name from the simulated chip (INT8 outputs as the floats they stand for);
+        `inputs` is a dict by input name, or one array for a one-input model."""
+        from tftpu.backend.simulator import Simulator
+
+        if self._simulator is None:
+            self._simulator = Simulator(self.program)
+        if not isinstance(inputs, dict):
+            if len(self.input_names) != 1:
+                raise errors.UsageError(f"the model has {len(self.input_names)} inputs: pass a dict by name")
+            inputs = {self.input_names[0]: inputs}
+        return self._simulator.run(inputs, dequantize=True)
+
+    def save(self, path) -> Path:
+        """Write the `.tpumodel` (atomically) and return its path."""
+        from tftpu.backend import tpumodel
+
+        prof = self.deployed.profile
+        return tpumodel.save(self.program, path, meta={"estimate": {
+            "latency_us": round(prof.latency_us, 3), "flops": prof.flops, "utilisation": round(prof.utilisation, 6)}})
+
+    def write_trace(self, path) -> None:
+        """The program's estimated timeline as Chrome trace-event JSON (Perfetto opens it)."""
+        self.deployed.profile.write_trace(path)
+
+    @property
+    def report(self) -> dict:
+        from tftpu.pipelines.deploy_report import report_data
+
+        data = report_data(self.deployed)
+        data["stages"] = [s.as_dict() for s in self.stages]
+        data.update(self._extra)
+        return data
+
+    def __repr__(self) -> str:
+        prof = self.deployed.profile
+        return (f"<CompiledModel {self.tpu_model.name} for {self.chip} in {self.tpu_model.mode}: "
+                f"{len(self.program.commands)} commands, {prof.latency_us:,.1f} us estimated>")
+
+    def __str__(self) -> str:
+        lines = [repr(self)] + [f"  {s}" for s in self.stages]
+        return "\n".join(lines)
+
+
+def _samples(top_model, data, what: str) -> list[dict]:
+    """Input dicts for `top_model` from what a user passes: a directory of images / .npz, a dict
+    of arrays (one sample, or a batch of samples along a new first axis), an array (one-input
+    models), or a list / iterable of those."""
+    from tftpu.ir import attrs as A
+    from tftpu.ir import top
+
+    specs = [(op.loc, tuple(op.output.type.get_shape()), A.numpy_dtype(A.dtype_name(op.output.type.element_type)))
+             for op in top_model.ops if isinstance(op, top.Input)]
+    if isinstance(data, (str, Path)):
+        from tftpu.quant.dataset import load_samples
+        return load_samples(top_model, data)
+
+    def split(name, shape, dtype, arr) -> list:
+        arr = np.asarray(arr)
+        if tuple(arr.shape) == shape:
+            return [arr.astype(dtype, copy=False)]
+        if arr.ndim == len(shape) + 1 and tuple(arr.shape[1:]) == shape:
+            return [a.astype(dtype, copy=False) for a in arr]
+        if shape and shape[0] == 1 and tuple(arr.shape[1:]) == shape[1:]:
+            return [a[None].astype(dtype, copy=False) for a in arr]
+        raise errors.ShapeError(f"{what}: {name!r} has shape {list(arr.shape)}; the model wants {list(shape)} "
+                                f"(or a batch of them)")
+
+    def one(item) -> list[dict]:
+        if isinstance(item, dict):
+            from tftpu.utils.inputs import match_inputs
+            arrays = match_inputs([n for n, _, _ in specs], item)
+        else:
+            if len(specs) != 1:
+                raise errors.UsageError(f"{what}: the model has {len(specs)} inputs; give dicts by input name")
+            arrays = [item]
+        columns = [split(n, s, d, a) for (n, s, d), a in zip(specs, arrays)]
+        if len({len(c) for c in columns}) != 1:
+            raise errors.ShapeError(f"{what}: the inputs hold different numbers of samples")
+        return [{n: c[k] for (n, _, _), c in zip(specs, columns)} for k in range(len(columns[0]))]
+
+    if isinstance(data, (dict, np.ndarray)):
+        return one(data)
+    try:
+        items = list(data)
+    except TypeError:
+        raise errors.UsageError(f"{what}: expected a directory, a dict of arrays, an array or a list of them, "
+                                f"not {type(data).__name__}") from None
+    out = []
+    for item in items:
+        if hasattr(item, "numpy") and not isinstance(item, dict):
+            item = item.numpy()
+        elif isinstance(item, dict):
+            item = {k: (v.numpy() if hasattr(v, "numpy") else v) for k, v in item.items()}
+        out.extend(one(item))
+    if not out:
+        raise errors.InputError(f"{what}: no samples")
+    return out
+
+
+def _synthetic(top_model, count: int = 4) -> list[dict]:
+    """Deterministic stand-in inputs (uniform in [-1, 1]) for when no data is given."""
+    from tftpu.ir import attrs as A
+    from tftpu.ir import top
+
+    rng = np.random.default_rng(0)
+    out = []
+    for _ in range(count):
+        sample = {}
+        for op in top_model.ops:
+            if isinstance(op, top.Input):
+                t = op.output.type
+                sample[op.loc] = rng.uniform(-1, 1, t.get_shape()).astype(A.numpy_dtype(A.dtype_name(t.element_type)))
+        out.append(sample)
+    return out
+
+
+def _import(model, input_shapes, check: dict | None, log) -> tuple:
+    """TOP model and the import stage (checked against onnxruntime where the source has an ONNX form)."""
+    from tftpu import frontend
+
+    t0 = time.perf_counter()
+    kind = frontend.source_kind(model)
+    if kind in ("top", "mlir"):
+        top_model = frontend.load(model, input_shapes)
+        return top_model, None, Stage("import", time.perf_counter() - t0, f"{kind} model read")
+    proto = frontend.to_onnx(model, input_shapes)
+    name = Path(model).stem if isinstance(model, (str, Path)) else getattr(model, "name", None) or "model"
+    top_model = frontend.load(proto, input_shapes if kind == "onnx" else None, name=str(name))
+    return top_model, proto, Stage("import", time.perf_counter() - t0, f"{kind} -> ONNX -> TOP")
+
+
+def _check_import(stage: Stage, proto, top_model, sample: dict) -> None:
+    from tftpu.frontend.check import onnx_tensors
+    from tftpu.interp.similarity import compare_arrays
+    from tftpu.interp.top_interpreter import TopInterpreter
+
+    t0 = time.perf_counter()
+    ref = onnx_tensors(proto, sample, all_tensors=False)
+    got = TopInterpreter(top_model).run(sample)
+    rows = [compare_arrays(n, ref[n], got[n], (0.99, 0.99)) for n in top_model.output_names if n in ref]
+    if rows:
+        worst = min(rows, key=lambda r: r.cosine)
+        stage.check += f"; TOP vs onnxruntime: min output cosine {worst.cosine:.6f}"
+        stage.passed = all(r.passed for r in rows)
+    stage.seconds += time.perf_counter() - t0
+
+
+def compile(model, *, chip, quantize: str = "INT8", calibration_data=None, calibration_method: str = "mse",
+            test_input=None, input_shapes=None, space_to_depth: bool = True, asymmetric: bool = False,
+            mixed_precision: str | None = "auto", quantize_table=None, tolerance=None,
+            log=None) -> CompiledModel:
+    """Compile `model` (an ONNX path or ModelProto, a Keras model or file, a SavedModel
+    directory, a `.tflite`, a `.top.mlir` path or TopModel) for `chip` (a name such as "npu1" or
+    "edge16", or a YAML path) in `quantize` mode (INT8, F16, BF16, F32).
+
+    `calibration_data` (INT8): a directory of images / .npz, a dict of arrays, an array, or a
+    list of those; without it a deterministic synthetic set stands in and the report says so.
+    `test_input` (default: the first calibration sample) is what every stage is checked on.
+    `space_to_depth`: rewrite the stem where the chip's cost model gains (the host then makes the
+    space-to-depth input). `log` (a callable taking a line) reports progress; by default the
+    `tftpu.compile` logger."""
+    from tftpu.pipelines.deploy import deploy
+
+    say = log or _LOG.info
+    mode = quantize.upper()
+    t_all = time.perf_counter()
+    top_model, proto, stage = _import(model, input_shapes, None, say)
+    stages = [stage]
+    extra: dict = {}
+    synthetic = calibration_data is None and test_input is None
+    if calibration_data is not None:
+        samples = _samples(top_model, calibration_data, "calibration_data")
+    elif test_input is not None:
+        samples = _samples(top_model, test_input, "test_input")
+    else:
+        samples = _synthetic(top_model)
+        extra["warning"] = ("no calibration_data: calibrated and checked on synthetic inputs (uniform in [-1, 1]); "
+                            "pass real samples for real accuracy")
+        say(f"warning: {extra['warning']}")
+    check = _samples(top_model, test_input, "test_input")[0] if test_input is not None else samples[0]
+    if proto is not None:
+        _check_import(stage, proto, top_model, check)
+    say(f"[1] {stage}")
+    table = None
+    if mode == "INT8":
+        from tftpu import quant
+        t0 = time.perf_counter()
+        table = quant.calibrate(top_model, samples, calibration_method, asymmetric=asymmetric)
+        stages.append(Stage("calibrate", time.perf_counter() - t0,
+                            f"{calibration_method} over {len(samples)} {'synthetic ' if synthetic else ''}samples, "
+                            f"{len(table.entries)} tensors"))
+        say(f"[2] {stages[-1]}")
+    t0 = time.perf_counter()
+    deployed = deploy(top_model, quantize=mode, chip=chip, calibration_table=table, asymmetric=asymmetric,
+                      quantize_table=quantize_table, test_input=check, tolerance=tolerance,
+                      mixed_precision=mixed_precision, samples=[s for s in samples if s is not check][:8],
+                      space_to_depth=space_to_depth)
+    secs = deployed.seconds
+    s2d = deployed.s2d or {}
+    if space_to_depth:
+        state = ("applied: " if s2d.get("applied") else "declined: ") + s2d.get("reason", "no strided stem on the image")
+        passed = None
+        if "max_rel_diff" in s2d:
+            state += f"; rewritten TOP vs TOP: max relative difference {s2d['max_rel_diff']:.1e}"
+            passed = s2d["max_rel_diff"] <= 1e-4
+        stages.append(Stage("space-to-depth", secs.get("space-to-depth", 0.0), state, passed))
+    out_rows = list(deployed.outputs) + [r for _, part in deployed.parts for r in part]
+    worst = min(out_rows, key=lambda r: (r.cosine, r.sqnr)) if out_rows else None
+    lowering = ", ".join(f"{n} {m}" for m, n in sorted(deployed.lowering.counts().items()))
+    stages.append(Stage("lower", secs.get("lower", 0.0) + secs.get("mixed precision search", 0.0) + secs.get("verify", 0.0),
+                        f"TPU ({lowering}) vs TOP: worst output cosine {worst.cosine:.6f}, SQNR {worst.sqnr:.1f} dB"
+                        if worst else f"TPU ({lowering})", all(r.passed for r in out_rows) if out_rows else None))
+    prog = deployed.program
+    stages.append(Stage("codegen", secs.get("layer groups + memory + codegen", 0.0),
+                        f"{len(prog.groups.local_groups)} layer groups, {len(prog.commands):,} commands, DDR "
+                        f"{deployed.memory.peak:,} B activations (lower bound {deployed.memory.lower_bound:,} B)"))
+    sim = deployed.simulator
+    if sim is not None:
+        exact = all(r["bit_exact"] for r in sim["outputs"])
+        stages.append(Stage("simulate", secs.get("simulate", 0.0),
+                            "simulator vs TPU inference: " + ("bit-exact" if exact else "max difference "
+                                                              + format(max(r["max_abs_diff"] for r in sim["outputs"]), ".3g")),
+                            sim["passed"]))
+    for s in stages[2 if mode == "INT8" else 1:]:
+        say(f"[{stages.index(s) + 1}] {s}")
+    if s2d.get("applied"):
+        plain = deploy(top_model, quantize=mode, chip=chip, calibration_table=table, asymmetric=asymmetric,
+                       quantize_table=deployed.search.qtable if deployed.search is not None else quantize_table,
+                       mixed_precision=None)
+        extra["latency_us_without_s2d"] = round(plain.profile.latency_us, 3)
+    extra["seconds"] = round(time.perf_counter() - t_all, 3)
+    compiled = CompiledModel(deployed, top_model, stages, extra)
+    if not compiled.passed:
+        say("warning: " + "; ".join(str(s) for s in stages if s.passed is False))
+    return compiled
