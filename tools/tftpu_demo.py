@@ -22,10 +22,13 @@ def main(args):
         raise UsageError(f"--image_size={FLAGS.image_size}: expected 32 to 1024 pixels")
     summary = demo.run(FLAGS.output_dir, FLAGS.image_size)
     worst = min(summary["cosine"], summary["nhwc_cosine"], summary["top_min_cosine"])
-    if not summary["passed"] or not summary["tpu_passed"] or worst < 0.99999 or summary["s2d_max_abs_diff"] > 1e-3:
+    checks = (summary["passed"], summary["tpu_passed"], summary["model_passed"], summary["sim_bit_exact"],
+              worst >= 0.99999, summary["s2d_max_abs_diff"] <= 1e-3)
+    if not all(checks):
         raise CheckFailed(f"a stage differs from the one before it: min cosine {worst:.6f}, "
                           f"space-to-depth max |diff| {summary['s2d_max_abs_diff']:.1e}, "
-                          f"TPU INT8 vs TOP cosine {summary['tpu_int8_cosine']:.6f}")
+                          f"TPU INT8 vs TOP cosine {summary['tpu_int8_cosine']:.6f}, simulator bit-exact "
+                          f"{summary['sim_bit_exact']}")
     print(f"demo passed: outputs in {FLAGS.output_dir}/")
     return 0
 

@@ -13,13 +13,16 @@ def test_demo_tool_runs(tmp_path):
     done = subprocess.run([str(script), f"--output_dir={tmp_path}", "--image_size=64"],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "demo passed" in done.stdout and "[7/7] TAC" in done.stdout and "simulated INT8" in done.stdout
+    assert "demo passed" in done.stdout and "[8/8] TAC" in done.stdout and "simulated INT8" in done.stdout
     assert "TPU dialect for npu1 in INT8" in done.stdout
     assert "1 conv rewritten for tpu, 0 for cpu" in done.stdout
+    assert "simulator vs TPU inference bit-exact" in done.stdout and "with S2D" in done.stdout
     assert (tmp_path / "resnet18_like.onnx").stat().st_size > 1_000_000
     for name in ("resnet18_like.top.mlir", "resnet18_like_nhwc.top.mlir", "resnet18_like_tac.tflite",
                  "resnet18_like_npu1_int8.tpu.mlir", "resnet18_like_tpu_int8_weights.npz",
-                 "space_to_depth_report.txt", "tac_report.txt", "resnet18_like_cali_table"):
+                 "space_to_depth_report.txt", "tac_report.txt", "resnet18_like_cali_table",
+                 "resnet18_like_npu1_int8.tpumodel", "resnet18_like_npu1_int8.trace.json",
+                 "resnet18_like_npu1_int8_deploy.html"):
         assert (tmp_path / name).stat().st_size > 0, name
     assert '"top.Permute"' not in (tmp_path / "resnet18_like_nhwc.top.mlir").read_text()
     got = {name: hashlib.sha256((tmp_path / name).read_bytes()).hexdigest() for name in PINNED}
@@ -39,6 +42,7 @@ PINNED = {
     "resnet18_like_tac.tflite": "d1b74a8c721b15b0e172d64c0a87b06d203a2e6616a901ecbe457f9fe3514042",
     "resnet18_like_npu1_int8.tpu.mlir": "814bc4c4a428fb5c2f9b56740c3c0cda2b381acf3f503a3ff19882e7d6a29161",
     "resnet18_like_tpu_int8_weights.npz": "41af0df327da5fb9f9a5f4e0c8b42e6c814a76cff1024988af5cbcf4b9eda714",
+    "resnet18_like_npu1_int8.tpumodel": "518e3d23fc5a04e1a3dc40677631dec901f44e7c0c027aa80983350f86c269ae",
 }
 
 

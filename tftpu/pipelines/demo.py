@@ -11,8 +11,11 @@ replaces:
    simulated INT8 stays to float;
 4. lowering to the TPU dialect for the npu1 chip in INT8, run with integer arithmetic and
    compared with TOP;
-5. ConvertLayout to NHWC: the transposes tf2onnx left are gone, outputs unchanged;
-6. target-aware conversion of the TFLite form of the model across GPU and CPU.
+5. the backend: space-to-depth of the stem on TOP (the host makes the S2D input), layer groups,
+   DDR plan and codegen to a `.tpumodel`, run by the simulated chip and compared with TPU
+   inference bit for bit; estimated latency with and without S2D, and its timeline;
+6. ConvertLayout to NHWC: the transposes tf2onnx left are gone, outputs unchanged;
+7. target-aware conversion of the TFLite form of the model across GPU and CPU.
 """
 
 from __future__ import annotations
@@ -64,7 +67,7 @@ def run(output_dir: str | Path, image_size: int = 224, log=print) -> dict:
     from tftpu.utils import files
 
     output_dir = Path(output_dir)
-    step = _Steps(7, log)
+    step = _Steps(8, log)
     summary: dict = {}
 
     model = models.resnet18_like((image_size, image_size, 3))
@@ -118,6 +121,23 @@ def run(output_dir: str | Path, image_size: int = 224, log=print) -> dict:
          f"ops): integer inference vs TOP on {1 + len(samples[1:])} views: cosine {out.cosine:.5f}, "
          f"SQNR {out.sqnr:.1f} dB; wrote {deployed.mlir.name}")
     summary.update(tpu_int8_cosine=out.cosine, tpu_int8_sqnr=out.sqnr, tpu_passed=deployed.passed)
+
+    compiled = deploy(top, quantize="INT8", chip="npu1", calibration_table=table, test_input={"image": x},
+                      samples=samples[1:], space_to_depth=True, model=output_dir / f"{model.name}_npu1_int8.tpumodel",
+                      trace=output_dir / f"{model.name}_npu1_int8.trace.json",
+                      report=output_dir / f"{model.name}_npu1_int8_deploy.html")
+    prog, sim, stem = compiled.program, compiled.simulator, compiled.s2d or {}
+    with_s2d, without = compiled.profile.latency_us, deployed.profile.latency_us
+    exact = all(r["bit_exact"] for r in sim["outputs"])
+    stem_line = (f"S2D stem {stem['before']:,} -> {stem['after']:,} cycles" if stem.get("applied") and stem.get("before")
+                 else "S2D declined")
+    step(f"model file for npu1: {stem_line}, the host makes the S2D input; {len(prog.groups.local_groups)} layer "
+         f"groups, {len(prog.commands)} commands; simulator vs TPU inference {'bit-exact' if exact else 'DIFFERS'}, "
+         f"vs TOP cosine {compiled.outputs[0].cosine:.5f}; estimated latency {with_s2d:,.1f} us with S2D, "
+         f"{without:,.1f} us without ({without / with_s2d:.2f}x); wrote {compiled.model_file.name}, "
+         f"{compiled.trace.name} (Perfetto), {model.name}_npu1_int8_deploy.html")
+    summary.update(sim_passed=sim["passed"], sim_bit_exact=exact, latency_us=with_s2d, latency_us_without_s2d=without,
+                   model_passed=compiled.passed)
 
     layout = convert_layout(top, "NHWC")
     canonicalize(top)
