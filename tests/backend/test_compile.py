@@ -1,0 +1,163 @@
+"""The whole compile path as users call it: `tftpu.compile` on Keras / ONNX / TOP sources,
+`tftpu-deploy --model --trace --report`, `tftpu-run` on a `.tpumodel`, the host-side S2D
+(the model file takes the original image and equals the unrewritten model), the report's JSON
+contract, the Chrome trace, and the model file refused when damaged or not one."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tftpu
+from tests.tools.test_deploy import cnn, samples_for
+from tftpu import errors, quant
+from tftpu.backend import tpumodel
+from tftpu.backend.simulator import Simulator
+from tftpu.interp.top_interpreter import TopInterpreter
+from tftpu.interp.tpu import TpuInterpreter
+from tftpu.pipelines.deploy import deploy
+
+
+@pytest.fixture(scope="module")
+def case():
+    model = cnn()
+    samples = samples_for(model)
+    return model, quant.calibrate(model, samples, "mse"), samples
+
+
+def _tool(name: str, *args):
+    script = Path(sys.executable).parent / f"tftpu-{name}"
+    return subprocess.run([str(script), *map(str, args)], capture_output=True, text=True, timeout=300)
+
+
+def test_compile_a_top_model_every_stage_checked(case, tmp_path):
+    model, _, samples = case
+    compiled = tftpu.compile(model, chip="npu1", calibration_data=samples)
+    names = [s.name for s in compiled.stages]
+    assert names == ["import", "calibrate", "space-to-depth", "lower", "codegen", "simulate"], names
+    assert compiled.passed and "bit-exact" in compiled.stages[-1].check
+    out = compiled.run(samples[0])
+    want = TpuInterpreter(compiled.tpu_model).run(samples[0], dequantize=True)
+    assert all(np.array_equal(out[k], want[k]) for k in want)
+    path = compiled.save(tmp_path / "cnn.tpumodel")
+    again = tpumodel.load(path)
+    got = Simulator(again).run(samples[0], dequantize=True)
+    assert all(np.array_equal(got[k], out[k]) for k in out)
+    report = compiled.report
+    for key in ("latency_us", "flops", "utilisation", "ops", "s2d", "memory", "layer_groups", "stages"):
+        assert key in report, key
+    assert report["s2d"]["applied"] and report["latency_us_without_s2d"] > report["latency_us"]
+    assert all({"name", "type", "cycles"} <= set(o) for o in report["ops"])
+    json.dumps(report)                                  # plain data
+    # the same compile gives the same bytes
+    second = tftpu.compile(model, chip="npu1", calibration_data=samples).save(tmp_path / "again.tpumodel")
+    assert second.read_bytes() == path.read_bytes()
+
+
+def test_compile_keras_on_the_edge_chip_in_f16():
+    import keras
+
+    inp = keras.Input((12, 12, 3))
+    x = keras.layers.Conv2D(8, 3, strides=2, padding="same", activation="relu")(inp)
+    x = keras.layers.DepthwiseConv2D(3, padding="same")(x)
+    x = keras.layers.GlobalAveragePooling2D()(x)
+    model = keras.Model(inp, keras.layers.Dense(4)(x))
+    x0 = np.random.default_rng(0).uniform(-1, 1, (1, 12, 12, 3)).astype(np.float32)
+    compiled = tftpu.compile(model, chip="edge16", quantize="F16", test_input=x0)
+    assert compiled.passed, str(compiled)
+    assert "onnxruntime" in compiled.stages[0].check
+    out = compiled.run(x0)[compiled.output_names[0]]
+    np.testing.assert_allclose(out, model(x0).numpy(), rtol=0.05, atol=0.05)
+
+
+def test_compile_without_calibration_data_warns(case):
+    model, _, _ = case
+    compiled = tftpu.compile(model, chip="npu1", space_to_depth=False)
+    assert "synthetic" in compiled.report["warning"]
+    assert [s.name for s in compiled.stages][:2] == ["import", "calibrate"]
+
+
+def test_bad_calibration_data_is_one_clear_error(case):
+    model, _, _ = case
+    with pytest.raises(errors.ShapeError, match="calibration_data"):
+        tftpu.compile(model, chip="npu1", calibration_data=[np.zeros((1, 3, 8, 8), np.float32)])
+    with pytest.raises(errors.UsageError, match="calibration_data"):
+        tftpu.compile(model, chip="npu1", calibration_data=42)
+
+
+def test_host_space_to_depth_takes_the_original_image(case):
+    """With S2D the host makes the rearranged input: the model file's input is the image and its
+    outputs equal TPU inference of the rewritten module bit for bit, and the unrewritten TOP
+    model within INT8's error."""
+    model, table, samples = case
+    res = deploy(model, quantize="INT8", chip="npu1", calibration_table=table, test_input=samples[0],
+                 space_to_depth=True, mixed_precision="none")
+    prog = res.program
+    assert res.s2d["applied"] and res.simulator["passed"]
+    (desc,) = prog.inputs
+    assert desc["shape"] == [1, 3, 16, 16] and desc["preprocess"]["space_to_depth"] == 2
+    assert prog.host and all(prog.commands[i]["engine"] == "host" for i, c in enumerate(prog.commands)
+                             if c["kind"] == "host")
+    sim = Simulator(prog).run(samples[1], dequantize=True)
+    ref = TopInterpreter(model).run(samples[1])
+    for k in ref:
+        cos = float(np.dot(sim[k].ravel(), ref[k].ravel()) / np.linalg.norm(sim[k]) / np.linalg.norm(ref[k]))
+        assert cos > 0.99
+
+
+def test_deploy_tool_writes_model_trace_and_report(case, tmp_path):
+    model, table, samples = case
+    top_path, _ = model.save(tmp_path / "cnn.top.mlir")
+    table.save(tmp_path / "cali")
+    np.savez(tmp_path / "in.npz", **samples[0])
+    done = _tool("deploy", f"--mlir={top_path}", "--quantize=INT8", "--chip=edge16",
+                 f"--calibration_table={tmp_path / 'cali'}", f"--test_input={tmp_path / 'in.npz'}",
+                 f"--model={tmp_path / 'cnn.tpumodel'}", f"--trace={tmp_path / 'trace.json'}",
+                 f"--report={tmp_path / 'r.json'}", "--space_to_depth")
+    assert done.returncode == 0, done.stderr
+    assert "simulator against TPU inference: bit-exact" in done.stdout and "layer groups on edge16" in done.stdout
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert isinstance(report["latency_us"], float) and isinstance(report["flops"], int)
+    assert 0 <= report["utilisation"] <= 1 and report["s2d"]["applied"] in (True, False)
+    assert all(isinstance(o["cycles"], int) for o in report["ops"])
+    trace = json.loads((tmp_path / "trace.json").read_text())
+    tracks = {e["args"]["name"] for e in trace["traceEvents"] if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert {"dma", "tiu"} <= tracks
+    assert sum(e["ph"] == "X" for e in trace["traceEvents"]) == len(tpumodel.load(tmp_path / "cnn.tpumodel").commands)
+    run = _tool("run", f"--model={tmp_path / 'cnn.tpumodel'}", f"--input={tmp_path / 'in.npz'}",
+                f"--output={tmp_path / 'out.npz'}")
+    assert run.returncode == 0, run.stderr
+    ref = _tool("run", f"--model={top_path}", f"--input={tmp_path / 'in.npz'}", f"--output={tmp_path / 'top.npz'}")
+    assert ref.returncode == 0
+    cmp = _tool("compare", tmp_path / "out.npz", tmp_path / "top.npz", "--tolerance=0.99,0.8")
+    assert cmp.returncode == 0, cmp.stdout + cmp.stderr
+
+
+def test_damaged_model_files_are_refused(case, tmp_path):
+    model, table, samples = case
+    path = tmp_path / "m.tpumodel"
+    deploy(model, quantize="INT8", chip="npu1", calibration_table=table, model=path, mixed_precision="none")
+    data = path.read_bytes()
+    for cut in (10, 100, len(data) // 2, len(data) - 1):
+        (tmp_path / "cut.tpumodel").write_bytes(data[:cut])
+        with pytest.raises(errors.ModelFileError, match="cut.tpumodel"):
+            tpumodel.load(tmp_path / "cut.tpumodel")
+    run = _tool("run", f"--model={tmp_path / 'cut.tpumodel'}", "--input=x.npz", f"--output={tmp_path / 'o.npz'}")
+    assert run.returncode == 2 and run.stderr.count("\n") == 1
+    flipped = bytearray(data)
+    flipped[len(data) // 3] ^= 0x40
+    (tmp_path / "flip.tpumodel").write_bytes(bytes(flipped))
+    with pytest.raises(errors.ModelFileError, match="checksum"):
+        tpumodel.load(tmp_path / "flip.tpumodel")
+    newer = bytearray(data)
+    newer[8:10] = (2).to_bytes(2, "little")
+    (tmp_path / "new.tpumodel").write_bytes(bytes(newer))
+    with pytest.raises(errors.ModelFileError, match="newer"):
+        tpumodel.load(tmp_path / "new.tpumodel")
+    with pytest.raises(errors.ModelFileError, match="no such file"):
+        tpumodel.load(tmp_path / "missing.tpumodel")
