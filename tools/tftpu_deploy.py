@@ -69,6 +69,11 @@ def main(args):
         print(result.memory)
     if result.program is not None:
         print(result.program.groups)
+        plan = result.program.host_plan
+        if plan is not None and plan.ops:
+            print(f"host runs {len(plan.ops)} op(s) (TAC's pick: {plan.cost_us:,.1f} us against "
+                  f"{plan.all_chip_us:,.1f} us all on chip): "
+                  + "; ".join(f"{n}: {why}" for n, why in list(plan.reasons.items())[:5]))
     if result.profile is not None:
         print(result.profile)
     elif result.cycles is not None:

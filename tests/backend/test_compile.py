@@ -161,3 +161,35 @@ def test_damaged_model_files_are_refused(case, tmp_path):
         tpumodel.load(tmp_path / "new.tpumodel")
     with pytest.raises(errors.ModelFileError, match="no such file"):
         tpumodel.load(tmp_path / "missing.tpumodel")
+
+
+def test_host_subnets_by_tac_pick(case, tmp_path, monkeypatch):
+    """Ops the chip cannot run go to the host, and so do ops a fast host runs cheaper (TAC's
+    exact pick over both cost models); the simulator runs them and still equals TPU inference
+    bit for bit, and the report says which ops run where and why."""
+    import yaml
+
+    from tftpu.backend import host as host_mod
+    from tftpu.backend.codegen import generate
+    model, table, samples = case
+    monkeypatch.setitem(host_mod.UNSUPPORTED, "npu1", {"tpu.Softmax"})
+    res = deploy(model, quantize="INT8", chip="npu1", calibration_table=table, test_input=samples[0],
+                 mixed_precision="none")
+    plan = res.program.host_plan
+    # a model this small costs less than the two hand-overs around the softmax: all of it moves
+    assert "does not run tpu.Softmax" in plan.reasons["prob"] and plan.all_chip_us is None
+    assert res.simulator["passed"] and all(r["bit_exact"] for r in res.simulator["outputs"])
+    assert any(c["kind"] == "host" for c in res.program.commands)
+    from tftpu.pipelines.deploy_report import report_data
+    assert "prob" in report_data(res)["host"]["host_ops"]
+    # a host far faster than the chip takes the heavy ops, the pick no worse than all on chip
+    data = yaml.safe_load(Path("configs/chips/npu1.yaml").read_text())
+    data["name"], data["host"]["flops"], data["host"]["bandwidth"] = "slow_npu", 1.0e16, 1.0e13
+    data["ddr_bandwidth"] = 1.0e13
+    (tmp_path / "slow_npu.yaml").write_text(yaml.safe_dump(data))
+    tpu = res.model
+    prog = generate(tpu, tmp_path / "slow_npu.yaml")
+    assert prog.host_plan.ops and prog.host_plan.cost_us <= prog.host_plan.all_chip_us
+    got = Simulator(prog).run(samples[1])
+    want = TpuInterpreter(tpu).run(samples[1])
+    assert all(np.array_equal(got[k], want[k]) for k in want)

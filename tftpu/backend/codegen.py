@@ -27,7 +27,8 @@ import numpy as np
 from xdsl.dialects.builtin import TensorType
 
 from tftpu import chip as chips
-from tftpu.backend.layer_group import GroupPlan, lane_bytes, place_local, plan_groups, weight_lane_axis
+from tftpu.backend.layer_group import (GroupPlan, host_preprocessing, lane_bytes, place_local, plan_groups,
+                                      weight_lane_axis)
 from tftpu.backend.memory import MemoryPlan, plan_memory
 from tftpu.errors import InternalError
 from tftpu.interp.tpu.info import info_of
@@ -55,6 +56,7 @@ class Program:
     host: list = dataclasses.field(default_factory=list)     # op indices the host runs
     chip_text: str = ""              # the chip's YAML as a loaded file embedded it
     meta: dict = dataclasses.field(default_factory=dict)     # a loaded file's meta section
+    host_plan: object | None = None  # tftpu.backend.host.HostPlan: which ops the host runs and why
 
     def weight_blob(self) -> bytes:
         return self.blob
@@ -240,11 +242,23 @@ def _use(f, name, out, held, rng, types) -> tuple:
     return (n[0], n[1], h[0], h[1])
 
 
-def generate(model, chip, groups: GroupPlan | None = None) -> Program:
-    """The program of a TPU `model` on `chip`: layer groups (planned unless given), the DDR plan
-    around them, and the command list."""
+def generate(model, chip, groups: GroupPlan | None = None, host: str = "auto") -> Program:
+    """The program of a TPU `model` on `chip`: which ops the host runs (`host="auto"`: TAC's
+    exact pick over the chip's and the host's cost models, `tftpu.backend.host`; "preprocessing":
+    only the space-to-depth input), layer groups (planned unless given), the DDR plan around
+    them, and the command list."""
+    from tftpu.backend.host import HostPlan, place_on_host
+
     chip = chips.load(chip)
-    groups = groups or plan_groups(model, chip)
+    pre = host_preprocessing(model)
+    if host == "auto":
+        host_plan = place_on_host(model, chip, fixed=pre)
+    elif host == "preprocessing":
+        host_plan = HostPlan(pre, {value_name(model.ops[i].results[0]): "host preprocessing (the space-to-depth input)"
+                                   for i in pre}, 0.0, None)
+    else:
+        raise InternalError("codegen", f"host={host!r}: expected 'auto' or 'preprocessing'")
+    groups = groups or plan_groups(model, chip, host=host_plan.ops)
     memory = plan_memory(model, chip, groups)
     em = _Emitter(model, chip, groups, memory)
     for gi, g in enumerate(groups.groups):
@@ -263,7 +277,7 @@ def generate(model, chip, groups: GroupPlan | None = None) -> Program:
             d["preprocess"] = {"ops": [op.name for op in chain], "space_to_depth": s2d[0].attrs()["block_size"]
                                if s2d else None, "on": "host"}
     return Program(chip, model, em.commands, inputs, outputs, memory.activation_base + memory.peak,
-                   _weight_blob(model, memory), memory, groups, host)
+                   _weight_blob(model, memory), memory, groups, host, host_plan=host_plan)
 
 
 def _reads(op, input_name: str, ops) -> bool:

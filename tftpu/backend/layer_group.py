@@ -167,7 +167,7 @@ def _facts(model, chip, host: set) -> list[_Op]:
     for i, op in enumerate(model.ops):
         if not isinstance(op, tpu.TpuOp):
             continue
-        kind, reason = (None, "host preprocessing") if i in host else _local_kind(op, weights)
+        kind, reason = (None, "on the host") if i in host else _local_kind(op, weights)
         ins, ws = [], []
         for v in op.operands:
             if isinstance(v.type, NoneType):

@@ -79,6 +79,8 @@ def report_data(result) -> dict:
     if result.program is not None and result.program.groups is not None:
         data["layer_groups"] = result.program.groups.as_dict()
         data["host_ops"] = [g.ops[0].name for g in result.program.groups.groups if g.on_host]
+        if result.program.host_plan is not None:
+            data["host"] = result.program.host_plan.as_dict()
         data["inputs"] = result.program.inputs
     if result.simulator is not None:
         data["simulator"] = result.simulator
