@@ -85,6 +85,7 @@ class _Op:
     weights: list                 # weight operand names
     outs: list
     cycles: cyc.OpCycles
+    window: tuple = ()            # (kernel, stride, dilation, pad before) along H, for window ops
 
 
 def _aligned(shape, rank: int) -> tuple:
@@ -179,8 +180,12 @@ def _facts(model, chip, host: set) -> list[_Op]:
                 ins.append(None)
             else:
                 ins.append(name)
+        window = ()
+        if kind == "window":
+            a = op.attrs()
+            window = (a["kernel_shape"][0], a["strides"][0], (a.get("dilations") or [1])[0], a["pads"][0])
         facts.append(_Op(i, op, value_name(op.results[0]), kind, reason, ins, ws,
-                         [value_name(r) for r in op.results], cyc.op_cycles(op, chip)))
+                         [value_name(r) for r in op.results], cyc.op_cycles(op, chip), window))
     return facts
 
 
@@ -222,9 +227,7 @@ def slice_ranges(group_ops: list, types: dict, n: tuple, h: tuple) -> SliceRange
             shape = types[name]
             nn = (0, 1) if shape[0] == 1 and oshape[0] != 1 else (n0, n1)
             if f.kind == "window":
-                a = f.op.attrs()
-                k, s, d = a["kernel_shape"][0], a["strides"][0], (a.get("dilations") or [1])[0]
-                pb = a["pads"][0]
+                k, s, d, pb = f.window
                 rng = geometry.input_range(h0, h1, k, s, d, pb, size=shape[2])
                 need = (rng.start, rng.stop)
                 reads[f.name] = (rng.start, rng.stop, rng.pad_before, rng.pad_after)
@@ -473,8 +476,13 @@ class _Planner:
         h_total = oshape[2]
         m = max(0, (h_total - rows) // 2)
         rng = slice_ranges(ops, self.types, (0, n_rows), (m, m + rows))
+        sizes, wsizes = self.slice_sizes(rng), self.weight_sizes(ws)
         for copies in (2, 1):
-            local, peak = self._local(ops, rng, ins, outs, ws, copies)
+            io = sum(b for n, b in sizes.items() if n in ins or n in outs)
+            total = sum(sizes.values()) + (copies - 1) * io + sum(wsizes.values())
+            if total <= self.bank:           # everything at once fits: no placement needed yet
+                return copies, rng, {}, total
+            local, peak = place_local(ops, sizes, ins, outs, ws, copies, wsizes)
             if peak <= self.bank:
                 return copies, rng, local, peak
         return None
