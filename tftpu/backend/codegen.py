@@ -36,7 +36,7 @@ from tftpu.ir import attrs as A
 from tftpu.ir import top
 from tftpu.ir.base import numel, value_name
 
-__all__ = ["Program", "generate", "tensor_desc"]
+__all__ = ["Program", "generate", "tensor_desc", "annotate"]
 
 
 @dataclasses.dataclass
@@ -255,7 +255,7 @@ def generate(model, chip, groups: GroupPlan | None = None, host: str = "auto") -
         host_plan = place_on_host(model, chip, fixed=pre)
     elif host == "preprocessing":
         host_plan = HostPlan(pre, {value_name(model.ops[i].results[0]): "host preprocessing (the space-to-depth input)"
-                                   for i in pre}, 0.0, None)
+                                   for i in pre}, 0.0, 0.0)
     else:
         raise InternalError("codegen", f"host={host!r}: expected 'auto' or 'preprocessing'")
     groups = groups or plan_groups(model, chip, host=host_plan.ops)
@@ -295,3 +295,35 @@ def _reads(op, input_name: str, ops) -> bool:
             continue
         stack.extend(v.owner for v in o.operands if hasattr(v.owner, "operands"))
     return False
+
+
+def annotate(program: Program) -> None:
+    """Write what the backend decided into the program's TPU module, so its text shows it as
+    TPU-MLIR's listings do: each tensor's DDR address in its type, and on every op of a layer
+    group a `group_info` (group, slices, per-lane local offset and bytes, and per slice the
+    N / H index and size of its result)."""
+    from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, IntegerAttr, i64
+
+    from tftpu.backend.memory import write_addresses
+
+    def ints(values) -> ArrayAttr:
+        return ArrayAttr([IntegerAttr(int(v), i64) for v in values])
+
+    write_addresses(program.model, program.memory)
+    ops = program.model.ops
+    types = program.groups.types
+    for gi, g in enumerate(program.groups.groups):
+        if g.is_global:
+            continue
+        slices = g.slices(types)
+        for f in g.ops:
+            name = f.outs[0]
+            rows = [rng.tensors.get(name) for rng in slices]
+            rows = [r for r in rows if r is not None]
+            offset = g.local.get((name, 0), 0)
+            ops[f.index].attributes["group_info"] = DictionaryAttr({
+                "group": IntegerAttr(gi, i64), "n_slices": IntegerAttr(g.n_slices, i64),
+                "h_slices": IntegerAttr(g.h_slices, i64), "local_offset": IntegerAttr(offset, i64),
+                "local_bytes_per_lane": IntegerAttr(g.local_peak, i64),
+                "n_idx": ints(r[0] for r in rows), "n_slice": ints(r[1] - r[0] for r in rows),
+                "h_idx": ints(r[2] for r in rows), "h_slice": ints(r[3] - r[2] for r in rows)})

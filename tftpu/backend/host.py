@@ -25,9 +25,10 @@ from tftpu.ir import top, tpu
 from tftpu.ir.base import numel, value_name
 from tftpu.tac.passes.pick import Problem, pick_exact
 
-__all__ = ["HostPlan", "place_on_host", "host_us", "SYNC_US", "UNSUPPORTED"]
+__all__ = ["HostPlan", "place_on_host", "host_us", "SYNC_US", "HOST_OP_US", "UNSUPPORTED"]
 
-SYNC_US = 10.0                 # a chip <-> host hand-over (interrupt, cache flush), µs: a model
+SYNC_US = 10.0                 # a chip <-> host hand-over inside the program (interrupt, cache flush), µs
+HOST_OP_US = 2.0               # the host's cost of launching one op (dispatch, threads), µs
 UNSUPPORTED: dict = {}         # chip name -> full op names it cannot run (none of the bundled chips)
 _CHIP, _HOST = "CHIP", "HOST"
 
@@ -51,16 +52,16 @@ class _Device:
 @dataclasses.dataclass
 class HostPlan:
     """The ops (module op indices) the host runs, why, and the estimated cost of the program
-    with them there against everything on the chip (µs)."""
+    with them there against every op on the chip where it can run (µs)."""
 
     ops: set
     reasons: dict              # op name -> why it runs on the host
     cost_us: float
-    all_chip_us: float | None
+    all_chip_us: float
 
     def as_dict(self) -> dict:
         return {"host_ops": sorted(self.reasons), "reasons": self.reasons, "cost_us": round(self.cost_us, 3),
-                "all_chip_us": None if self.all_chip_us is None else round(self.all_chip_us, 3)}
+                "all_chip_us": round(self.all_chip_us, 3)}
 
 
 def _bytes(t) -> int:
@@ -90,17 +91,6 @@ def place_on_host(model, chip, fixed: set | None = None) -> HostPlan:
     outputs = {id(v) for v in model.return_op.operands}
     for k, i in enumerate(index):
         op = model.ops[i]
-        on_chip = op_cycles(op, chip).cycles / chip.frequency_hz * 1e6
-        on_host = host_us(op, chip)
-        if i in fixed:
-            choices.append([(_HOST, "host")])
-            compute.append([on_host])
-        elif op.name in refused:
-            choices.append([(_HOST, "host")])
-            compute.append([on_host])
-        else:
-            choices.append([(_CHIP, "chip"), (_HOST, "host")])
-            compute.append([on_chip, on_host])
         from_inputs = 0
         for v in op.operands:
             owner = v.owner
@@ -109,13 +99,21 @@ def place_on_host(model, chip, fixed: set | None = None) -> HostPlan:
                 edges[key] = (edges.get(key, (0, 0))[0] + _bytes(v.type), 0)
             elif isinstance(owner, top.Input):
                 from_inputs += _bytes(v.type)
-        host_in.append((from_inputs, 0))
-        host_out.append((sum(_bytes(r.type) for r in op.results if id(r) in outputs), 0))
+        to_outputs = sum(_bytes(r.type) for r in op.results if id(r) in outputs)
+        on_chip = op_cycles(op, chip).cycles / chip.frequency_hz * 1e6 + (from_inputs + to_outputs) / link
+        on_host = host_us(op, chip) + HOST_OP_US
+        if i in fixed or op.name in refused:
+            choices.append([(_HOST, "host")])
+            compute.append([on_host])
+        else:
+            choices.append([(_CHIP, "chip"), (_HOST, "host")])
+            compute.append([on_chip, on_host])
+        host_in.append((0, 0))
+        host_out.append((0, 0))
     problem = Problem(choices, compute, edges, host_in, host_out, lambda name: devices[name], host=_HOST)
     picked = pick_exact(problem)
     ops, reasons = set(), {}
-    all_chip = [0 if len(c) > 1 else None for c in choices]
-    all_chip_cost = None if None in all_chip else problem.cost(all_chip)
+    all_chip_cost = problem.cost([0] * len(choices))       # each op on the chip where it can run
     for k, b in enumerate(picked.plan):
         if choices[k][b][0] != _HOST:
             continue

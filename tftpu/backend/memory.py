@@ -23,7 +23,7 @@ from tftpu.ir import attrs as A
 from tftpu.ir import top
 from tftpu.ir.base import numel, value_name
 
-__all__ = ["MemoryPlan", "plan_memory", "assign_memory", "place"]
+__all__ = ["MemoryPlan", "plan_memory", "assign_memory", "write_addresses", "place"]
 
 
 
@@ -137,6 +137,12 @@ def assign_memory(model, chip, groups=None) -> MemoryPlan:
     follows its arguments' and results' new types)."""
     chip = chips.load(chip)
     plan = plan_memory(model, chip, groups)
+    write_addresses(model, plan)
+    return plan
+
+
+def write_addresses(model, plan: MemoryPlan) -> None:
+    """Write each planned tensor's DDR address into its type, as TPU-MLIR prints it."""
     fn = model.func
     for op in model.ops:
         for r in list(op.results):
@@ -152,7 +158,3 @@ def assign_memory(model, chip, groups=None) -> MemoryPlan:
     ret = model.return_op
     fn.properties["function_type"] = FunctionType.from_lists([a.type for a in fn.body.block.args],
                                                              [v.type for v in ret.operands])
-    return plan
-
-
-

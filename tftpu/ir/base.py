@@ -187,7 +187,7 @@ class TensorOp(IRDLOperation):
     def attrs(self) -> dict:
         """Every attribute as a plain Python value, defaults (rank-dependent ones too) filled in."""
         out = {key: self.attr_value(key) for key in self.ATTRS}
-        extra = set(self.attributes) - set(self.ATTRS)
+        extra = set(self.attributes) - set(self.ATTRS) - set(ANNOTATIONS)
         if extra:
             raise VerifyException(f"{self.name} at {self.loc!r}: unknown attribute(s) {sorted(extra)}")
         return self.fill_defaults(out, self.operand_shapes())
@@ -289,6 +289,11 @@ def define_op(cls):
     for key, spec in cls.ATTRS.items():
         setattr(op, key, custom.get(key) or _accessor(key, spec))   # an op's own property wins
     return op
+
+
+# Attributes any op may carry besides its own: notes the backend writes for people and tools
+# (`group_info`: the layer group an op runs in, its slices and local memory, as TPU-MLIR's ginfo).
+ANNOTATIONS = ("group_info",)
 
 
 def make_attributes(cls, attrs: dict) -> dict[str, Attribute]:

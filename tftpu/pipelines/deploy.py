@@ -225,10 +225,11 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     seconds["lower"] = time.perf_counter() - t1
     t1 = time.perf_counter()
     from tftpu.backend import estimate, s2d_stem
-    from tftpu.backend.codegen import generate
+    from tftpu.backend.codegen import annotate, generate
     from tftpu.backend.profile import profile
     cycles = estimate(tpu_model, the_chip)
     program = generate(tpu_model, the_chip)
+    annotate(program)                 # addresses and group_info into the module's text
     memory = program.memory
     prof = profile(program)
     seconds["layer groups + memory + codegen"] = time.perf_counter() - t1
