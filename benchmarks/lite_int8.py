@@ -1,6 +1,6 @@
 """INT8 of mtcnn R-Net / O-Net (real weights) through tftpu.lite.TFLiteConverter vs TFLite's own.
 
-    python benchmarks/lite_int8.py [--methods mse,percentile,kl,minmax]
+    python benchmarks/lite_int8.py [--methods auto,mse,percentile,kl,minmax]
 
 PEERS.md's protocol: calibrate on 50 faces + 50 non-faces of lfw_subset, evaluate on all 200;
 int8 in and out, full-integer ops. The peer is `tf.lite.TFLiteConverter` (its calibrator's
@@ -48,7 +48,7 @@ def _scores(data, images):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--methods", default="mse,percentile,kl,minmax")
+    ap.add_argument("--methods", default="auto,mse,percentile,kl,minmax")
     args = ap.parse_args()
     import tensorflow as tf
 

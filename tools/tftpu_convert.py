@@ -29,7 +29,8 @@ flags.DEFINE_integer("input_num", 100, "number of calibration inputs (the first,
 flags.DEFINE_list("mean", ["0"], "per-channel mean subtracted from image pixels")
 flags.DEFINE_list("scale", ["1"], "per-channel scale applied after the mean")
 flags.DEFINE_enum("pixel_format", "rgb", ["rgb", "bgr", "gray"], "channel order images are fed in")
-flags.DEFINE_enum("calibration_method", None, ["mse", "kl", "percentile", "minmax"],
+flags.DEFINE_enum("calibration_method", None, ["mse", "kl", "percentile", "minmax", "aciq_gauss", "aciq_laplace",
+                                               "auto"],
                   "tftpu's ranges for INT8 (default mse with --quantize=int8)")
 flags.DEFINE_string("report", None, "write the JSON report here")
 

@@ -28,22 +28,28 @@ def _scores(data, images):
     return np.array([runtime.run(interp, [x[None]])[k][0, 1] for x in images])
 
 
-def test_onet_int8_beats_tflite(keras_model):
+@pytest.mark.parametrize("net, size, method", [("mtcnn_onet", 48, "mse"), ("mtcnn_rnet", 24, "auto")])
+def test_int8_beats_tflite(keras_model, net, size, method):
+    """Accuracy 1.00 and a smaller worst face-score move than TFLite's own INT8 (O-Net with
+    `mse`; R-Net, whose worst case `mse` does not lower, with `auto`)."""
     import tensorflow as tf
 
     from tests.models import mtcnn
 
-    km = keras_model("mtcnn_onet")
-    images, labels = mtcnn.lfw_inputs(48)
+    km = keras_model(net)
+    images, labels = mtcnn.lfw_inputs(size)
     images = images.astype(np.float32)
     calib = images[np.concatenate([np.where(labels == 1)[0][:50], np.where(labels == 0)[0][:50]])]
     pf = km.predict(images, verbose=0)[-1][:, 1]
     peer, _ = _convert(tf.lite.TFLiteConverter, km, calib)
-    ours, conv = _convert(lite.TFLiteConverter, km, calib, "mse")
+    ours, conv = _convert(lite.TFLiteConverter, km, calib, method)
     pt, pq = _scores(peer, images), _scores(ours, images)
     assert np.mean((pq > 0.5) == labels) == 1.0
     assert np.abs(pq - pf).max() < np.abs(pt - pf).max()
     assert conv.report["int8"]["clipped"] > 0
+    if method == "auto":
+        chosen = {r["chosen"] for r in conv.report["int8"]["ranges"]}
+        assert chosen <= {"mse", "minmax", "percentile"} and "auto_score" in conv.report["int8"]
     model = tflite_io.read(ours)          # a normal full-integer model: int8 activations in and out
     sg = model.subgraphs[0]
     assert all(sg.tensors[i].type == 9 for i in list(sg.inputs) + list(sg.outputs))   # 9: INT8

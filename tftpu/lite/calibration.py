@@ -31,7 +31,11 @@ from tftpu.quant.calibrate import BINS, TensorStatistics
 from tftpu.quant.thresholds import METHODS
 from tftpu.tac import tflite_io
 
-__all__ = ["METHODS", "RangeChange", "tftpu_ranges", "replace_ranges", "check_method", "summary"]
+__all__ = ["METHODS", "LITE_METHODS", "RangeChange", "tftpu_ranges", "replace_ranges", "check_method", "summary",
+           "AUTO_CANDIDATES", "auto_ranges"]
+
+LITE_METHODS = (*METHODS, "auto")
+AUTO_CANDIDATES = ("mse", "minmax", "percentile")    # per-tensor choices `auto` weighs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,8 +54,8 @@ class RangeChange:
 
 
 def check_method(method: str) -> str:
-    if method not in METHODS:
-        raise errors.UsageError(f"calibration_method {method!r}: expected one of {', '.join(METHODS)}")
+    if method not in LITE_METHODS:
+        raise errors.UsageError(f"calibration_method {method!r}: expected one of {', '.join(LITE_METHODS)}")
     return method
 
 
@@ -99,9 +103,8 @@ def _activations(model) -> dict[int, tuple[str, float, float]]:
     return out
 
 
-def tftpu_ranges(calibrated: bytes, dataset_gen, method: str, bins: int = BINS) -> list[RangeChange]:
-    """tftpu's range for every calibrated activation of `calibrated` (TF's calibrate-only output)."""
-    check_method(method)
+def _statistics(calibrated: bytes, dataset_gen, bins: int = BINS):
+    """(activations, their statistics) over the representative samples, in one pass."""
     model = tflite_io.read(calibrated)
     acts = _activations(model)
     interp = runtime.interpreter(calibrated, preserve_all_tensors=True)
@@ -122,6 +125,10 @@ def tftpu_ranges(calibrated: bytes, dataset_gen, method: str, bins: int = BINS) 
         count += 1
     if not count:
         raise errors.InputError("the representative dataset gave no samples")
+    return acts, stats
+
+
+def _changes(acts: dict, stats: dict, method: str) -> list[RangeChange]:
     changes = []
     for i, (name, lo, hi) in acts.items():
         st = stats[i]
@@ -137,6 +144,75 @@ def tftpu_ranges(calibrated: bytes, dataset_gen, method: str, bins: int = BINS) 
     return changes
 
 
+def tftpu_ranges(calibrated: bytes, dataset_gen, method: str, bins: int = BINS) -> list[RangeChange]:
+    """tftpu's range for every calibrated activation of `calibrated` (TF's calibrate-only output)."""
+    check_method(method)
+    if method == "auto":
+        raise errors.InternalError("lite calibration", "auto ranges come from auto_ranges (they need the quantizer)")
+    acts, stats = _statistics(calibrated, dataset_gen, bins)
+    return _changes(acts, stats, method)
+
+
+def auto_ranges(calibrated: bytes, dataset_gen, quantize, bins: int = BINS, max_samples: int = 64):
+    """`auto`: per activation, the candidate range (`AUTO_CANDIDATES`) that brings the INT8
+    model's outputs closest to float, judged end to end through TF's own quantizer
+    (`quantize(changes) -> int8 .tflite bytes`) on up to `max_samples` representative samples:
+    the best whole-model method first, then one greedy pass that tries each other candidate on
+    each tensor. The score is the sum over outputs of the largest |INT8 - float| relative to
+    the output's range (the worst sample decides), the mean as tie-break.
+    Returns (changes, per-tensor method, score)."""
+    acts, stats = _statistics(calibrated, dataset_gen, bins)
+    samples = []
+    for sample in dataset_gen():
+        samples.append(sample)
+        if len(samples) >= max_samples:
+            break
+    ref_interp = runtime.interpreter(calibrated)
+    ins = runtime.input_details(ref_interp)
+
+    def arrays(sample) -> list:
+        if isinstance(sample, tuple) and len(sample) == 2 and isinstance(sample[1], dict):
+            sample = sample[1]
+        if isinstance(sample, dict):
+            return [sample[d["name"]] if d["name"] in sample else next(iter(sample.values())) for d in ins]
+        return list(sample) if isinstance(sample, (list, tuple)) else [sample]
+
+    feeds = [arrays(s) for s in samples]
+    floats = [runtime.run(ref_interp, f) for f in feeds]
+    spans = [max(float(np.max(np.abs(np.stack([o[k] for o in floats])))), 1e-12) for k in range(len(floats[0]))]
+    options = {m: {c.index: c for c in _changes(acts, stats, m)} for m in AUTO_CANDIDATES}
+
+    def score(choice: dict) -> tuple:
+        model = quantize([options[m][i] for i, m in choice.items()])
+        interp = runtime.interpreter(model)
+        worst = [0.0] * len(spans)
+        total = 0.0
+        for f, ref in zip(feeds, floats):
+            got = runtime.run(interp, f)
+            for k, (a, b) in enumerate(zip(got, ref)):
+                d = np.abs(a.astype(np.float64) - b) / spans[k]
+                worst[k] = max(worst[k], float(d.max()))
+                total += float(d.mean())
+        return (sum(worst), total / len(feeds))
+
+    order = list(acts)
+    best_choice, best = None, None
+    for m in AUTO_CANDIDATES:
+        choice = {i: m for i in order}
+        got = score(choice)
+        if best is None or got < best:
+            best_choice, best = choice, got
+    for i in order:
+        for m in AUTO_CANDIDATES:
+            if m == best_choice[i]:
+                continue
+            trial = {**best_choice, i: m}
+            got = score(trial)
+            if got < best:
+                best_choice, best = trial, got
+    return [options[m][i] for i, m in best_choice.items()], best_choice, best
+
+
 def replace_ranges(calibrated: bytes, changes: list[RangeChange]) -> bytes:
     """`calibrated` with each activation's recorded min/max replaced by tftpu's."""
     model = tflite_io.read(calibrated)
@@ -150,9 +226,14 @@ def replace_ranges(calibrated: bytes, changes: list[RangeChange]) -> bytes:
     return tflite_io.write(model)
 
 
-def summary(changes: list[RangeChange], method: str) -> dict:
-    """The report's view: how many ranges tftpu narrowed, and each one."""
-    return {"method": method, "activations": len(changes),
-            "clipped": sum(c.clipped for c in changes),
-            "ranges": [{"tensor": c.name, "tflite": list(c.tflite), "threshold": c.threshold,
-                        "written": list(c.written)} for c in changes]}
+def summary(changes: list[RangeChange], method: str, chosen: dict | None = None, score=None) -> dict:
+    """The report's view: how many ranges tftpu narrowed, and each one (with `auto`, the
+    method chosen for it and the end-to-end score reached)."""
+    out = {"method": method, "activations": len(changes),
+           "clipped": sum(c.clipped for c in changes),
+           "ranges": [{"tensor": c.name, "tflite": list(c.tflite), "threshold": c.threshold,
+                       "written": list(c.written), **({"chosen": chosen[c.index]} if chosen else {})}
+                      for c in changes]}
+    if score is not None:
+        out["auto_score"] = {"worst_relative_error": round(score[0], 6), "mean_relative_error": round(score[1], 8)}
+    return out

@@ -30,14 +30,23 @@ def quantize_with_tftpu_ranges(converter, tf_quantize, result, input_type, outpu
         converter._experimental_calibrate_only = saved
     dataset = converter.representative_dataset
     gen = dataset.input_gen if hasattr(dataset, "input_gen") else dataset
-    changes = calibration.tftpu_ranges(bytes(calibrated), gen, converter.calibration_method)
-    converter._tftpu_ranges = calibration.summary(changes, converter.calibration_method)
-    return mlir_quantize(
-        calibration.replace_ranges(bytes(calibrated), changes),
-        converter._experimental_disable_per_channel,
-        input_data_type=input_type,
-        output_data_type=output_type,
-        enable_variable_quantization=enable_variable_quantization,
-        disable_per_channel_for_dense_layers=converter._experimental_disable_per_channel_quantization_for_dense_layers,
-        debug_options_str=debug_options.SerializeToString(),
-    )
+    method = converter.calibration_method
+
+    def quantize(changes) -> bytes:
+        return mlir_quantize(
+            calibration.replace_ranges(bytes(calibrated), changes),
+            converter._experimental_disable_per_channel,
+            input_data_type=input_type,
+            output_data_type=output_type,
+            enable_variable_quantization=enable_variable_quantization,
+            disable_per_channel_for_dense_layers=converter._experimental_disable_per_channel_quantization_for_dense_layers,
+            debug_options_str=debug_options.SerializeToString(),
+        )
+
+    if method == "auto":
+        changes, chosen, score = calibration.auto_ranges(bytes(calibrated), gen, quantize)
+        converter._tftpu_ranges = calibration.summary(changes, method, chosen, score)
+    else:
+        changes = calibration.tftpu_ranges(bytes(calibrated), gen, method)
+        converter._tftpu_ranges = calibration.summary(changes, method)
+    return quantize(changes)
