@@ -30,6 +30,7 @@ from tftpu.lite import runtime
 from tftpu.quant.calibrate import BINS, TensorStatistics
 from tftpu.quant.thresholds import METHODS
 from tftpu.tac import tflite_io
+from tftpu.utils.progress import progress
 
 __all__ = ["METHODS", "LITE_METHODS", "RangeChange", "tftpu_ranges", "replace_ranges", "check_method", "summary",
            "AUTO_CANDIDATES", "auto_ranges"]
@@ -158,7 +159,8 @@ def auto_ranges(calibrated: bytes, dataset_gen, quantize, bins: int = BINS, max_
     model's outputs closest to float, judged end to end through TF's own quantizer
     (`quantize(changes) -> int8 .tflite bytes`) on up to `max_samples` representative samples:
     the best whole-model method first, then one greedy pass that tries each other candidate on
-    each tensor. The score is the sum over outputs of the largest |INT8 - float| relative to
+    each tensor (so 3 + 2 x activations quantizations: seconds for small nets, minutes for big
+    ones; a progress bar shows on a terminal). The score is the sum over outputs of the largest |INT8 - float| relative to
     the output's range (the worst sample decides), the mean as tie-break.
     Returns (changes, per-tensor method, score)."""
     acts, stats = _statistics(calibrated, dataset_gen, bins)
@@ -202,7 +204,7 @@ def auto_ranges(calibrated: bytes, dataset_gen, quantize, bins: int = BINS, max_
         got = score(choice)
         if best is None or got < best:
             best_choice, best = choice, got
-    for i in order:
+    for i in progress(order, desc="auto ranges", unit="tensor"):
         for m in AUTO_CANDIDATES:
             if m == best_choice[i]:
                 continue
