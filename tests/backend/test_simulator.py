@@ -9,7 +9,7 @@ starts every command after its deps, and every two commands that touch the same 
 bytes (one of them writing) are ordered by deps and engine order, so the result does not depend
 on the engines' timing. Corrupt offsets are `SimulatorError`s naming the command. Real models
 (selfie segmentation, mtcnn O-Net, MobileNetV2, ResNet50) are checked bit for bit in INT8 and
-F16, marked slow. Known bugs have their own strict xfail tests and are skipped in the sweeps.
+F16, marked slow. Each bug these tests found has a test of its own.
 
 `TFTPU_SIM_EXAMPLES=200` runs the random sweeps longer, with fresh examples."""
 
@@ -291,20 +291,9 @@ def chip_for(chip_dir, which):
 def run_case(case, chip, mode, asymmetric):
     """One example of the sweep: compile, simulate, compare, check the program's sync."""
     tpu_model = lowered(case.model, case.feed, chip, mode, asymmetric)
-    # known bugs, each with its own strict xfail test, are skipped here so that the sweep goes
-    # on finding new ones: two results of one name (test_duplicate_names_...)
-    assume(not duplicate_names(tpu_model))
+    assert not duplicate_names(tpu_model)
     plan = plan_groups(tpu_model, chip)
-    # a ceil-mode pool given fewer rows than it makes (test_layer_group.py::test_ceil_mode_pool_...)
-    assume(not any(rng.tensors[f.outs[0]][2:] != (0, plan.types[f.outs[0]][2])
-                   for g in plan.local_groups for rng in g.slices(plan.types) for f in g.ops
-                   if f.kind == "batch" and f.outs[0] in rng.tensors))
-    try:
-        program = generate(tpu_model, chip, plan)
-    except InternalError as e:
-        # a slice larger than the planner's (test_layer_group.py::test_every_slice_fits_...)
-        assume("B of local memory" not in str(e))
-        raise
+    program = generate(tpu_model, chip, plan)
     check_program(compare(tpu_model, chip, case.feed, FLOAT_TOLERANCE.get(mode), program=program))
 
 
@@ -331,12 +320,6 @@ def test_zoo_matches_tpu_inference(chip_dir, which, mode, asymmetric):
         assert any(g.h_slices > 1 for g in program.groups.local_groups)
 
 
-DUPLICATE_NAME_BUG = ("lowering renames an INT8 output's producer to <name>_i8 (lower.py _rename, outside "
-                      "ctx.fresh_name) when a requantizing Cast already has that name; the backend keys tensors "
-                      "by name: KeyError in codegen")
-
-
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=DUPLICATE_NAME_BUG)
 def test_duplicate_names_an_output_that_a_concat_requantizes():
     b = TopBuilder("dup")
     x = b.input("x", (1, 4, 8, 8))

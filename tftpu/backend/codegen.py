@@ -124,24 +124,33 @@ class _Emitter:
 
     # -- a group
 
+    def _place(self, g) -> tuple:
+        """(slices, local offsets, peak, copies) of a group, every slice's tensors sized exactly;
+        where the planner's estimate falls short, more H slices until it fits."""
+        types = self.groups.types
+        wsizes = {w: lane_bytes(types[w], self.items[w], self.chip, weight_lane_axis(types[w])) for w in g.weights}
+        bank = self.chip.local_mem_per_lane
+        rows = types[g.ops[-1].outs[0]][2]
+        while True:
+            slices = g.slices(types)
+            sizes: dict = {}
+            for rng in slices:
+                for name, (n0, n1, h0, h1) in rng.tensors.items():
+                    shape = types[name]
+                    b = lane_bytes((n1 - n0, shape[1], h1 - h0, *shape[3:]), self.items[name], self.chip)
+                    sizes[name] = max(sizes.get(name, 0), b)
+            for copies in ((g.copies, 1) if len(slices) > 1 and g.copies > 1 else (1,)):
+                local, peak = place_local(g.ops, sizes, g.inputs, g.outputs, g.weights, copies, wsizes)
+                if peak <= bank:
+                    return slices, local, peak, copies
+            if g.h_slices >= rows or any(f.kind == "batch" for f in g.ops):
+                raise InternalError("codegen", f"group {g.ops[0].name}: {peak} B per lane exceed the {bank} B "
+                                               "of local memory")
+            g.h_slices += 1
+
     def group(self, g, gi: int) -> None:
         types = self.groups.types
-        slices = g.slices(types)
-        sizes: dict = {}
-        for rng in slices:
-            for name, (n0, n1, h0, h1) in rng.tensors.items():
-                shape = types[name]
-                b = lane_bytes((n1 - n0, shape[1], h1 - h0, *shape[3:]), self.items[name], self.chip)
-                sizes[name] = max(sizes.get(name, 0), b)
-        wsizes = {w: lane_bytes(types[w], self.items[w], self.chip, weight_lane_axis(types[w])) for w in g.weights}
-        copies = g.copies if len(slices) > 1 else 1
-        local, peak = place_local(g.ops, sizes, g.inputs, g.outputs, g.weights, copies, wsizes)
-        if peak > self.chip.local_mem_per_lane and copies > 1:
-            copies = 1
-            local, peak = place_local(g.ops, sizes, g.inputs, g.outputs, g.weights, 1, wsizes)
-        if peak > self.chip.local_mem_per_lane:
-            raise InternalError("codegen", f"group {g.ops[0].name}: {peak} B per lane exceed the "
-                                           f"{self.chip.local_mem_per_lane} B of local memory")
+        slices, local, peak, copies = self._place(g)
         g.local, g.local_peak, g.copies = local, peak, copies
         loads: dict = {}
         last_compute: dict = {}

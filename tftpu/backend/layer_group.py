@@ -219,8 +219,10 @@ def slice_ranges(group_ops: list, types: dict, n: tuple, h: tuple) -> SliceRange
         got = ranges.get(f.outs[0])
         if got is None:
             continue
-        n0, n1, h0, h1 = got
         oshape = types[f.outs[0]]
+        if f.kind == "batch":                 # its kernel makes every row of its images
+            got = ranges[f.outs[0]] = (got[0], got[1], 0, oshape[2])
+        n0, n1, h0, h1 = got
         for pos, name in enumerate(f.ins):
             if name is None:
                 continue
@@ -440,7 +442,7 @@ class _Planner:
             fits = self._most_rows(ops, n_rows, h_total if h_free else None, ins, outs, ws)
             if fits is None:
                 continue
-            for rows in sorted({max(1, fits >> k) for k in range(4)}, reverse=True):
+            for rows in sorted({max(1, fits >> k) for k in range(4 if h_free else 1)}, reverse=True):
                 got = self._fits(ops, n_rows, rows, ins, outs, ws)
                 copies, rng, local, peak = got
                 count = -(-n_total // n_rows) * -(-h_total // rows)
@@ -470,13 +472,21 @@ class _Planner:
         return lo
 
     def _fits(self, ops, n_rows: int, rows: int, ins, outs, ws):
-        """(copies, ranges, local, peak) of a representative slice (interior rows, so halos on
-        both sides) when it fits local memory, else None."""
+        """(copies, ranges, local, peak) of the slicing into `rows`-row slices when it fits local
+        memory, else None. Sized on the split's first, middle and last slices (the pads differ
+        at the edges, the halo is widest inside), each tensor at its largest; the ranges
+        returned are the middle slice's (for the cost)."""
         oshape = self.types[ops[-1].outs[0]]
         h_total = oshape[2]
-        m = max(0, (h_total - rows) // 2)
-        rng = slice_ranges(ops, self.types, (0, n_rows), (m, m + rows))
-        sizes, wsizes = self.slice_sizes(rng), self.weight_sizes(ws)
+        cuts = _bounds(h_total, -(-h_total // rows))
+        probes = [cuts[0], cuts[len(cuts) // 2], cuts[-1]]
+        ranges = [slice_ranges(ops, self.types, (0, n_rows), h) for h in dict.fromkeys(probes)]
+        rng = ranges[len(ranges) // 2]
+        sizes: dict = {}
+        for r in ranges:
+            for name, b in self.slice_sizes(r).items():
+                sizes[name] = max(sizes.get(name, 0), b)
+        wsizes = self.weight_sizes(ws)
         for copies in (2, 1):
             io = sum(b for n, b in sizes.items() if n in ins or n in outs)
             total = sum(sizes.values()) + (copies - 1) * io + sum(wsizes.values())

@@ -111,7 +111,7 @@ def lower(model, chip, mode: str, table=None, qtable: dict | None = None, asymme
                 not A.is_float(cur.type) and not tpu.is_quantized(cur):
             outputs.append(cur)
         else:                                            # the output keeps its name, in f32
-            _rename(cur, f"{name}_{A.dtype_name(cur.type.element_type)}")
+            _rename(cur, ctx.fresh_name(f"{name}_{A.dtype_name(cur.type.element_type)}"))
             out = ctx.floating(v, "f32")
             set_loc(out.owner, name)
             outputs.append(out)
