@@ -131,7 +131,7 @@ class Host:
 
     bandwidth: float        # bytes/s of the host transform
     overlap: float          # share of host time hidden behind the chip, in [0, 1]
-    flops: float = 1.0e10   # FLOP/s the host computes at (ops TAC's pick places on it)
+    flops: float            # FLOP/s the host computes at (ops TAC's pick places on it)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -269,7 +269,7 @@ def _read(data: dict, path: Path) -> Chip:
     m.done()
     h = f.section("host")
     host = Host(h.get("bandwidth", float, positive=True), h.get("overlap", float, at_least=0.0, at_most=1.0),
-                h.get("flops", float, positive=True) if "flops" in h.data else Host.flops)
+                h.get("flops", float, positive=True))
     h.done()
     min_speedup = f.get("s2d_min_speedup", float, positive=True)
     fm = f.section("formats")
