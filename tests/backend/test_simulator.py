@@ -402,7 +402,8 @@ def test_ddr_address_outside_ddr_is_an_error(chip_dir):
 # ---------------------------------------------------------------- real models
 
 REAL_MODELS = ["selfie", "onet", "MobileNetV2", "ResNet50"]
-REAL_CONFIGS = [("npu1", "INT8"), ("edge16", "INT8"), ("edge16", "F16"), ("tiny2048", "INT8"), ("tiny4096", "F16")]
+REAL_CONFIGS = [("npu1", "INT8"), ("npu1", "BF16"), ("edge16", "INT8"), ("edge16", "F16"), ("tiny2048", "INT8"),
+                ("tiny4096", "F16")]
 _REAL: dict = {}
 
 
