@@ -436,5 +436,7 @@ def test_real_models_match_tpu_inference_bit_for_bit(chip_dir, which, chip_name,
     chip = chip_for(chip_dir, chip_name)
     program = compile_and_compare(model, feed, chip, mode, table=table)
     check_program(program)
+    mem = program.memory                 # the group-aware DDR plan against its lower bound
+    assert mem.lower_bound <= mem.peak <= 1.10 * mem.lower_bound, str(mem)
     if chip_name.startswith("tiny"):
         assert any(g.h_slices > 1 for g in program.groups.local_groups)

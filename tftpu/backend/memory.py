@@ -1,9 +1,10 @@
 """DDR memory assignment of a TPU module: every tensor outside the weights gets an address,
 reusing memory by liveness; weights get their own region.
 
-Activations are placed greedily by size, largest first, each at the lowest address that does
-not overlap a placed tensor whose lifetime overlaps its own (TFLite's arena planner's "greedy by
-size"). The lower bound on any placement is the largest total of tensors live at one moment;
+Activations are placed greedily, each at the lowest address that does not overlap a placed
+tensor whose lifetime overlaps its own (TFLite's arena planner's "greedy by size"), in a few
+orders (by size, lifetime, size x lifetime, first use, then seeded orders by jittered size,
+until one reaches the lower bound); the smallest peak wins. The lower bound on any placement is the largest total of tensors live at one moment;
 the plan reports both. Addresses are written into the tensor types, as TPU-MLIR prints them:
 `tensor<1x64x56x56x!quant.uniform<i8:f32, 0.04:0>, 4096 : i64>`.
 
@@ -14,6 +15,7 @@ the plan reports both. Addresses are written into the tensor types, as TPU-MLIR 
 from __future__ import annotations
 
 import dataclasses
+import random
 
 from xdsl.dialects.builtin import FunctionType, IntegerAttr, NoneType, TensorType, i64
 from xdsl.rewriter import Rewriter
@@ -23,7 +25,7 @@ from tftpu.ir import attrs as A
 from tftpu.ir import top
 from tftpu.ir.base import numel, value_name
 
-__all__ = ["MemoryPlan", "plan_memory", "assign_memory", "write_addresses", "place"]
+__all__ = ["MemoryPlan", "plan_memory", "assign_memory", "write_addresses", "place", "first_fit", "best_placement"]
 
 
 
@@ -58,13 +60,25 @@ class MemoryPlan:
                 "lower_bound": self.lower_bound, "overhead": round(self.overhead, 6), "alignment": self.alignment}
 
 
-def place(items, key=None) -> tuple[dict, int]:
+# Orders the placement may try, each a sort key of (size, first, last): TFLite's greedy by
+# size, then by lifetime (long-lived first), by area (size x lifetime) and by first use.
+ORDERS = {"size": lambda s, f, l: (-s, f), "lifetime": lambda s, f, l: (f - l, -s),
+          "area": lambda s, f, l: (-s * (l - f + 1), f), "first": lambda s, f, l: (f, -s)}
+
+
+def place(items, key=None, order: str = "size") -> tuple[dict, int]:
     """Offsets for `(tensor, size, first, last)` items (sizes already aligned) so that no two
-    items alive at the same step share bytes, largest first at the lowest free offset;
-    returns (offsets by tensor, peak). `key` breaks ties between equal items deterministically."""
+    items alive at the same step share bytes, each in turn (`order`, one of ORDERS) at the lowest
+    free offset; returns (offsets by tensor, peak). `key` breaks ties deterministically."""
+    rank = ORDERS[order]
+    return first_fit(sorted(items, key=lambda it: (*rank(it[1], it[2], it[3]), key(it[0]) if key else it[0])))
+
+
+def first_fit(ordered) -> tuple[dict, int]:
+    """Place items in the order given, each at the lowest offset free over its lifetime."""
     placed: list = []                        # (offset, size, first, last)
     offsets = {}
-    for v, size, lo, hi in sorted(items, key=lambda it: (-it[1], it[2], key(it[0]) if key else it[0])):
+    for v, size, lo, hi in ordered:
         clashes = sorted((o, s) for o, s, f, l in placed if not (l < lo or hi < f))
         offset = 0
         for o, s in clashes:
@@ -74,6 +88,29 @@ def place(items, key=None) -> tuple[dict, int]:
         placed.append((offset, size, lo, hi))
         offsets[v] = offset
     return offsets, max((o + s for o, s, _, _ in placed), default=0)
+
+
+def best_placement(items, bound: int, key, tries: int = 24) -> tuple[dict, int]:
+    """The smallest peak over the ORDERS and `tries` orders by size jittered by up to 50%
+    (seeded: the same items give the same plan), stopping at `bound`."""
+    items = sorted(items, key=lambda it: key(it[0]))
+    best = None
+    for o in ORDERS:
+        got = place(items, key=key, order=o)
+        if best is None or got[1] < best[1]:
+            best = got
+        if best[1] <= bound:
+            return best
+    rng = random.Random(0)
+    for _ in range(tries):
+        weights = [rng.uniform(0.5, 1.5) for _ in items]
+        order = sorted(range(len(items)), key=lambda i: (-items[i][1] * weights[i], i))
+        got = first_fit([items[i] for i in order])
+        if got[1] < best[1]:
+            best = got
+        if best[1] <= bound:
+            break
+    return best
 
 
 def _bytes(t) -> int:
@@ -120,7 +157,8 @@ def plan_memory(model, chip, groups=None) -> MemoryPlan:
     # the lower bound: the largest total live at one op
     events = sorted({first[v] for v in tensors} | {last[v] for v in tensors})
     bound = max((sum(s for v, s in tensors.items() if first[v] <= t <= last[v]) for t in events), default=0)
-    offsets, peak = place(((v, tensors[v], first[v], last[v]) for v in tensors), key=value_name)
+    items = [(v, tensors[v], first[v], last[v]) for v in tensors]
+    offsets, peak = best_placement(items, bound, value_name)
     weight_bytes, addresses, at = 0, {}, 0
     for v, size in weights.items():
         addresses[value_name(v)] = (at, size)
