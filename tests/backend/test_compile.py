@@ -192,3 +192,26 @@ def test_host_subnets_by_tac_pick(case, tmp_path, monkeypatch):
     got = Simulator(prog).run(samples[1])
     want = TpuInterpreter(tpu).run(samples[1])
     assert all(np.array_equal(got[k], want[k]) for k in want)
+
+
+def test_layer_groups_are_tpu_group_regions_in_the_text(case, tmp_path):
+    """The `.tpu.mlir` shows each layer group as a `tpu.Group` region (its ops with their
+    `group_info`, a `tpu.Yield`), as TPU-MLIR's listings do; reading it back flattens it to the
+    very module deployed, and the `.tpumodel`'s module section the same."""
+    from tftpu.ir import load
+
+    model, table, samples = case
+    res = deploy(model, quantize="INT8", chip="edge16", calibration_table=table, mixed_precision="none",
+                 tpu_mlir=tmp_path / "m.tpu.mlir", model=tmp_path / "m.tpumodel")
+    text = (tmp_path / "m.tpu.mlir").read_text()
+    groups = res.program.groups.local_groups
+    assert text.count('"tpu.Group"') == len(groups) > 0 and text.count('"tpu.Yield"') == len(groups)
+    assert "h_idx" in text and "group_info" in text
+    again = load(tmp_path / "m.tpu.mlir")
+    assert again.text() == res.model.text()
+    assert again.file_text() == text
+    prog = tpumodel.load(tmp_path / "m.tpumodel")
+    assert prog.model.text() == res.model.text()
+    got = Simulator(prog).run(samples[2])
+    want = TpuInterpreter(again).run(samples[2])
+    assert all(np.array_equal(got[k], want[k]) for k in want)

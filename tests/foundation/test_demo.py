@@ -40,9 +40,9 @@ PINNED = {
     "resnet18_like_cali_table": "fd7764262aaf9d1cb9bbe47a6881ace406e733afba7de9d81c8600ae2ccf6939",
     "resnet18_like_nhwc.top.mlir": "f0a0bb587f2f05bae9272ce45dfb3445f4ef0b37b092832cb23fdeecffa95814",
     "resnet18_like_tac.tflite": "d1b74a8c721b15b0e172d64c0a87b06d203a2e6616a901ecbe457f9fe3514042",
-    "resnet18_like_npu1_int8.tpu.mlir": "309baa8c97e42465f0712292c6b530f6f90e62f98aa72fefa023593e6d19a41a",
+    "resnet18_like_npu1_int8.tpu.mlir": "e2fccb51128533974345e075cef6c4c5a8820755ee5408e6c3e4c5fec0c4853f",
     "resnet18_like_tpu_int8_weights.npz": "41af0df327da5fb9f9a5f4e0c8b42e6c814a76cff1024988af5cbcf4b9eda714",
-    "resnet18_like_npu1_int8.tpumodel": "f9b6bb78966c4ab0e846b32cc508f1aee547a1237b674af01672bbe3ce60ccd8",
+    "resnet18_like_npu1_int8.tpumodel": "3198dd96529cd2755a05e8118ffa2240cd1b09fa9a332183a5e610e3a6d17a3c",
 }
 
 

@@ -64,7 +64,7 @@ def save(program: Program, path, meta: dict | None = None) -> Path:
             "inputs": program.inputs, "outputs": program.outputs, "ddr_bytes": program.ddr_bytes,
             "weights": weights, "host": list(program.host), **(meta or {})}
     sections = {"meta": _json(head), "chip": _chip_text(program).encode("utf-8"),
-                "module": model.text().encode("utf-8"), "program": _json(program.commands),
+                "module": model.file_text().encode("utf-8"), "program": _json(program.commands),
                 "weights": program.weight_blob()}
     write_model_file(path, sections)
     return Path(path)
@@ -74,6 +74,7 @@ def load(path) -> Program:
     """Read a `.tpumodel`; ModelFileError naming the file and the section for anything wrong."""
     import yaml
 
+    from tftpu.ir.group import unwrap
     from tftpu.ir.module import TpuModel, parse_module
 
     sections = read_model_file(path)
@@ -96,6 +97,10 @@ def load(path) -> Program:
         module = parse_module(sections["module"].decode("utf-8"), f"{path}[module]")
     except UnicodeDecodeError:
         raise ModelFileError(path, "module section is not UTF-8 text") from None
+    try:
+        unwrap(module)
+    except Exception as e:      # xDSL's errors on a malformed region are of many kinds
+        raise ModelFileError(path, f"module section: malformed tpu.Group: {type(e).__name__}: {e}") from None
     model = TpuModel(module)
     blob = sections["weights"]
     try:

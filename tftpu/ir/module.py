@@ -203,8 +203,12 @@ class TopModel:
         # the .mlir names its weights relative to itself, so the pair moves together
         self.weight_file = os.path.relpath(weight_path.resolve(), mlir_path.resolve().parent)
         save_npz(weight_path, self.used_weights())
-        write_text(mlir_path, self.text())
+        write_text(mlir_path, self.file_text())
         return mlir_path, weight_path
+
+    def file_text(self) -> str:
+        """The text a file holds: `text()` (TPU modules put layer groups in `tpu.Group` regions)."""
+        return self.text()
 
     def default_weight_name(self) -> str:
         """The weight file's name when `save` is not given one."""
@@ -220,6 +224,14 @@ class TpuModel(TopModel):
 
     def __repr__(self) -> str:
         return f"TpuModel({self.name!r}, chip={self.chip!r}, mode={self.mode!r}, {len(self.ops)} ops)"
+
+    def file_text(self) -> str:
+        """The text with each layer group (ops carrying `group_info`) in a `tpu.Group` region, as
+        TPU-MLIR prints them; `load` flattens it again."""
+        if not any("group_info" in op.attributes for op in self.ops):
+            return self.text()
+        from tftpu.ir.group import wrap
+        return wrap(self).text()
 
     @property
     def chip(self) -> str:
@@ -251,6 +263,13 @@ def default_weight_file(name: str, stage: str = "top_f32") -> str:
     return f"{safe}_{stage}_weights.npz"
 
 
+def _flatten(module) -> None:
+    """Layer groups (`tpu.Group` regions) back into the flat op list every tool walks."""
+    from tftpu.ir.group import GroupOp, unwrap
+    if any(isinstance(op, GroupOp) for op in module.walk()):
+        unwrap(module)
+
+
 def load(mlir_path, weights: dict | None = None) -> TopModel:
     """Read a `.top.mlir` and its weight file (`module.weight_file`, relative to the .mlir)."""
     mlir_path = Path(mlir_path)
@@ -261,6 +280,7 @@ def load(mlir_path, weights: dict | None = None) -> TopModel:
     except UnicodeDecodeError:
         raise ModelFileError(mlir_path, "not a text .mlir file") from None
     module = parse_module(text, str(mlir_path))
+    _flatten(module)
     for key in ("module.name", "module.weight_file"):
         if not isinstance(module.attributes.get(key), StringAttr):
             raise ModelFileError(mlir_path, f"module has no {key} attribute")

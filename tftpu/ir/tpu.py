@@ -252,5 +252,7 @@ TPU_OPS = [Cast, Lut, *MIRRORED]
 OPS_BY_NAME: dict[str, type[TpuOp]] = {cls.name: cls for cls in TPU_OPS}
 FLOPS = {cls.name: cls.flops_of for cls in TPU_OPS}
 
-Tpu = Dialect("tpu", TPU_OPS, [])
+from tftpu.ir.group import GROUP_OPS  # noqa: E402  (the layer-group region ops: text form only)
+
+Tpu = Dialect("tpu", [*TPU_OPS, *GROUP_OPS], [])
 
