@@ -63,7 +63,7 @@ class Profile:
     def __str__(self) -> str:
         busy = self.busy
         head = ", ".join(f"{o['name']} ({o['type']}) {o['cycles']:,}" for o in self.top(3))
-        return (f"estimated latency on {self.chip}: {self.latency_us:,.1f} us ({self.cycles:,} cycles, "
+        return (f"{self.flops:,} FLOPs; estimated latency on {self.chip}: {self.latency_us:,.1f} us ({self.cycles:,} cycles, "
                 f"{len(self.commands):,} commands; compute busy {busy.get('tiu', 0):,}, DMA busy "
                 f"{busy.get('dma', 0):,}, {100 * self.overlap:.0f}% of DMA hidden), matrix unit utilisation "
                 f"{100 * self.utilisation:.1f}%; top ops by cycles: {head}")
