@@ -1,5 +1,7 @@
-"""The backend: what turns a TPU module into something a chip runs (DDR memory assignment and a
-per-op cycle model today; layer groups, codegen and the simulator next)."""
+"""The backend: what turns a TPU module into a program a chip runs, and runs it on a simulated
+chip: layer groups (`layer_group`), host placement (`host`), the DDR plan (`memory`), codegen
+(`codegen`), the `.tpumodel` file (`model_file`, `tpumodel`), the simulator (`simulator`), the
+cycle model and the estimated timeline (`cycles`, `timeline`, `profile`)."""
 
 from tftpu.backend.cycles import CycleReport, estimate, s2d_stem
 from tftpu.backend.memory import MemoryPlan, assign_memory, plan_memory
