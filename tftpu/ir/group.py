@@ -3,10 +3,8 @@ the ops that run on chip back to back sit in the group's body, each with its `gr
 a `tpu.Yield` hands the group's results out.
 
 Modules are kept flat in memory (every pass, interpreter and the backend walk one op list);
-`wrap` makes the grouped form for the `.tpu.mlir` text, and `unwrap` flattens it again when a
-file is read, so text -> module -> text is the identity either way.
-
->>> text = wrap(tpu_model).text()      # doctest: +SKIP
+`wrap` makes the grouped form for the `.tpu.mlir` text (`TpuModel.file_text`), and `unwrap`
+flattens it again when a file is read, so text -> module -> text is the identity either way.
 """
 
 from __future__ import annotations
@@ -52,13 +50,11 @@ def _group_of(op) -> int | None:
     return None
 
 
-def wrap(model):
-    """A copy of `model` whose consecutive ops with one `group_info` group sit in a `tpu.Group`."""
+def wrap(block) -> None:
+    """Put each run of consecutive ops of `block` with one `group_info` group (and the weights
+    between them) in a `tpu.Group`, in place."""
     from tftpu.ir.base import set_loc
-    from tftpu.ir.module import TpuModel, parse_module
 
-    copy = TpuModel(parse_module(model.text()), dict(model.weights))
-    block = copy.func.body.block
     runs, run, current, between = [], [], None, []
     for op in list(block.ops):
         g = _group_of(op)
@@ -92,7 +88,6 @@ def wrap(model):
         y = YieldOp.create(operands=escaping)
         set_loc(y, f"group_{_group_of(run[-1])}_yield")
         body.add_op(y)
-    return copy
 
 
 def unwrap(module) -> None:

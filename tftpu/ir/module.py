@@ -231,7 +231,9 @@ class TpuModel(TopModel):
         if not any("group_info" in op.attributes for op in self.ops):
             return self.text()
         from tftpu.ir.group import wrap
-        return wrap(self).text()
+        copy = TpuModel(parse_module(self.text()), dict(self.weights))
+        wrap(copy.func.body.block)
+        return copy.text()
 
     @property
     def chip(self) -> str:
