@@ -439,46 +439,49 @@ class _Planner:
         h_free = all(f.kind != "batch" for f in ops)
         best = None
         for n_rows in sorted({n_total, 1}, reverse=True):
-            fits = self._most_rows(ops, n_rows, h_total if h_free else None, ins, outs, ws)
-            if fits is None:
+            fewest = self._fewest_parts(ops, n_rows, h_free, ins, outs, ws)
+            if fewest is None:
                 continue
-            for rows in sorted({max(1, fits >> k) for k in range(4 if h_free else 1)}, reverse=True):
-                got = self._fits(ops, n_rows, rows, ins, outs, ws)
+            options = {min(h_total, fewest << k) for k in range(4 if h_free else 1)}
+            for parts in sorted(options):
+                got = self._fits(ops, n_rows, parts, ins, outs, ws)
+                if got is None:
+                    continue
                 copies, rng, local, peak = got
-                count = -(-n_total // n_rows) * -(-h_total // rows)
+                count = -(-n_total // n_rows) * parts
                 cost = self._cost(ops, rng, count, ins, outs, ws, copies)
                 if best is None or cost < best[0]:
-                    best = (cost, Group(start, stop, ops, -(-n_total // n_rows), -(-h_total // rows), cost, ins,
-                                        outs, ws, local, peak, copies))
+                    best = (cost, Group(start, stop, ops, -(-n_total // n_rows), parts, cost, ins, outs, ws, local,
+                                        peak, copies))
             if best is not None:
                 break                        # whole images fit: no need to slice N
         return best
 
-    def _most_rows(self, ops, n_rows: int, h_total: int | None, ins, outs, ws) -> int | None:
-        """The most output rows per slice that fit (by bisection: memory grows with rows); with
-        `h_total` None, only whole images are tried."""
+    def _fewest_parts(self, ops, n_rows: int, h_free: bool, ins, outs, ws) -> int | None:
+        """The fewest H slices that fit (by bisection: slices shrink as they multiply); only
+        whole images unless `h_free`."""
         full = self.types[ops[-1].outs[0]][2]
-        if self._fits(ops, n_rows, full, ins, outs, ws) is not None:
-            return full
-        if h_total is None or self._fits(ops, n_rows, 1, ins, outs, ws) is None:
+        if self._fits(ops, n_rows, 1, ins, outs, ws) is not None:
+            return 1
+        if not h_free or full == 1 or self._fits(ops, n_rows, full, ins, outs, ws) is None:
             return None
-        lo, hi = 1, full - 1
+        lo, hi = 2, full
         while lo < hi:
-            mid = (lo + hi + 1) // 2
+            mid = (lo + hi) // 2
             if self._fits(ops, n_rows, mid, ins, outs, ws) is not None:
-                lo = mid
+                hi = mid
             else:
-                hi = mid - 1
+                lo = mid + 1
         return lo
 
-    def _fits(self, ops, n_rows: int, rows: int, ins, outs, ws):
-        """(copies, ranges, local, peak) of the slicing into `rows`-row slices when it fits local
+    def _fits(self, ops, n_rows: int, parts: int, ins, outs, ws):
+        """(copies, ranges, local, peak) of the split into `parts` H slices when it fits local
         memory, else None. Sized on the split's first, middle and last slices (the pads differ
         at the edges, the halo is widest inside), each tensor at its largest; the ranges
         returned are the middle slice's (for the cost)."""
         oshape = self.types[ops[-1].outs[0]]
         h_total = oshape[2]
-        cuts = _bounds(h_total, -(-h_total // rows))
+        cuts = _bounds(h_total, parts)
         probes = [cuts[0], cuts[len(cuts) // 2], cuts[-1]]
         ranges = [slice_ranges(ops, self.types, (0, n_rows), h) for h in dict.fromkeys(probes)]
         rng = ranges[len(ranges) // 2]
