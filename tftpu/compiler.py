@@ -195,7 +195,7 @@ def _synthetic(top_model, count: int = 4) -> list[dict]:
     return out
 
 
-def _import(model, input_shapes, check: dict | None, log) -> tuple:
+def _import(model, input_shapes) -> tuple:
     """TOP model and the import stage (checked against onnxruntime where the source has an ONNX form)."""
     from tftpu import frontend
 
@@ -247,7 +247,7 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None, calib
     say = log or _LOG.info
     mode = quantize.upper()
     t_all = time.perf_counter()
-    top_model, proto, stage = _import(model, input_shapes, None, say)
+    top_model, proto, stage = _import(model, input_shapes)
     stages = [stage]
     extra: dict = {}
     synthetic = calibration_data is None and test_input is None

@@ -27,8 +27,8 @@ import numpy as np
 from xdsl.dialects.builtin import TensorType
 
 from tftpu import chip as chips
-from tftpu.backend.layer_group import (GroupPlan, host_preprocessing, lane_bytes, place_local, plan_groups,
-                                      weight_lane_axis)
+from tftpu.backend.layer_group import (GroupPlan, host_preprocessing, place_local, plan_groups, rows_bytes,
+                                      slice_lane_sizes, weight_lane_axis, weight_lane_sizes)
 from tftpu.backend.memory import MemoryPlan, plan_memory
 from tftpu.errors import InternalError
 from tftpu.interp.tpu.info import info_of
@@ -128,17 +128,12 @@ class _Emitter:
         """(slices, local offsets, peak, copies) of a group, every slice's tensors sized exactly;
         where the planner's estimate falls short, more H slices until it fits."""
         types = self.groups.types
-        wsizes = {w: lane_bytes(types[w], self.items[w], self.chip, weight_lane_axis(types[w])) for w in g.weights}
+        wsizes = weight_lane_sizes(g.weights, types, self.items, self.chip)
         bank = self.chip.local_mem_per_lane
         rows = types[g.ops[-1].outs[0]][2]
         while True:
             slices = g.slices(types)
-            sizes: dict = {}
-            for rng in slices:
-                for name, (n0, n1, h0, h1) in rng.tensors.items():
-                    shape = types[name]
-                    b = lane_bytes((n1 - n0, shape[1], h1 - h0, *shape[3:]), self.items[name], self.chip)
-                    sizes[name] = max(sizes.get(name, 0), b)
+            sizes = slice_lane_sizes(slices, types, self.items, self.chip)
             for copies in ((g.copies, 1) if len(slices) > 1 and g.copies > 1 else (1,)):
                 local, peak = place_local(g.ops, sizes, g.inputs, g.outputs, g.weights, copies, wsizes)
                 if peak <= bank:
@@ -224,8 +219,7 @@ class _Emitter:
                 load(k + 1, [computed])
 
     def _bytes(self, name: str, r) -> int:
-        shape = self.groups.types[name]
-        return (r[1] - r[0]) * shape[1] * (r[3] - r[2]) * numel(shape[3:]) * self.items[name]
+        return rows_bytes(self.groups.types[name], r, self.items[name])
 
     def _compute_cycles(self, f, r) -> int:
         shape = self.groups.types[f.outs[0]]

@@ -24,7 +24,7 @@ from tftpu.ir import attrs as A
 from tftpu.ir import tpu
 from tftpu.ir.base import numel
 
-__all__ = ["OpCycles", "CycleReport", "estimate", "op_cycles", "conv_cycles", "s2d_stem"]
+__all__ = ["OpCycles", "CycleReport", "estimate", "op_cycles", "conv_cycles", "s2d_stem", "tensor_bytes"]
 
 _VIEWS = {"tpu.Reshape", "tpu.Flatten", "tpu.Squeeze", "tpu.Unsqueeze"}
 _MOVES = {"tpu.Permute", "tpu.Concat", "tpu.Slice", "tpu.Split", "tpu.Pad", "tpu.SpaceToDepth",
@@ -77,7 +77,8 @@ class CycleReport:
                 f"unit utilisation {100 * self.utilisation:.1f}%; top ops by cycles: {head}")
 
 
-def _bytes(t) -> int:
+def tensor_bytes(t) -> int:
+    """Bytes of a tensor type's data (0 for `none`)."""
     if not isinstance(t, TensorType):
         return 0
     return numel(t.get_shape()) * A.numpy_dtype(A.dtype_name(t.element_type)).itemsize
@@ -111,7 +112,7 @@ def conv_cycles(chip, dtype: str, batch: int, out_spatial, kernel, in_channels: 
 def op_cycles(op, chip) -> OpCycles:
     """The estimate of one TPU op run on its own (its operands from DDR, its results to DDR)."""
     dtype = _dtype(op)
-    moved = sum(_bytes(v.type) for v in op.operands) + sum(_bytes(r.type) for r in op.results)
+    moved = sum(tensor_bytes(v.type) for v in op.operands) + sum(tensor_bytes(r.type) for r in op.results)
     bytes_per_cycle = chip.ddr_bandwidth / chip.frequency_hz
     dma = math.ceil(moved / bytes_per_cycle)
     useful = issued = compute = 0

@@ -16,13 +16,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from xdsl.dialects.builtin import TensorType
 
 from tftpu import chip as chips
-from tftpu.backend.cycles import op_cycles
-from tftpu.ir import attrs as A
+from tftpu.backend.cycles import op_cycles, tensor_bytes
 from tftpu.ir import top, tpu
-from tftpu.ir.base import numel, value_name
+from tftpu.ir.base import value_name
 from tftpu.tac.passes.pick import Problem, pick_exact
 
 __all__ = ["HostPlan", "place_on_host", "host_us", "SYNC_US", "HOST_OP_US", "UNSUPPORTED"]
@@ -64,15 +62,9 @@ class HostPlan:
                 "all_chip_us": round(self.all_chip_us, 3)}
 
 
-def _bytes(t) -> int:
-    if not isinstance(t, TensorType):
-        return 0
-    return numel(t.get_shape()) * A.numpy_dtype(A.dtype_name(t.element_type)).itemsize
-
-
 def host_us(op, chip) -> float:
     """An op's time on the chip's host CPU: FLOPs at `host.flops` or bytes at `host.bandwidth`."""
-    moved = sum(_bytes(v.type) for v in op.operands) + sum(_bytes(r.type) for r in op.results)
+    moved = sum(tensor_bytes(v.type) for v in op.operands) + sum(tensor_bytes(r.type) for r in op.results)
     return max(op.flops() / chip.host.flops, moved / chip.host.bandwidth) * 1e6
 
 
@@ -96,10 +88,10 @@ def place_on_host(model, chip, fixed: set | None = None) -> HostPlan:
             owner = v.owner
             if owner in node:
                 key = (node[owner], k)
-                edges[key] = (edges.get(key, (0, 0))[0] + _bytes(v.type), 0)
+                edges[key] = (edges.get(key, (0, 0))[0] + tensor_bytes(v.type), 0)
             elif isinstance(owner, top.Input):
-                from_inputs += _bytes(v.type)
-        to_outputs = sum(_bytes(r.type) for r in op.results if id(r) in outputs)
+                from_inputs += tensor_bytes(v.type)
+        to_outputs = sum(tensor_bytes(r.type) for r in op.results if id(r) in outputs)
         on_chip = op_cycles(op, chip).cycles / chip.frequency_hz * 1e6 + (from_inputs + to_outputs) / link
         on_host = host_us(op, chip) + HOST_OP_US
         if i in fixed or op.name in refused:

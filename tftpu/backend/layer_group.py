@@ -31,7 +31,8 @@ from tftpu.ir import top, tpu
 from tftpu.ir.base import numel, value_name
 
 __all__ = ["SLICING", "Group", "GroupPlan", "SliceRanges", "plan_groups", "slice_ranges", "lane_bytes",
-           "MAX_GROUP_OPS", "host_preprocessing", "place_local", "weight_lane_axis"]
+           "MAX_GROUP_OPS", "host_preprocessing", "place_local", "weight_lane_axis", "rows_bytes",
+           "slice_lane_sizes", "weight_lane_sizes"]
 
 MAX_GROUP_OPS = 32        # the longest run the DP tries as one group
 
@@ -61,6 +62,28 @@ def lane_bytes(shape, itemsize: int, chip, lane_axis: int = 1) -> int:
     c = shape[lane_axis] if len(shape) > lane_axis else 1
     inner = numel(shape[lane_axis + 1:])
     return outer * -(-c // chip.lanes) * _align(inner * itemsize, chip.eu_bytes)
+
+
+def rows_bytes(shape, rows: tuple, itemsize: int) -> int:
+    """Bytes of rows (n0, n1, h0, h1) of an N, C, H, ... tensor (what a DMA moves)."""
+    n0, n1, h0, h1 = rows
+    return (n1 - n0) * shape[1] * (h1 - h0) * numel(shape[3:]) * itemsize
+
+
+def slice_lane_sizes(slices, types: dict, items: dict, chip) -> dict:
+    """Per tensor, the most bytes per lane it takes in any of `slices` (SliceRanges)."""
+    sizes: dict = {}
+    for rng in slices:
+        for name, (n0, n1, h0, h1) in rng.tensors.items():
+            shape = types[name]
+            b = lane_bytes((n1 - n0, shape[1], h1 - h0, *shape[3:]), items[name], chip)
+            sizes[name] = max(sizes.get(name, 0), b)
+    return sizes
+
+
+def weight_lane_sizes(weights, types: dict, items: dict, chip) -> dict:
+    """Bytes per lane of each weight, whole (weights stay for the group's life)."""
+    return {w: lane_bytes(types[w], items[w], chip, weight_lane_axis(types[w])) for w in weights}
 
 
 def weight_lane_axis(shape) -> int:
@@ -201,10 +224,6 @@ class SliceRanges:
     h: tuple                      # rows of the group's last result
     tensors: dict                 # name -> (n0, n1, h0, h1)
     reads: dict                   # op name -> (h0, h1, pad_before, pad_after) of its first operand
-
-
-def _shape(model_types: dict, name: str) -> tuple:
-    return model_types[name]
 
 
 def slice_ranges(group_ops: list, types: dict, n: tuple, h: tuple) -> SliceRanges:
@@ -392,21 +411,6 @@ class _Planner:
                     ws.append(w)
         return ins, list(ops[-1].outs), ws
 
-    def _local(self, ops, rng: SliceRanges, ins, outs, ws, copies: int) -> tuple[dict, int]:
-        """Per-lane placement of one slice's tensors."""
-        return place_local(ops, self.slice_sizes(rng), ins, outs, ws, copies, self.weight_sizes(ws))
-
-    def slice_sizes(self, rng: SliceRanges) -> dict:
-        """Bytes per lane of each tensor of a slice."""
-        out = {}
-        for name, (n0, n1, h0, h1) in rng.tensors.items():
-            shape = self.types[name]
-            out[name] = lane_bytes((n1 - n0, shape[1], h1 - h0, *shape[3:]), self.items[name], self.chip)
-        return out
-
-    def weight_sizes(self, ws) -> dict:
-        return {w: lane_bytes(self.types[w], self.items[w], self.chip, weight_lane_axis(self.types[w])) for w in ws}
-
     def _cost(self, ops, rng: SliceRanges, count: int, ins, outs, ws, copies: int) -> int:
         compute = 0
         for f in ops:
@@ -416,8 +420,8 @@ class _Planner:
             shape = self.types[f.outs[0]]
             share = (got[1] - got[0]) * (got[3] - got[2]) / (shape[0] * shape[2])
             compute += f.cycles.compute * share
-        load = sum(self._bytes(name, rng.tensors[name]) for name in ins if name in rng.tensors)
-        store = sum(self._bytes(name, rng.tensors[name]) for name in outs)
+        load = sum(rows_bytes(self.types[n], rng.tensors[n], self.items[n]) for n in ins if n in rng.tensors)
+        store = sum(rows_bytes(self.types[n], rng.tensors[n], self.items[n]) for n in outs)
         wbytes = sum(numel(self.types[w]) * self.items[w] for w in ws)
         load, store, w = load / self.bytes_per_cycle, store / self.bytes_per_cycle, wbytes / self.bytes_per_cycle
         if copies > 1:
@@ -425,10 +429,6 @@ class _Planner:
         else:
             total = w + count * (load + compute + store)
         return math.ceil(total)
-
-    def _bytes(self, name: str, r: tuple) -> int:
-        shape = self.types[name]
-        return (r[1] - r[0]) * shape[1] * (r[3] - r[2]) * numel(shape[3:]) * self.items[name]
 
     def evaluate(self, start: int, stop: int):
         """(cycles, Group) of the best slicing of ops start..stop-1, or None if none fits."""
@@ -485,11 +485,8 @@ class _Planner:
         probes = [cuts[0], cuts[len(cuts) // 2], cuts[-1]]
         ranges = [slice_ranges(ops, self.types, (0, n_rows), h) for h in dict.fromkeys(probes)]
         rng = ranges[len(ranges) // 2]
-        sizes: dict = {}
-        for r in ranges:
-            for name, b in self.slice_sizes(r).items():
-                sizes[name] = max(sizes.get(name, 0), b)
-        wsizes = self.weight_sizes(ws)
+        sizes = slice_lane_sizes(ranges, self.types, self.items, self.chip)
+        wsizes = weight_lane_sizes(ws, self.types, self.items, self.chip)
         for copies in (2, 1):
             io = sum(b for n, b in sizes.items() if n in ins or n in outs)
             total = sum(sizes.values()) + (copies - 1) * io + sum(wsizes.values())

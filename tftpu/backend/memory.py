@@ -21,9 +21,9 @@ from xdsl.dialects.builtin import FunctionType, IntegerAttr, NoneType, TensorTyp
 from xdsl.rewriter import Rewriter
 
 from tftpu import chip as chips
-from tftpu.ir import attrs as A
+from tftpu.backend.cycles import tensor_bytes
 from tftpu.ir import top
-from tftpu.ir.base import numel, value_name
+from tftpu.ir.base import value_name
 
 __all__ = ["MemoryPlan", "plan_memory", "assign_memory", "write_addresses", "place", "first_fit", "best_placement"]
 
@@ -113,10 +113,6 @@ def best_placement(items, bound: int, key, tries: int = 24) -> tuple[dict, int]:
     return best
 
 
-def _bytes(t) -> int:
-    return numel(t.get_shape()) * A.numpy_dtype(A.dtype_name(t.element_type)).itemsize
-
-
 def plan_memory(model, chip, groups=None) -> MemoryPlan:
     """The DDR plan of a TPU (or TOP) module for `chip` (its EU width is the alignment).
 
@@ -139,12 +135,12 @@ def plan_memory(model, chip, groups=None) -> MemoryPlan:
         if isinstance(op, top.NoneOp):
             continue
         if isinstance(op, top.Weight):
-            weights[op.results[0]] = _align(_bytes(op.results[0].type), align)
+            weights[op.results[0]] = _align(tensor_bytes(op.results[0].type), align)
             continue
         lo, hi = span.get(i, (i, i))
         for r in op.results:
             if isinstance(r.type, TensorType) and value_name(r) not in inner:
-                tensors[r] = _align(_bytes(r.type), align)
+                tensors[r] = _align(tensor_bytes(r.type), align)
                 first[r] = 0 if isinstance(op, top.Input) else lo
                 last[r] = first[r]
         for v in op.operands:

@@ -104,15 +104,18 @@ def _activations(model) -> dict[int, tuple[str, float, float]]:
     return out
 
 
-def _statistics(calibrated: bytes, dataset_gen, bins: int = BINS):
-    """(activations, their statistics) over the representative samples, in one pass."""
+def _statistics(calibrated: bytes, dataset_gen, bins: int = BINS, keep: int = 0):
+    """(activations, their statistics, the first `keep` samples) over the representative
+    samples, in one pass."""
     model = tflite_io.read(calibrated)
     acts = _activations(model)
     interp = runtime.interpreter(calibrated, preserve_all_tensors=True)
     inputs = runtime.input_details(interp)
     stats = {i: TensorStatistics(2 * bins) for i in acts}
-    count = 0
+    count, kept = 0, []
     for sample in dataset_gen():
+        if len(kept) < keep:
+            kept.append(sample)
         _feed(interp, sample, inputs)
         interp.invoke()
         for i, st in stats.items():
@@ -126,7 +129,7 @@ def _statistics(calibrated: bytes, dataset_gen, bins: int = BINS):
         count += 1
     if not count:
         raise errors.InputError("the representative dataset gave no samples")
-    return acts, stats
+    return acts, stats, kept
 
 
 def _changes(acts: dict, stats: dict, method: str) -> list[RangeChange]:
@@ -150,7 +153,7 @@ def tftpu_ranges(calibrated: bytes, dataset_gen, method: str, bins: int = BINS) 
     check_method(method)
     if method == "auto":
         raise errors.InternalError("lite calibration", "auto ranges come from auto_ranges (they need the quantizer)")
-    acts, stats = _statistics(calibrated, dataset_gen, bins)
+    acts, stats, _ = _statistics(calibrated, dataset_gen, bins)
     return _changes(acts, stats, method)
 
 
@@ -163,12 +166,7 @@ def auto_ranges(calibrated: bytes, dataset_gen, quantize, bins: int = BINS, max_
     ones; a progress bar shows on a terminal). The score is the sum over outputs of the largest |INT8 - float| relative to
     the output's range (the worst sample decides), the mean as tie-break.
     Returns (changes, per-tensor method, score)."""
-    acts, stats = _statistics(calibrated, dataset_gen, bins)
-    samples = []
-    for sample in dataset_gen():
-        samples.append(sample)
-        if len(samples) >= max_samples:
-            break
+    acts, stats, samples = _statistics(calibrated, dataset_gen, bins, keep=max_samples)
     ref_interp = runtime.interpreter(calibrated)
     ins = runtime.input_details(ref_interp)
 
