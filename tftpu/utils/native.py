@@ -1,7 +1,9 @@
-"""Build-once loading of tftpu's TensorFlow custom ops (C++ kernels shipped as source).
+"""Build-once loading of tftpu's native kernels (C++ shipped as source): TensorFlow custom ops
+(`load_op_library`) and plain shared libraries called through ctypes (`load_library`).
 
-The first call compiles the kernel with the system C++ compiler and TensorFlow's own flags
-(`tf.sysconfig`), in the manner of `torch.utils.cpp_extension.load`, and caches the library under
+The first call compiles the kernel with the system C++ compiler (and, for TensorFlow ops,
+TensorFlow's own flags from `tf.sysconfig`), in the manner of `torch.utils.cpp_extension.load`,
+and caches the library under
 `$TFTPU_CACHE` (default `~/.cache/tftpu`)/native, keyed by the source, the flags, the compiler
 and the TensorFlow version. Later processes load the cached library; concurrent first builds (test
 workers, data-parallel jobs) wait on a file lock instead of compiling twice. `TFTPU_NATIVE=0`
@@ -9,6 +11,7 @@ turns native kernels off (callers fall back to their pure-TensorFlow path).
 
 >>> ops = load_op_library(Path("tftpu/data/kernels/space_to_depth_op.cc"))  # doctest: +SKIP
 >>> ops.tftpu_space_to_depth(images, [], [], block_size=2)  # doctest: +SKIP
+>>> lib = load_library(Path("tftpu/interp/tpu/int8_native.cc"))  # a ctypes.CDLL  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -28,9 +31,10 @@ from absl import logging
 
 from tftpu.errors import TftpuError
 
-__all__ = ["NativeKernelError", "enabled", "load_op_library", "cache_dir"]
+__all__ = ["NativeKernelError", "enabled", "load_op_library", "load_library", "cache_dir"]
 
 _CXXFLAGS = ("-O3", "-fPIC", "-shared", "-ffp-contract=off", "-Wno-deprecated-declarations")
+_LIBFLAGS = ("-O3", "-march=native", "-fPIC", "-shared", "-std=c++17", "-ffp-contract=off")
 _BUILD_TIMEOUT_S = 600
 
 
@@ -98,15 +102,19 @@ def load_op_library(source):
     return _load(Path(source).resolve())
 
 
-@functools.cache
-def _load(source: Path):
-    import tensorflow as tf
+def load_library(source):
+    """A `ctypes.CDLL` of the plain C++ library `source` (extern "C" entry points), built on first
+    use; NativeKernelError if impossible. ctypes releases the GIL during each call."""
+    if not enabled():
+        raise NativeKernelError("native kernels are turned off (TFTPU_NATIVE=0)")
+    return _load_library(Path(source).resolve())
 
+
+def _built(source: Path, flags: list[str], link: list[str], salt: str) -> Path:
+    """The cached library of `source` built with `flags` and `link`, built now if missing."""
     cxx = _compiler()
-    flags = [*_CXXFLAGS, *tf.sysconfig.get_compile_flags()]
-    link = list(tf.sysconfig.get_link_flags())
-    key = hashlib.sha256("\0".join([source.read_text(), *flags, *link, _compiler_version(cxx),
-                                     tf.__version__, platform.machine()]).encode()).hexdigest()[:16]
+    key = hashlib.sha256("\0".join([source.read_text(), *flags, *link, _compiler_version(cxx), salt,
+                                     platform.machine()]).encode()).hexdigest()[:16]
     directory = cache_dir()
     try:
         directory.mkdir(parents=True, exist_ok=True)
@@ -116,6 +124,39 @@ def _load(source: Path):
     with _locked(directory / f"{source.stem}-{key}.lock"):
         if not target.exists():
             _build(source, target, [cxx, *flags, str(source), *link])
+    return target
+
+
+@functools.cache
+def _cpu_features() -> str:
+    """The CPU's feature flags (a library built with -march=native runs only where they match)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+@functools.cache
+def _load_library(source: Path):
+    import ctypes
+
+    target = _built(source, list(_LIBFLAGS), [], _cpu_features())
+    try:
+        return ctypes.CDLL(str(target))
+    except OSError as exc:
+        raise NativeKernelError(f"loading {target} failed: {exc}") from None
+
+
+@functools.cache
+def _load(source: Path):
+    import tensorflow as tf
+
+    flags = [*_CXXFLAGS, *tf.sysconfig.get_compile_flags()]
+    target = _built(source, flags, list(tf.sysconfig.get_link_flags()), tf.__version__)
     try:
         return tf.load_op_library(str(target))
     except (tf.errors.NotFoundError, OSError) as exc:

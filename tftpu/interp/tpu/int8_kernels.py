@@ -15,7 +15,7 @@ import numpy as np
 from tftpu import rounding
 from tftpu.interp.kernels import KERNELS
 from tftpu.interp.kernels._registry import WEIGHTS, tf
-from tftpu.interp.tpu import requant
+from tftpu.interp.tpu import native, requant
 from tftpu.interp.tpu.registry import int8, own
 from tftpu.ir import attrs as A
 from tftpu.ir import quant
@@ -56,6 +56,11 @@ def _requant(acc, attrs: dict, out, axis: int, saturated: bool = False) -> np.nd
     """INT32 accumulator -> output type: multiplier/rshift (per channel of `axis` or one).
     `acc` may be overwritten when it is an int64 array; `saturated`: known to lie in int32."""
     acc = np.asarray(acc)
+    fused = _native_plan(attrs, out)
+    if fused is not None:
+        y = fused.requant(acc, axis)
+        if y is not None:
+            return y
     plan = requant.plan_for(attrs, ("requant", acc.ndim, axis, out), lambda: _make_plan(attrs, out, acc.ndim, axis))
     if plan is not None:
         return plan(acc, saturated)
@@ -73,6 +78,18 @@ def _make_plan(attrs: dict, out, ndim: int, axis: int):
         return None
     lo, hi = _bounds(attrs, out)
     return requant.Requant(m, r, ndim, axis if np.size(m) > 1 else 0, lo, hi, out.zp, quant.STORAGE[out.dtype][0])
+
+
+def _native_plan(attrs: dict, out):
+    """The native kernels' form of an op's requantization, or None where they do not apply."""
+    def make():
+        m, r = attrs["multiplier"], attrs["rshift"]
+        if out.dtype not in quant.STORAGE or not native.Requantizer.applies(m, r) or native.library() is None:
+            return None
+        lo, hi = _bounds(attrs, out)
+        return native.Requantizer(m, r, lo, hi, out.zp, quant.STORAGE[out.dtype][0])
+
+    return requant.plan_for(attrs, ("native", out), make)
 
 
 def _centered(x, info) -> np.ndarray:
@@ -251,16 +268,39 @@ def _abs_sum_bound(w: np.ndarray) -> int:
     return int(np.abs(w.astype(np.int64)).reshape(w.shape[0], -1).sum(axis=1).max())
 
 
+def _native_conv(x, w, b, attrs, info):
+    """A 2-D NCHW conv of INT8 `x` and OIHW `w` by the native kernels, requantized (None where
+    they do not apply): depthwise and 1x1 convs whole (`native.Conv`), others as onnxruntime's
+    ConvInteger sums with the bias and requantization fused after."""
+    fused = _native_plan(attrs, info.outs[0])
+    if fused is None:
+        return None
+    zx = info.ins[0].zp
+    prepared = requant.plan_for(attrs, ("native_conv", info.outs[0], zx), lambda: native.Conv(fused, w, b, zx, attrs))
+    if prepared.w is w and prepared.bias is b:
+        if prepared.kind is not None:
+            return prepared(x)
+        if attrs["group"] == 1 and info.ins[0].dtype == "i8":
+            acc = conv_integer(x, zx, w, attrs)
+            return None if acc is None else fused.requant(acc, 1, bias=b if prepared.b32 is None else prepared.b32,
+                                                          exact32=prepared.exact32)
+    return None
+
+
 @int8("tpu.Conv")
 def conv(operands, attrs, info):
     x, w, b = operands
     nhwc = attrs["layout"] == "NHWC"
     axis = x.ndim - 1 if nhwc else 1
     acc = None
-    if x.ndim == 4 and info.ins[0].dtype == "i8" and w.dtype == np.int8:
+    if x.ndim == 4 and info.ins[0].dtype in ("i8", "u8") and w.dtype == np.int8:
         xn = np.ascontiguousarray(x.transpose(0, 3, 1, 2)) if nhwc else x
         wn = WEIGHTS.get(w, ("oihw",), lambda: np.ascontiguousarray(w.transpose(3, 2, 0, 1))) \
             if attrs["kernel_layout"] == "HWIO" else w
+        y = _native_conv(xn, wn, b, attrs, info)
+        if y is not None:
+            return [y.transpose(0, 2, 3, 1) if nhwc else y]
+    if x.ndim == 4 and info.ins[0].dtype == "i8" and w.dtype == np.int8:
         if attrs["group"] > 1:          # grouped / depthwise: onnxruntime's float kernels are faster
             t = conv_f32(xn, info.ins[0].zp, wn, b, attrs)
             if t is not None:
@@ -354,6 +394,9 @@ def _add_sub_int32(operands, m, r: int, attrs, info, sign: int) -> np.ndarray:
 
     if x0.shape != x1.shape:
         return slab(x0, x1, np.dtype(quant.STORAGE[out.dtype][0]))
+    y = native.add(x0, x1, z0, z1, int(m[0]), sign * int(m[1]), r, lo, hi, out.zp, quant.STORAGE[out.dtype][0])
+    if y is not None:
+        return y
     y = np.empty(x0.shape, quant.STORAGE[out.dtype][0])
     requant.in_slabs(x0.shape, None, lambda sl: slab(x0[sl], x1[sl], y[sl]))
     return y

@@ -163,10 +163,18 @@ def _workers() -> int:
     return max(1, min(os.cpu_count() or 1, 4))
 
 
+def pool():
+    """The worker threads that run slabs (made on first use)."""
+    global _POOL
+    if _POOL is None:
+        from concurrent.futures import ThreadPoolExecutor
+        _POOL = ThreadPoolExecutor(max_workers=_workers(), thread_name_prefix="tftpu-int8")
+    return _POOL
+
+
 def in_slabs(shape: tuple, axis, fn) -> None:
     """Call `fn(slices)` on slabs covering an array of `shape`, cut along its longest axis
     other than `axis` (where per-channel constants broadcast), on up to 4 threads."""
-    global _POOL
     n = _workers()
     size = math.prod(shape)
     cut = max((d for d in range(len(shape)) if d != axis), key=lambda d: shape[d], default=None)
@@ -176,10 +184,7 @@ def in_slabs(shape: tuple, axis, fn) -> None:
     n = min(n, shape[cut])
     edges = [shape[cut] * i // n for i in range(n + 1)]
     slabs = [tuple([slice(None)] * cut + [slice(edges[i], edges[i + 1])]) for i in range(n)]
-    if _POOL is None:
-        from concurrent.futures import ThreadPoolExecutor
-        _POOL = ThreadPoolExecutor(max_workers=_workers(), thread_name_prefix="tftpu-int8")
-    futures = [_POOL.submit(fn, sl) for sl in slabs[1:]]
+    futures = [pool().submit(fn, sl) for sl in slabs[1:]]
     fn(slabs[0])
     for f in futures:
         f.result()

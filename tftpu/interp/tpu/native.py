@@ -1,0 +1,250 @@
+"""ctypes bindings of the fused INT8 kernels (`int8_native.cc`): requantization of INT32/INT64
+accumulators (bias fused), depthwise conv with its requantization, and element-wise Add/Sub.
+
+Each returns None where it does not apply (the library cannot be built, `TFTPU_NATIVE=0`, or
+types it does not take); the callers then take their numpy paths, which compute the same
+integers (tests/interp/test_int8_native.py holds both to the integer reference). Large tensors
+run in slabs on the worker threads of `requant.in_slabs` (ctypes releases the GIL).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import math
+from pathlib import Path
+
+import numpy as np
+from absl import logging
+
+from tftpu.interp.tpu import requant
+from tftpu.utils import native
+
+SOURCE = Path(__file__).with_name("int8_native.cc")
+OUT_KINDS = {np.dtype(np.int8): 0, np.dtype(np.uint8): 1, np.dtype(np.int16): 2, np.dtype(np.int32): 3}
+IN_KINDS = {np.dtype(np.int8): 0, np.dtype(np.uint8): 1}
+ACC_KINDS = {np.dtype(np.int32): 0, np.dtype(np.int64): 1}
+_P = ctypes.c_void_p
+_I = ctypes.c_int
+_L = ctypes.c_int64
+
+
+@functools.cache
+def library():
+    """The loaded kernel library, or None (logged once) where it cannot be built or is off."""
+    try:
+        lib = native.load_library(SOURCE)
+    except native.NativeKernelError as exc:
+        logging.info("tftpu: INT8 inference without native kernels (%s); numpy computes the same integers", exc)
+        return None
+    lib.tftpu_requant.argtypes = [_P, _I, _P, _I, _P, _P, _P, _P, _L, _L]
+    lib.tftpu_depthwise.argtypes = [_P, _I, _P, _P, _I, _P, _P, _P, _P, _L, _L]
+    lib.tftpu_add.argtypes = [_P, _I, _P, _I, _P, _I, _P, _L, _L]
+    lib.tftpu_pointwise.argtypes = [_P, _I, _P, _P, _P, _P, _P, _I, _P, _L, _L, _L, _L]
+    lib.tftpu_has_pointwise.argtypes = []
+    for fn in (lib.tftpu_requant, lib.tftpu_depthwise, lib.tftpu_add, lib.tftpu_pointwise, lib.tftpu_has_pointwise):
+        fn.restype = _I
+    return lib
+
+
+def _split(units: int, elements: int, call) -> None:
+    """`call(u0, u1)` over [0, units), in up to `requant._workers()` pieces when `elements` is
+    large enough to pay for threads."""
+    n = requant._workers()
+    if n == 1 or elements < requant.SLAB_MIN or units < 2:
+        _check(call(0, units))
+        return
+    n = min(n, units)
+    edges = [units * i // n for i in range(n + 1)]
+    pool = requant.pool()
+    futures = [pool.submit(call, edges[i], edges[i + 1]) for i in range(1, n)]
+    _check(call(edges[0], edges[1]))
+    for f in futures:
+        _check(f.result())
+
+
+def _check(status: int) -> None:
+    if status:
+        from tftpu.errors import InternalError
+        raise InternalError(f"native INT8 kernel returned status {status} (a storage type it was not given)")
+
+
+class Requantizer:
+    """One op's requantization constants, ready for the kernels: multiplier and right shift per
+    channel (or one), clamp [lo, hi] and output zero point, output storage `dtype`."""
+
+    def __init__(self, multiplier, rshift, lo: int, hi: int, zp: int, dtype):
+        m = np.ascontiguousarray(np.asarray(multiplier, np.int64).reshape(-1), np.int32)
+        r = np.ascontiguousarray(np.asarray(rshift, np.int64).reshape(-1), np.int32)
+        if m.size != r.size and min(m.size, r.size) == 1:
+            m, r = np.broadcast_arrays(m, r)
+            m, r = np.ascontiguousarray(m), np.ascontiguousarray(r)
+        self.mult, self.rshift = m, r
+        self.per_channel = m.size > 1
+        self.lo, self.hi, self.zp = int(lo), int(hi), int(zp)
+        self.dtype = np.dtype(dtype)
+
+    @staticmethod
+    def applies(multiplier, rshift) -> bool:
+        """Multipliers in [0, 2**31) and right shifts in 0..31, one or one per channel."""
+        return requant.Requant.applies(multiplier, rshift)
+
+    def _tables(self, channels: int, bias):
+        if self.per_channel and self.mult.size != channels:
+            return None
+        if bias is not None:
+            bias = np.asarray(bias)
+            if bias.size != channels or bias.dtype.kind not in "iu" or \
+                    (bias.size and (bias.min() < -(1 << 31) or bias.max() >= 1 << 31)):
+                return None
+            bias = np.ascontiguousarray(bias.reshape(-1), np.int32)
+        return bias
+
+    def requant(self, acc: np.ndarray, axis: int, bias=None, exact32: bool = False):
+        """`acc` (int32/int64, + `bias` per channel of `axis`), saturated to int32, requantized;
+        None where the kernel does not apply. `exact32`: the caller proved every sum plus bias
+        lies in int32 (then int32 arithmetic is exact: the fast form)."""
+        lib = library()
+        kind = ACC_KINDS.get(acc.dtype)
+        if lib is None or kind is None or self.dtype not in OUT_KINDS or acc.ndim == 0:
+            return None
+        acc = np.ascontiguousarray(acc)
+        axis %= acc.ndim
+        channels = acc.shape[axis]
+        outer, inner = math.prod(acc.shape[:axis]), math.prod(acc.shape[axis + 1:])
+        if not self.per_channel and bias is None:      # one channel: the whole tensor is one run
+            outer, channels, inner = 1, 1, acc.size
+        tables = self._tables(channels, bias)
+        if tables is None and bias is not None:
+            return None
+        if self.per_channel and self.mult.size != channels:
+            return None
+        out = np.empty(acc.shape, self.dtype)
+        params = np.array([outer, channels, inner, self.lo, self.hi, self.zp, int(self.per_channel),
+                           int(exact32 and kind == 0)], np.int64)
+        units = outer if inner == 1 and channels > 1 else outer * channels
+        bias_ptr = None if tables is None else tables.ctypes.data
+        a, o, p, mp, rp = acc.ctypes.data, out.ctypes.data, params.ctypes.data, self.mult.ctypes.data, \
+            self.rshift.ctypes.data
+        okind = OUT_KINDS[self.dtype]
+        _split(units, acc.size, lambda u0, u1: lib.tftpu_requant(a, kind, o, okind, p, bias_ptr, mp, rp, u0, u1))
+        return out
+
+
+class Conv:
+    """One INT8 conv prepared for the kernels, its weights packed and its constants ready (built
+    once per op; `__call__(x)` per run): a depthwise conv (one filter per channel, any kernel,
+    stride, padding and dilation) whole, or a 1x1 unpadded conv as a GEMM (AVX-512 VNNI builds).
+    Input NCHW INT8/UINT8 with zero point `zx`, weight OIHW INT8, bias INT32 per output channel.
+    `kind` is None where neither applies. Sums accumulate in int32 (each term is at most
+    255 * 128 and the taps are bounded here); `exact32` holds where every sum plus its bias fits
+    int32 (255 * sum|w| + |b| per channel), the kernels' fast form."""
+
+    def __init__(self, rq: Requantizer, w: np.ndarray, bias, zx: int, attrs: dict):
+        self.rq, self.w, self.bias, self.zx = rq, w, bias, int(zx)
+        self.strides, self.pads, self.dilations = list(attrs["strides"]), list(attrs["pads"]), list(attrs["dilations"])
+        o, cg, kh, kw = w.shape
+        b = np.zeros(o, np.int64) if bias is None else np.asarray(bias, np.int64).reshape(-1)
+        self.kind, self.b32, self.exact32 = None, None, False
+        if library() is None or w.dtype != np.int8 or rq.dtype not in OUT_KINDS or b.size != o or \
+                (rq.per_channel and rq.mult.size != o) or (b.size and np.abs(b).max() >= 1 << 31):
+            return
+        w64 = w.reshape(o, -1).astype(np.int64)
+        self.exact32 = 255 * int(np.abs(w64).sum(axis=1).max(initial=0)) + int(np.abs(b).max(initial=0)) \
+            < 1 << 31
+        self.b32 = np.ascontiguousarray(b, np.int32)
+        self._shape, self._params = None, None
+        if attrs["group"] == o and cg == 1 and kh * kw * 255 * 128 < 1 << 31:
+            self.kind = "depthwise"
+        elif attrs["group"] == 1 and (kh, kw) == (1, 1) and not any(self.pads) and cg * 255 * 128 < 1 << 31 \
+                and has_pointwise():
+            self.kind = "pointwise"
+            self.wpack, wsum = pack_pointwise(w)
+            self.b64 = {flip: np.ascontiguousarray(b - (self.zx + (128 if flip else 0)) * wsum)
+                        for flip in (False, True)}
+
+    def __call__(self, x: np.ndarray):
+        """The requantized output of NCHW `x`, or None where the kernels do not take it."""
+        ikind = IN_KINDS.get(x.dtype)
+        if self.kind is None or ikind is None or x.ndim != 4 or x.shape[1] != self.w.shape[1] * (
+                self.w.shape[0] if self.kind == "depthwise" else 1):
+            return None
+        if self.kind == "depthwise":
+            return self._depthwise(np.ascontiguousarray(x), ikind)
+        sh, sw = self.strides
+        xs = x if (sh, sw) == (1, 1) else x[:, :, ::sh, ::sw]
+        return self._pointwise(np.ascontiguousarray(xs), ikind)
+
+    def _depthwise(self, x, ikind):
+        rq, lib = self.rq, library()
+        n, c, h, wd = x.shape
+        kh, kw = self.w.shape[2:]
+        if self._shape != x.shape:
+            (sh, sw), (dh, dw), (pt, pl, pb, pr) = self.strides, self.dilations, self.pads
+            oh = (h + pt + pb - dh * (kh - 1) - 1) // sh + 1
+            ow = (wd + pl + pr - dw * (kw - 1) - 1) // sw + 1
+            if oh <= 0 or ow <= 0:
+                return None
+            self._params = np.array([n, c, h, wd, self.zx, kh, kw, sh, sw, pt, pl, dh, dw, oh, ow, rq.lo, rq.hi,
+                                     rq.zp, int(rq.per_channel), int(self.exact32)], np.int64)
+            self._shape = x.shape
+        oh, ow = int(self._params[13]), int(self._params[14])
+        out = np.empty((n, c, oh, ow), rq.dtype)
+        args = (x.ctypes.data, ikind, self.w.ctypes.data, out.ctypes.data, OUT_KINDS[rq.dtype], self._params.ctypes.data,
+                self.b32.ctypes.data, rq.mult.ctypes.data, rq.rshift.ctypes.data)
+        _split(c, out.size * kh * kw, lambda u0, u1: lib.tftpu_depthwise(*args, u0, u1))
+        return out
+
+    def _pointwise(self, x, ikind):
+        rq, lib = self.rq, library()
+        n, c, h, wd = x.shape
+        o, pixels = self.w.shape[0], h * wd
+        flip = x.dtype == np.int8          # int8 data enters the unsigned operand as x + 128
+        if self._shape != x.shape:
+            self._params = np.array([n, c, pixels, o, self.wpack.shape[1] // 4, rq.lo, rq.hi, rq.zp, 0,
+                                     int(rq.per_channel), int(self.exact32)], np.int64)
+            self._shape = x.shape
+        self._params[8] = int(flip)
+        out = np.empty((n, o, h, wd), rq.dtype)
+        args = (x.ctypes.data, ikind, self.wpack.ctypes.data, self.b64[flip].ctypes.data, rq.mult.ctypes.data,
+                rq.rshift.ctypes.data, out.ctypes.data, OUT_KINDS[rq.dtype], self._params.ctypes.data)
+        work = n * o * pixels * c // 8
+        if pixels >= 64:                    # split the pixels, 32 a tile
+            _split(-(-pixels // 32), work, lambda u0, u1: lib.tftpu_pointwise(*args, u0 * 32, min(pixels, u1 * 32), 0, o))
+        else:                               # split the output channels, 8 a block
+            _split(-(-o // 8), work, lambda u0, u1: lib.tftpu_pointwise(*args, 0, pixels, u0 * 8, min(o, u1 * 8)))
+        return out
+
+
+@functools.cache
+def has_pointwise() -> bool:
+    """Whether this CPU's build has the INT8 GEMM of 1x1 convs (AVX-512 VNNI)."""
+    lib = library()
+    return lib is not None and bool(lib.tftpu_has_pointwise())
+
+
+def pack_pointwise(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """An OIHW 1x1 INT8 weight as the GEMM takes it: [O rounded up to 8][C rounded up to 4]
+    int8 (zeros added), and the sum of each output channel's weights (int64)."""
+    o, c = w.shape[:2]
+    packed = np.zeros((-(-o // 8) * 8, -(-c // 4) * 4), np.int8)
+    packed[:o, :c] = w.reshape(o, c)
+    return packed, w.reshape(o, c).astype(np.int64).sum(axis=1)
+
+
+def add(a: np.ndarray, b: np.ndarray, za: int, zb: int, ma: int, mb: int, r: int, lo: int, hi: int, zp: int,
+        dtype):
+    """`((a - za) * ma + (b - zb) * mb)` shifted right by `r` (ties away from zero), plus `zp`,
+    clamped to [lo, hi], for INT8/UINT8 `a`, `b` of one shape; None where it does not apply.
+    The caller keeps |ma|, |mb| < 2**15 (the sums then match the int32 reference)."""
+    lib = library()
+    dtype = np.dtype(dtype)
+    ka, kb = IN_KINDS.get(a.dtype), IN_KINDS.get(b.dtype)
+    if lib is None or ka is None or kb is None or a.shape != b.shape or dtype not in OUT_KINDS:
+        return None
+    a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
+    out = np.empty(a.shape, dtype)
+    params = np.array([a.size, za, zb, ma, mb, r, lo, hi, zp], np.int64)
+    ap, bp, o, p, okind = a.ctypes.data, b.ctypes.data, out.ctypes.data, params.ctypes.data, OUT_KINDS[dtype]
+    _split(a.size, a.size, lambda i0, i1: lib.tftpu_add(ap, ka, bp, kb, o, okind, p, i0, i1))
+    return out
