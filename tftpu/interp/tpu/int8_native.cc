@@ -21,6 +21,14 @@
 // AVX2's 32x32->64 multiplies).
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+#include <pthread.h>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -379,35 +387,155 @@ TFTPU_INLINE int with_in(int kind, Fn fn) {
   }
 }
 
+// ---------------------------------------------------------------- threads
+// A small pool of workers for the calls above: each call is split into `parts` ranges, the caller
+// runs the first and the workers the rest. Between calls workers spin for kSpinMicros (the next
+// op usually follows within tens of microseconds) and then sleep on a condition variable, so an
+// idle process costs nothing. One call at a time uses the pool; a concurrent caller runs its whole
+// range itself. A forked child starts without workers (pthread_atfork) and makes its own.
+constexpr int64_t kSpinMicros = 200;
+
+class Pool {
+ public:
+  explicit Pool(int workers) {
+    for (int i = 0; i < workers; ++i) std::thread([this, i] { loop(i + 1); }).detach();
+    size_ = workers + 1;
+  }
+  int size() const { return size_; }
+  bool try_acquire() { return !busy_.test_and_set(std::memory_order_acquire); }
+  void release() { busy_.clear(std::memory_order_release); }
+
+  // Run job(k) for k in [0, parts) (parts <= size()): k = 0 here, the others on workers.
+  void run(int parts, const std::function<void(int)>& job) {
+    job_ = &job;
+    parts_ = parts;
+    remaining_.store(size_ - 1, std::memory_order_relaxed);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      gen_.fetch_add(1, std::memory_order_release);
+    }
+    if (sleeping_.load(std::memory_order_acquire) > 0) cv_.notify_all();
+    job(0);
+    while (remaining_.load(std::memory_order_acquire) > 0) pause();
+  }
+
+ private:
+  static void pause() {
+#if defined(__x86_64__)
+    __builtin_ia32_pause();
+#endif
+  }
+
+  void loop(int k) {
+    uint64_t seen = 0;
+    for (;;) {
+      const auto start = std::chrono::steady_clock::now();
+      uint64_t g;
+      for (int i = 0;; ++i) {
+        g = gen_.load(std::memory_order_acquire);
+        if (g != seen) break;
+        pause();
+        if ((i & 255) == 255 &&
+            std::chrono::steady_clock::now() - start > std::chrono::microseconds(kSpinMicros)) {
+          std::unique_lock<std::mutex> lock(mu_);
+          sleeping_.fetch_add(1, std::memory_order_acq_rel);
+          cv_.wait(lock, [&] { return gen_.load(std::memory_order_acquire) != seen; });
+          sleeping_.fetch_sub(1, std::memory_order_acq_rel);
+          g = gen_.load(std::memory_order_acquire);
+          break;
+        }
+      }
+      seen = g;
+      if (k < parts_) (*job_)(k);
+      remaining_.fetch_sub(1, std::memory_order_acq_rel);
+    }
+  }
+
+  int size_ = 1;
+  std::atomic_flag busy_ = ATOMIC_FLAG_INIT;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::atomic<uint64_t> gen_{0};
+  std::atomic<int> remaining_{0}, sleeping_{0};
+  const std::function<void(int)>* job_ = nullptr;
+  int parts_ = 0;
+};
+
+std::atomic<Pool*> g_pool{nullptr};
+std::mutex g_pool_mu;
+int g_threads = 1;
+
+void forget_pool_in_child() { g_pool.store(nullptr); }   // the parent's workers do not exist here
+
+Pool* pool() {
+  Pool* p = g_pool.load(std::memory_order_acquire);
+  if (p || g_threads <= 1) return p;
+  std::lock_guard<std::mutex> lock(g_pool_mu);
+  p = g_pool.load(std::memory_order_acquire);
+  if (!p) {
+    static bool registered = (pthread_atfork(nullptr, nullptr, forget_pool_in_child), true);
+    (void)registered;
+    p = new Pool(g_threads - 1);
+    g_pool.store(p, std::memory_order_release);
+  }
+  return p;
+}
+
+// f(a, b) over [lo, hi) in up to `parts` pieces whose bounds (but the last) are multiples of grain.
+template <typename F>
+void split_run(int64_t lo, int64_t hi, int64_t grain, int parts, F f) {
+  const int64_t blocks = (hi - lo + grain - 1) / grain;
+  Pool* p = parts > 1 && blocks > 1 ? pool() : nullptr;
+  if (!p || !p->try_acquire()) {
+    f(lo, hi);
+    return;
+  }
+  const int n = int(std::min<int64_t>({int64_t(parts), int64_t(p->size()), blocks}));
+  const std::function<void(int)> job = [&](int k) {
+    const int64_t a = lo + blocks * k / n * grain, b = std::min(hi, lo + blocks * (k + 1) / n * grain);
+    if (a < b) f(a, b);
+  };
+  p->run(n, job);
+  p->release();
+}
+
 }  // namespace
 
 extern "C" {
 
 // Returns 0, or 1 for a storage kind it does not know.
+// Every entry point runs its range [o0, o1) in up to `parts` pieces on the pool. They return 0,
+// or 1 for a storage kind they do not know.
+void tftpu_set_threads(int threads) { g_threads = std::max(1, threads); }
+
 int tftpu_requant(const void* acc, int acc_kind, void* out, int out_kind, const int64_t* params,
-                               const int32_t* bias, const int32_t* mult, const int32_t* rshift, int64_t o0,
-                               int64_t o1) {
+                  const int32_t* bias, const int32_t* mult, const int32_t* rshift, int64_t o0, int64_t o1,
+                  int parts) {
   const Tables t{bias, mult, rshift};
   if (acc_kind != 0 && acc_kind != 1) return 1;
   return with_out(out_kind, [&](auto* tag) {
     using Out = std::remove_pointer_t<decltype(tag)>;
-    if (acc_kind == 0)
-      requant_impl(static_cast<const int32_t*>(acc), static_cast<Out*>(out), params, t, o0, o1);
-    else
-      requant_impl(static_cast<const int64_t*>(acc), static_cast<Out*>(out), params, t, o0, o1);
+    split_run(o0, o1, 1, parts, [&](int64_t a, int64_t b) {
+      if (acc_kind == 0)
+        requant_impl(static_cast<const int32_t*>(acc), static_cast<Out*>(out), params, t, a, b);
+      else
+        requant_impl(static_cast<const int64_t*>(acc), static_cast<Out*>(out), params, t, a, b);
+    });
   });
 }
 
-int tftpu_depthwise(const void* x, int in_kind, const int8_t* w, void* out, int out_kind,
-                                 const int64_t* params, const int32_t* bias, const int32_t* mult,
-                                 const int32_t* rshift, int64_t o0, int64_t o1) {
+int tftpu_depthwise(const void* x, int in_kind, const int8_t* w, void* out, int out_kind, const int64_t* params,
+                    const int32_t* bias, const int32_t* mult, const int32_t* rshift, int64_t o0, int64_t o1,
+                    int parts) {
   const Tables t{bias, mult, rshift};
   int status = 0;
   status |= with_in(in_kind, [&](auto* in_tag) {
     using In = std::remove_pointer_t<decltype(in_tag)>;
     status |= with_out(out_kind, [&](auto* out_tag) {
       using Out = std::remove_pointer_t<decltype(out_tag)>;
-      depthwise_impl(static_cast<const In*>(x), w, static_cast<Out*>(out), params, t, o0, o1);
+      split_run(o0, o1, 1, parts, [&](int64_t a, int64_t b) {
+        depthwise_impl(static_cast<const In*>(x), w, static_cast<Out*>(out), params, t, a, b);
+      });
     });
   });
   return status;
@@ -416,18 +544,27 @@ int tftpu_depthwise(const void* x, int in_kind, const int8_t* w, void* out, int 
 // Whether tftpu_pointwise exists in this build (AVX-512 VNNI).
 int tftpu_has_pointwise() { return kHaveVnni ? 1 : 0; }
 
-// Returns 2 where the build has no pointwise kernel.
+// Returns 2 where the build has no pointwise kernel. Splits the pixels (32 a tile) where there
+// are at least 64, else the output channels (8 a block).
 int tftpu_pointwise(const void* x, int in_kind, const int8_t* w, const int64_t* bias, const int32_t* mult,
                     const int32_t* rshift, void* out, int out_kind, const int64_t* params, int64_t p0, int64_t p1,
-                    int64_t o0, int64_t o1) {
+                    int64_t o0, int64_t o1, int parts) {
 #if defined(__AVX512VNNI__) && defined(TFTPU_AVX512)
   int status = 0;
   status |= with_in(in_kind, [&](auto* in_tag) {
     using In = std::remove_pointer_t<decltype(in_tag)>;
     status |= with_out(out_kind, [&](auto* out_tag) {
       using Out = std::remove_pointer_t<decltype(out_tag)>;
-      pointwise_impl(static_cast<const In*>(x), w, bias, mult, rshift, static_cast<Out*>(out), params, p0, p1,
-                     o0, o1);
+      if (p1 - p0 >= 64)
+        split_run(p0, p1, 32, parts, [&](int64_t a, int64_t b) {
+          pointwise_impl(static_cast<const In*>(x), w, bias, mult, rshift, static_cast<Out*>(out), params, a, b,
+                         o0, o1);
+        });
+      else
+        split_run(o0, o1, 8, parts, [&](int64_t a, int64_t b) {
+          pointwise_impl(static_cast<const In*>(x), w, bias, mult, rshift, static_cast<Out*>(out), params, p0, p1,
+                         a, b);
+        });
     });
   });
   return status;
@@ -437,7 +574,7 @@ int tftpu_pointwise(const void* x, int in_kind, const int8_t* w, const int64_t* 
 }
 
 int tftpu_add(const void* a, int a_kind, const void* b, int b_kind, void* out, int out_kind,
-                           const int64_t* params, int64_t i0, int64_t i1) {
+              const int64_t* params, int64_t i0, int64_t i1, int parts) {
   int status = 0;
   status |= with_in(a_kind, [&](auto* a_tag) {
     using A = std::remove_pointer_t<decltype(a_tag)>;
@@ -445,7 +582,9 @@ int tftpu_add(const void* a, int a_kind, const void* b, int b_kind, void* out, i
       using B = std::remove_pointer_t<decltype(b_tag)>;
       status |= with_out(out_kind, [&](auto* out_tag) {
         using Out = std::remove_pointer_t<decltype(out_tag)>;
-        add_impl(static_cast<const A*>(a), static_cast<const B*>(b), static_cast<Out*>(out), params, i0, i1);
+        split_run(i0, i1, 64, parts, [&](int64_t u, int64_t v) {
+          add_impl(static_cast<const A*>(a), static_cast<const B*>(b), static_cast<Out*>(out), params, u, v);
+        });
       });
     });
   });

@@ -3,8 +3,8 @@ accumulators (bias fused), depthwise conv with its requantization, and element-w
 
 Each returns None where it does not apply (the library cannot be built, `TFTPU_NATIVE=0`, or
 types it does not take); the callers then take their numpy paths, which compute the same
-integers (tests/interp/test_int8_native.py holds both to the integer reference). Large tensors
-run in slabs on the worker threads of `requant.in_slabs` (ctypes releases the GIL).
+integers (tests/interp/test_int8_native.py holds both to the integer reference). Large calls
+share the library's own worker threads (as many as `requant.in_slabs` uses).
 """
 
 from __future__ import annotations
@@ -37,30 +37,25 @@ def library():
     except native.NativeKernelError as exc:
         logging.info("tftpu: INT8 inference without native kernels (%s); numpy computes the same integers", exc)
         return None
-    lib.tftpu_requant.argtypes = [_P, _I, _P, _I, _P, _P, _P, _P, _L, _L]
-    lib.tftpu_depthwise.argtypes = [_P, _I, _P, _P, _I, _P, _P, _P, _P, _L, _L]
-    lib.tftpu_add.argtypes = [_P, _I, _P, _I, _P, _I, _P, _L, _L]
-    lib.tftpu_pointwise.argtypes = [_P, _I, _P, _P, _P, _P, _P, _I, _P, _L, _L, _L, _L]
+    lib.tftpu_requant.argtypes = [_P, _I, _P, _I, _P, _P, _P, _P, _L, _L, _I]
+    lib.tftpu_depthwise.argtypes = [_P, _I, _P, _P, _I, _P, _P, _P, _P, _L, _L, _I]
+    lib.tftpu_add.argtypes = [_P, _I, _P, _I, _P, _I, _P, _L, _L, _I]
+    lib.tftpu_pointwise.argtypes = [_P, _I, _P, _P, _P, _P, _P, _I, _P, _L, _L, _L, _L, _I]
     lib.tftpu_has_pointwise.argtypes = []
+    lib.tftpu_set_threads.argtypes = [_I]
+    lib.tftpu_set_threads.restype = None
     for fn in (lib.tftpu_requant, lib.tftpu_depthwise, lib.tftpu_add, lib.tftpu_pointwise, lib.tftpu_has_pointwise):
         fn.restype = _I
+    lib.tftpu_set_threads(requant._workers())
     return lib
 
 
-def _split(units: int, elements: int, call) -> None:
-    """`call(u0, u1)` over [0, units), in up to `requant._workers()` pieces when `elements` is
-    large enough to pay for threads."""
-    n = requant._workers()
-    if n == 1 or elements < requant.SLAB_MIN or units < 2:
-        _check(call(0, units))
-        return
-    n = min(n, units)
-    edges = [units * i // n for i in range(n + 1)]
-    pool = requant.pool()
-    futures = [pool.submit(call, edges[i], edges[i + 1]) for i in range(1, n)]
-    _check(call(edges[0], edges[1]))
-    for f in futures:
-        _check(f.result())
+PARALLEL_MIN = 1 << 15      # work (elements, or MACs / 8) below which a call runs on one thread
+
+
+def _parts(work: int) -> int:
+    """How many threads a call of `work` shares (the library's pool: the caller and workers)."""
+    return requant._workers() if work >= PARALLEL_MIN else 1
 
 
 def _check(status: int) -> None:
@@ -127,7 +122,7 @@ class Requantizer:
         a, o, p, mp, rp = acc.ctypes.data, out.ctypes.data, params.ctypes.data, self.mult.ctypes.data, \
             self.rshift.ctypes.data
         okind = OUT_KINDS[self.dtype]
-        _split(units, acc.size, lambda u0, u1: lib.tftpu_requant(a, kind, o, okind, p, bias_ptr, mp, rp, u0, u1))
+        _check(lib.tftpu_requant(a, kind, o, okind, p, bias_ptr, mp, rp, 0, units, _parts(acc.size)))
         return out
 
 
@@ -192,7 +187,7 @@ class Conv:
         out = np.empty((n, c, oh, ow), rq.dtype)
         args = (x.ctypes.data, ikind, self.w.ctypes.data, out.ctypes.data, OUT_KINDS[rq.dtype], self._params.ctypes.data,
                 self.b32.ctypes.data, rq.mult.ctypes.data, rq.rshift.ctypes.data)
-        _split(c, out.size * kh * kw, lambda u0, u1: lib.tftpu_depthwise(*args, u0, u1))
+        _check(lib.tftpu_depthwise(*args, 0, c, _parts(out.size * kh * kw)))
         return out
 
     def _pointwise(self, x, ikind):
@@ -208,11 +203,7 @@ class Conv:
         out = np.empty((n, o, h, wd), rq.dtype)
         args = (x.ctypes.data, ikind, self.wpack.ctypes.data, self.b64[flip].ctypes.data, rq.mult.ctypes.data,
                 rq.rshift.ctypes.data, out.ctypes.data, OUT_KINDS[rq.dtype], self._params.ctypes.data)
-        work = n * o * pixels * c // 8
-        if pixels >= 64:                    # split the pixels, 32 a tile
-            _split(-(-pixels // 32), work, lambda u0, u1: lib.tftpu_pointwise(*args, u0 * 32, min(pixels, u1 * 32), 0, o))
-        else:                               # split the output channels, 8 a block
-            _split(-(-o // 8), work, lambda u0, u1: lib.tftpu_pointwise(*args, 0, pixels, u0 * 8, min(o, u1 * 8)))
+        _check(lib.tftpu_pointwise(*args, 0, pixels, 0, o, _parts(n * o * pixels * c // 8)))
         return out
 
 
@@ -246,5 +237,5 @@ def add(a: np.ndarray, b: np.ndarray, za: int, zb: int, ma: int, mb: int, r: int
     out = np.empty(a.shape, dtype)
     params = np.array([a.size, za, zb, ma, mb, r, lo, hi, zp], np.int64)
     ap, bp, o, p, okind = a.ctypes.data, b.ctypes.data, out.ctypes.data, params.ctypes.data, OUT_KINDS[dtype]
-    _split(a.size, a.size, lambda i0, i1: lib.tftpu_add(ap, ka, bp, kb, o, okind, p, i0, i1))
+    _check(lib.tftpu_add(ap, ka, bp, kb, o, okind, p, 0, a.size, _parts(a.size)))
     return out
