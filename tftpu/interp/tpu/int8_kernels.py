@@ -525,7 +525,9 @@ def cast(operands, attrs, info):
         y = rounding.multiply_by_quantized_multiplier(acc, attrs["multiplier"][0], -attrs["rshift"][0])
         return [_clamp(y.astype(np.int64) + dst.zp, {}, dst)]
     if dst.quantized:
-        return [rounding.quantize(_widen(x), dst.scale, dst.zp, np.dtype(quant.STORAGE[dst.dtype][0]))]
+        dtype = np.dtype(quant.STORAGE[dst.dtype][0])
+        y = native.quantize(np.asarray(x), dst.scale, dst.zp, dtype) if np.asarray(x).dtype == np.float32 else None
+        return [rounding.quantize(_widen(x), dst.scale, dst.zp, dtype) if y is None else y]
     if src.quantized:
         return [rounding.dequantize(x, src.scale, src.zp, dst.dtype)]
     if dst.dtype in ("f32", "f16", "bf16"):

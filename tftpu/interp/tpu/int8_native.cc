@@ -29,6 +29,7 @@
 #include <thread>
 
 #include <pthread.h>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -366,6 +367,24 @@ TFTPU_INLINE void add_impl(const A* a, const B* b, Out* out, const int64_t* p, i
   }
 }
 
+// Float32 to integers as tftpu.rounding.quantize: round(double(x) / scale) half away from zero,
+// plus the zero point, saturated to [lo, hi]. Returns false on a NaN (the caller's numpy path
+// decides what a NaN becomes). quantize: [n, zp, lo, hi] and the scale as a double.
+template <typename Out>
+TFTPU_INLINE bool quantize_impl(const float* __restrict__ x, double scale, const int64_t* p, Out* __restrict__ out,
+                                int64_t i0, int64_t i1) {
+  const double zp = double(p[1]), lo = double(p[2]), hi = double(p[3]);
+  bool nan = false;
+  for (int64_t i = i0; i < i1; ++i) {
+    const double v = double(x[i]) / scale;
+    nan |= v != v;
+    double r = std::floor(std::fabs(v) + 0.5);
+    r = v < 0 ? -r : r;
+    out[i] = Out(int64_t(std::min(std::max(r + zp, lo), hi)));
+  }
+  return !nan;
+}
+
 // Storage kinds: 0 int8, 1 uint8, 2 int16, 3 int32 (outputs); accumulators 0 int32, 1 int64.
 template <typename Fn>
 TFTPU_INLINE int with_out(int kind, Fn fn) {
@@ -589,6 +608,17 @@ int tftpu_add(const void* a, int a_kind, const void* b, int b_kind, void* out, i
     });
   });
   return status;
+}
+
+int tftpu_quantize(const float* x, double scale, void* out, int out_kind, const int64_t* params, int parts) {
+  std::atomic<bool> ok{true};
+  const int status = with_out(out_kind, [&](auto* tag) {
+    using Out = std::remove_pointer_t<decltype(tag)>;
+    split_run(0, params[0], 64, parts, [&](int64_t a, int64_t b) {
+      if (!quantize_impl(x, scale, params, static_cast<Out*>(out), a, b)) ok = false;
+    });
+  });
+  return status ? status : (ok ? 0 : 3);
 }
 
 }  // extern "C"

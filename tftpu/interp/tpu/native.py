@@ -42,9 +42,11 @@ def library():
     lib.tftpu_add.argtypes = [_P, _I, _P, _I, _P, _I, _P, _L, _L, _I]
     lib.tftpu_pointwise.argtypes = [_P, _I, _P, _P, _P, _P, _P, _I, _P, _L, _L, _L, _L, _I]
     lib.tftpu_has_pointwise.argtypes = []
+    lib.tftpu_quantize.argtypes = [_P, ctypes.c_double, _P, _I, _P, _I]
     lib.tftpu_set_threads.argtypes = [_I]
     lib.tftpu_set_threads.restype = None
-    for fn in (lib.tftpu_requant, lib.tftpu_depthwise, lib.tftpu_add, lib.tftpu_pointwise, lib.tftpu_has_pointwise):
+    for fn in (lib.tftpu_requant, lib.tftpu_depthwise, lib.tftpu_add, lib.tftpu_pointwise, lib.tftpu_has_pointwise,
+               lib.tftpu_quantize):
         fn.restype = _I
     lib.tftpu_set_threads(requant._workers())
     return lib
@@ -238,4 +240,23 @@ def add(a: np.ndarray, b: np.ndarray, za: int, zb: int, ma: int, mb: int, r: int
     params = np.array([a.size, za, zb, ma, mb, r, lo, hi, zp], np.int64)
     ap, bp, o, p, okind = a.ctypes.data, b.ctypes.data, out.ctypes.data, params.ctypes.data, OUT_KINDS[dtype]
     _check(lib.tftpu_add(ap, ka, bp, kb, o, okind, p, 0, a.size, _parts(a.size)))
+    return out
+
+
+def quantize(x: np.ndarray, scale: float, zp: int, dtype):
+    """`tftpu.rounding.quantize` of float32 `x` (round half away from zero of x / scale in
+    float64, plus `zp`, saturated to `dtype`), or None where it does not apply (a NaN included)."""
+    lib = library()
+    dtype = np.dtype(dtype)
+    if lib is None or x.dtype != np.float32 or dtype not in OUT_KINDS or not (scale > 0 and math.isfinite(scale)):
+        return None
+    x = np.ascontiguousarray(x)
+    info = np.iinfo(dtype)
+    out = np.empty(x.shape, dtype)
+    params = np.array([x.size, zp, info.min, info.max], np.int64)
+    status = lib.tftpu_quantize(x.ctypes.data, float(scale), out.ctypes.data, OUT_KINDS[dtype], params.ctypes.data,
+                                _parts(x.size))
+    if status == 3:
+        return None
+    _check(status)
     return out
