@@ -235,8 +235,9 @@ def add(a: np.ndarray, b: np.ndarray, za: int, zb: int, ma: int, mb: int, r: int
     ka, kb = IN_KINDS.get(a.dtype), IN_KINDS.get(b.dtype)
     if lib is None or ka is None or kb is None or a.shape != b.shape or dtype not in OUT_KINDS:
         return None
+    shape = a.shape                    # (ascontiguousarray makes a 0-d array 1-d)
     a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
-    out = np.empty(a.shape, dtype)
+    out = np.empty(shape, dtype)
     params = np.array([a.size, za, zb, ma, mb, r, lo, hi, zp], np.int64)
     ap, bp, o, p, okind = a.ctypes.data, b.ctypes.data, out.ctypes.data, params.ctypes.data, OUT_KINDS[dtype]
     _check(lib.tftpu_add(ap, ka, bp, kb, o, okind, p, 0, a.size, _parts(a.size)))
@@ -250,9 +251,10 @@ def quantize(x: np.ndarray, scale: float, zp: int, dtype):
     dtype = np.dtype(dtype)
     if lib is None or x.dtype != np.float32 or dtype not in OUT_KINDS or not (scale > 0 and math.isfinite(scale)):
         return None
+    shape = x.shape
     x = np.ascontiguousarray(x)
     info = np.iinfo(dtype)
-    out = np.empty(x.shape, dtype)
+    out = np.empty(shape, dtype)
     params = np.array([x.size, zp, info.min, info.max], np.int64)
     status = lib.tftpu_quantize(x.ctypes.data, float(scale), out.ctypes.data, OUT_KINDS[dtype], params.ctypes.data,
                                 _parts(x.size))

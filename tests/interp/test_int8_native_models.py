@@ -1,0 +1,67 @@
+"""Whole models through the native INT8 kernels (`tftpu.interp.tpu.native`) give every tensor
+bit-equal to the numpy paths they replace (the paths `TFTPU_NATIVE=0` takes), on the layers
+real networks have: depthwise convs with strides and pads, 1x1 convs (the VNNI GEMM),
+residual Adds, the input Cast; symmetric and asymmetric INT8, a 64-lane and a 16-lane chip."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tftpu import frontend, quant
+from tftpu.interp.tpu import TpuInterpreter, native
+from tftpu.transforms.lowering import lower
+
+pytestmark = pytest.mark.skipif(native.library() is None, reason="native kernels cannot be built here")
+
+_MODEL = {}
+
+
+def mobilenet():
+    """A small MobileNetV2 (alpha 0.35, 64x64, random weights), its input and calibration."""
+    if not _MODEL:
+        import keras
+
+        km = keras.applications.MobileNetV2(weights=None, input_shape=(64, 64, 3), alpha=0.35)
+        model = frontend.load(frontend.to_onnx(km))
+        rng = np.random.default_rng(0)
+        name = model.input_names[0]
+        feeds = [{name: rng.uniform(-1, 1, (1, 64, 64, 3)).astype(np.float32)} for _ in range(2)]
+        _MODEL.update(model=model, feeds=feeds)
+    return _MODEL["model"], _MODEL["feeds"]
+
+
+def numpy_only(monkeypatch):
+    """The numpy paths: every native entry point reports itself unavailable."""
+    monkeypatch.setattr(native, "library", lambda: None)
+    monkeypatch.setattr(native, "has_pointwise", lambda: False)
+
+
+@pytest.mark.parametrize("chip,asymmetric", [("npu1", False), ("npu1", True), ("edge16", False)],
+                         ids=["npu1-sym", "npu1-asym", "edge16-sym"])
+def test_native_kernels_equal_numpy_paths_on_mobilenet(monkeypatch, chip, asymmetric):
+    model, feeds = mobilenet()
+    table = quant.calibrate(model, feeds, "minmax", asymmetric=asymmetric)
+    tpu_model, _ = lower(model, chip, "INT8", table, asymmetric=asymmetric)
+    used = []
+    call = native.Conv.__call__
+
+    def spy(self, x):
+        y = call(self, x)
+        used.append(None if y is None else self.kind)
+        return y
+
+    with monkeypatch.context() as m:
+        m.setattr(native.Conv, "__call__", spy)
+        fast = TpuInterpreter(tpu_model).run(feeds[1], dump_all=True)
+    assert "depthwise" in used and (not native.has_pointwise() or "pointwise" in used), used
+    kinds = {op.name for op in tpu_model.ops}
+    assert {"tpu.Conv", "tpu.Add", "tpu.Cast"} <= kinds
+    with monkeypatch.context() as m:
+        numpy_only(m)
+        # a fresh model: the per-op plans are kept per op, and these ops have not been planned
+        tpu_model, _ = lower(model, chip, "INT8", table, asymmetric=asymmetric)
+        slow = TpuInterpreter(tpu_model).run(feeds[1], dump_all=True)
+    assert fast.keys() == slow.keys()
+    differ = [k for k in fast if not np.array_equal(np.asarray(fast[k]), np.asarray(slow[k]))]
+    assert not differ, differ[:5]
