@@ -1,0 +1,669 @@
+"""The native fused INT8 kernels (`tftpu.interp.tpu.native`, ctypes bindings of `int8_native.cc`)
+are bit-exact against an independent integer reference written here with numpy int64 (Python
+object ints where a sum may leave int64), following TFLite / gemmlowp's definitions:
+
+- the accumulator `t` is the exact sum plus bias, saturated to int32;
+- SaturatingRoundingDoublingHighMul(t, m): `ab = t * m`, nudge `2**30` (`1 - 2**30` where
+  `ab < 0`), then C++'s truncating division by `2**31`;
+- RoundingDivideByPOT(y, r): gemmlowp's mask-and-threshold form;
+- `out = clip(result + zp, lo, hi)` in the output type.
+
+Conv sums are recomputed from the padded input (padding holds `zx`, so it contributes zero).
+Covers `Requantizer.requant` (int32 / int64 accumulators, per channel or one, NCHW or channels
+last, bias, `exact32`), `Conv` (depthwise and the 1x1 VNNI GEMM), `add`, the cases the kernels
+decline, and `TFTPU_NATIVE=0`. Each kernel also runs cut into slabs on worker threads (the
+size threshold lowered) so that the slab edges are checked on small tensors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tftpu.interp.tpu import native, requant
+
+INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+EDGE_MULTS = [0, 1, 3, (1 << 30) - 1, 1 << 30, (1 << 30) + 1, 3 << 29, INT32_MAX - 1, INT32_MAX]
+EDGE_I32 = [INT32_MIN, INT32_MIN + 1, -(1 << 30) - 1, -(1 << 30), -3, -2, -1, 0, 1, 2, 3, 1 << 30,
+            INT32_MAX - 1, INT32_MAX]
+BEYOND = [INT32_MIN - 1, INT32_MAX + 1, -(1 << 40), 1 << 40, -(1 << 62), 1 << 62]
+OUT_TYPES = [np.int8, np.uint8, np.int16]
+
+SWEEP = settings(deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+
+
+def need_library():
+    if native.library() is None:
+        pytest.skip("native INT8 kernels cannot be built here")
+
+
+def need_pointwise():
+    need_library()
+    if not native.has_pointwise():
+        pytest.skip("this CPU's build has no AVX-512 VNNI pointwise kernel")
+
+
+# ---------------------------------------------------------------- the integer reference
+
+def srdhm(t, m):
+    """gemmlowp's SaturatingRoundingDoublingHighMul for int32 `t` and 0 <= m < 2**31 (int64;
+    no saturation case: m != INT32_MIN)."""
+    ab = np.asarray(t, np.int64) * np.asarray(m, np.int64)
+    total = ab + np.where(ab >= 0, np.int64(1 << 30), np.int64(1 - (1 << 30)))
+    return np.where(total >= 0, total // (1 << 31), -((-total) // (1 << 31)))     # C++ truncation
+
+
+def rdbp(y, r):
+    """gemmlowp's RoundingDivideByPOT, mask-and-threshold form (r in 0..31)."""
+    y = np.asarray(y, np.int64)
+    r = np.asarray(r, np.int64)
+    mask = (np.int64(1) << r) - 1
+    remainder = y & mask
+    threshold = (mask >> 1) + (y < 0).astype(np.int64)
+    return (y >> r) + (remainder > threshold).astype(np.int64)
+
+
+def along(v, ndim: int, axis: int):
+    """Per-channel values shaped to broadcast along `axis` (one value: a 0-d array)."""
+    v = np.asarray(v, np.int64).reshape(-1)
+    if v.size == 1:
+        return v.reshape(())
+    shape = [1] * ndim
+    shape[axis] = -1
+    return v.reshape(shape)
+
+
+def ref_requant(s, mult, rshift, axis, lo, hi, zp, dtype):
+    """The exact sums `s` (any integers) saturated to int32, scaled, zero point, clamp."""
+    s = np.asarray(s, object) if np.asarray(s).dtype == object else np.asarray(s, np.int64)
+    t = np.clip(s, INT32_MIN, INT32_MAX).astype(np.int64)
+    m = along(mult, t.ndim, axis)
+    r = along(rshift, t.ndim, axis)
+    m, r = np.broadcast_arrays(m, r)
+    y = rdbp(srdhm(t, m), r)
+    return np.clip(y + zp, lo, hi).astype(dtype)
+
+
+def ref_conv_sums(x, w, bias, zx, strides, pads, dilations, group):
+    """The exact int64 sums of a grouped conv of NCHW `x` (zero point `zx`, padded with `zx`)
+    and OIHW `w`, plus `bias`."""
+    n, c, h, wd = x.shape
+    o, cg, kh, kw = w.shape
+    (sh, sw), (pt, pl, pb, pr), (dh, dw) = strides, pads, dilations
+    oh = (h + pt + pb - dh * (kh - 1) - 1) // sh + 1
+    ow = (wd + pl + pr - dw * (kw - 1) - 1) // sw + 1
+    xp = np.pad(x.astype(np.int64), ((0, 0), (0, 0), (pt, pb), (pl, pr)), constant_values=zx) - zx
+    xg = xp.reshape(n, group, cg, h + pt + pb, wd + pl + pr)
+    wg = w.astype(np.int64).reshape(group, o // group, cg, kh, kw)
+    acc = np.zeros((n, group, o // group, oh, ow), np.int64)
+    for ky in range(kh):
+        for kx in range(kw):
+            patch = xg[:, :, :, ky * dh: ky * dh + (oh - 1) * sh + 1: sh, kx * dw: kx * dw + (ow - 1) * sw + 1: sw]
+            acc += np.einsum("ngchw,goc->ngohw", patch, wg[:, :, :, ky, kx])
+    acc = acc.reshape(n, o, oh, ow)
+    if bias is not None:
+        acc += np.asarray(bias, np.int64).reshape(1, o, 1, 1)
+    return acc
+
+
+def ref_add(a, b, za, zb, ma, mb, r, lo, hi, zp, dtype):
+    s = (a.astype(np.int64) - za) * ma + (b.astype(np.int64) - zb) * mb
+    return np.clip(rdbp(s, r) + zp, lo, hi).astype(dtype)
+
+
+def test_reference_matches_gemmlowp_by_hand():
+    """The reference's rounding, on hand-worked values (ties up in the high multiply, ties away
+    from zero in the shift)."""
+    half = 1 << 30                                       # m = 2**30: t / 2
+    assert srdhm([7, -7, 5, -5, 1, -1], half).tolist() == [4, -3, 3, -2, 1, 0]
+    assert srdhm([INT32_MAX, INT32_MIN], INT32_MAX).tolist() == [INT32_MAX - 1, INT32_MIN + 1]
+    assert rdbp([5, -5, 6, -6, 7, -7, 4, -4], 1).tolist() == [3, -3, 3, -3, 4, -4, 2, -2]
+    assert rdbp([6, -6, 5, -5, 10, -10], 2).tolist() == [2, -2, 1, -1, 3, -3]
+    assert rdbp([INT32_MAX, INT32_MIN, 1 << 30, -(1 << 30)], 31).tolist() == [1, -1, 1, -1]
+    assert rdbp([(1 << 30) - 1, -(1 << 30) + 1], 31).tolist() == [0, 0]
+
+
+# ---------------------------------------------------------------- helpers
+
+@contextlib.contextmanager
+def in_slabs():
+    """Every kernel call cut into pieces on 3 worker threads, however small the tensor."""
+    requant.pool()                                   # made at its real size before the patch
+    old_min, old_workers = requant.SLAB_MIN, requant._workers
+    requant.SLAB_MIN, requant._workers = 1, (lambda: 3)
+    try:
+        yield
+    finally:
+        requant.SLAB_MIN, requant._workers = old_min, old_workers
+
+
+def both(call):
+    """`call()` whole and in slabs; both results, asserted equal to each other."""
+    whole = call()
+    with in_slabs():
+        split = call()
+    assert whole is not None and split is not None
+    np.testing.assert_array_equal(whole, split)
+    return whole
+
+
+def check_equal(got, want, what):
+    assert got.dtype == want.dtype, what
+    assert got.shape == want.shape, what
+    if not np.array_equal(got, want):
+        bad = np.argwhere(got != want)
+        i = tuple(bad[0])
+        raise AssertionError(f"{what}: {len(bad)} of {got.size} differ; first at {i}: got {got[i]}, want {want[i]}")
+
+
+def rand_mults(rng, size, low=0):
+    """Multipliers: a fifth the edge values, the rest in [2**30, 2**31) (QuantizeMultiplier's
+    range) or anywhere in [low, 2**31)."""
+    u = rng.random(size)
+    edge = rng.choice(np.array(EDGE_MULTS, np.int64), size)
+    usual = rng.integers(1 << 30, 1 << 31, size)
+    anywhere = rng.integers(low, 1 << 31, size)
+    return np.where(u < 0.2, edge, np.where(u < 0.7, usual, anywhere)).tolist()
+
+
+def rand_rshifts(rng, size, top=31):
+    """Right shifts: 0 and `top` a fifth of the time each, else uniform in 0..top."""
+    u = rng.random(size)
+    return np.where(u < 0.2, 0, np.where(u < 0.4, top, rng.integers(0, top + 1, size))).tolist()
+
+
+def draw_clamp(draw, rng, dtype):
+    """(lo, hi, zp) in the range of `dtype`: the full range, a fused ReLU (lo = zp), a ReLU6-like
+    upper bound, or any sub-range."""
+    info = np.iinfo(dtype)
+    zp = draw(st.sampled_from([0, int(info.min), int(info.max), "random", "random"]))
+    zp = int(rng.integers(int(info.min), int(info.max) + 1)) if zp == "random" else zp
+    mode = draw(st.sampled_from(["full", "relu", "relu6", "range"]))
+    if mode == "full":
+        return int(info.min), int(info.max), zp
+    if mode == "relu":
+        return zp, int(info.max), zp
+    if mode == "relu6":
+        return zp, min(int(info.max), zp + int(rng.integers(0, 256))), zp
+    lo, hi = sorted(rng.integers(int(info.min), int(info.max) + 1, 2).tolist())
+    return lo, hi, zp
+
+
+# ---------------------------------------------------------------- Requantizer.requant
+
+def target_sums(rng, shape, axis, mult, rshift, span: int, wide: bool, extremes: bool):
+    """Exact sums (Python ints) per element: near an output of its channel within +-`span`, of a
+    random magnitude, or an extreme (beyond int32 where `wide`, the int64 extremes where also
+    `extremes`)."""
+    ch = np.indices(shape)[axis].reshape(-1) if len(shape) else np.zeros(1, int)
+    ms = np.broadcast_to(np.asarray(mult, np.int64).reshape(-1), (shape[axis],)).tolist()
+    rs = np.broadcast_to(np.asarray(rshift, np.int64).reshape(-1), (shape[axis],)).tolist()
+    pool = EDGE_I32 + (BEYOND if wide else []) + ([INT64_MIN, INT64_MIN + 1, INT64_MAX] if extremes else [])
+    out = []
+    for c in ch.tolist():
+        kind = rng.integers(0, 10)
+        m, r = ms[c], rs[c]
+        if kind < 5 and m > 0:
+            v = int(rng.integers(-span, span + 1))
+            t = (v << (31 + r)) // m + int(rng.integers(-4, 5))
+            out.append(min(max(t, -(1 << 62)), 1 << 62))
+        elif kind < 7:
+            e = int(rng.integers(0, 62 if wide else 32))
+            out.append(int(rng.integers(-(1 << e), (1 << e) + 1)))
+        else:
+            out.append(int(pool[rng.integers(0, len(pool))]))
+    return out
+
+
+@settings(SWEEP, max_examples=250)
+@given(st.data())
+def test_requant(data):
+    need_library()
+    draw = data.draw
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    layout = draw(st.sampled_from(["nchw", "last"]))
+    c = draw(st.integers(1, 9))
+    if layout == "nchw":
+        shape = (draw(st.integers(1, 2)), c, draw(st.integers(1, 6)), draw(st.integers(1, 8)))
+        axis = draw(st.sampled_from([1, -3]))
+    else:
+        lead = draw(st.lists(st.integers(1, 6), min_size=0, max_size=3))
+        shape = (*lead, c)
+        axis = draw(st.sampled_from([len(shape) - 1, -1]))
+    ax = axis % len(shape)
+    acc_type = draw(st.sampled_from([np.int32, np.int64]))
+    dtype = draw(st.sampled_from(OUT_TYPES))
+    lo, hi, zp = draw_clamp(draw, rng, dtype)
+    scheme = draw(st.sampled_from(["per_channel", "per_tensor", "mult_per_channel"]))
+    if scheme == "per_channel":
+        mult, rshift = rand_mults(rng, c), rand_rshifts(rng, c)
+    elif scheme == "mult_per_channel":               # one rshift for every channel
+        mult, rshift = rand_mults(rng, c), rand_rshifts(rng, 1)[0]
+    else:
+        mult, rshift = rand_mults(rng, 1)[0], rand_rshifts(rng, 1)[0]
+    bias_kind = draw(st.sampled_from([None, "small", "large"]))
+    exact32 = acc_type == np.int32 and draw(st.booleans())
+
+    if bias_kind is None:
+        bias = None
+    elif bias_kind == "small":
+        bias = rng.integers(-1000, 1001, c).astype(np.int32)
+    else:
+        bias = rng.choice(np.array([INT32_MIN, INT32_MIN + 1, INT32_MAX, INT32_MAX - 1, -(1 << 30), 1 << 30, 0],
+                                   np.int64), c).astype(np.int32)
+    b = [0] * c if bias is None else bias.tolist()
+    chans = np.indices(shape)[ax].reshape(-1).tolist()
+    wide = acc_type == np.int64
+    span = 300 if np.dtype(dtype).itemsize == 1 else 40000
+    sums = target_sums(rng, shape, ax, mult, rshift, span, wide, extremes=wide and bias is None)
+    acc = []
+    for s, ch in zip(sums, chans):
+        if exact32:                                  # every acc and acc + bias in int32
+            s = min(max(s, INT32_MIN, INT32_MIN + b[ch]), INT32_MAX, INT32_MAX + b[ch])
+        a = s - b[ch]
+        acc.append(min(max(a, INT32_MIN), INT32_MAX) if acc_type == np.int32 else a)
+    acc = np.array(acc, acc_type).reshape(shape)
+    exact = np.asarray(acc.reshape(-1).tolist(), object).reshape(shape)
+    if bias is not None:
+        exact = exact + along(bias.tolist(), len(shape), ax).astype(object)
+    if exact32:
+        assert exact.size == 0 or (exact.min() >= INT32_MIN and exact.max() <= INT32_MAX)
+    want = ref_requant(exact, mult, rshift, ax, lo, hi, zp, dtype)
+
+    rq = native.Requantizer(mult, rshift, lo, hi, zp, dtype)
+    before = acc.copy()
+    got = both(lambda: rq.requant(acc, axis, bias=bias, exact32=exact32))
+    check_equal(got, want, f"requant shape={shape} axis={axis} acc={acc_type.__name__} out={np.dtype(dtype)} "
+                           f"lo={lo} hi={hi} zp={zp} mult={mult} rshift={rshift} bias={bias_kind} exact32={exact32}")
+    np.testing.assert_array_equal(acc, before)                       # the input is not written to
+
+
+@pytest.mark.parametrize("dtype", OUT_TYPES)
+@pytest.mark.parametrize("clamp", ["full", "relu", "relu6"])
+def test_requant_extremes(dtype, clamp):
+    """Every edge multiplier with right shifts 0, 1, 30, 31 (one per channel, channels last and
+    NCHW), on the int32 extremes and ties, int32 and int64 accumulators (int64 also beyond
+    int32 and at the int64 extremes), with and without `exact32` and bias."""
+    need_library()
+    info = np.iinfo(dtype)
+    zp = {"full": 0, "relu": int(info.min) + 3, "relu6": 0}[clamp]
+    lo = int(info.min) if clamp == "full" else zp
+    hi = int(info.max) if clamp != "relu6" else zp + 6
+    pairs = [(m, r) for m in EDGE_MULTS for r in (0, 1, 30, 31)]
+    mult = [m for m, _ in pairs]
+    rshift = [r for _, r in pairs]
+    c = len(pairs)
+    ties = [(1 << 30) + 1, -(1 << 30) - 1, 3 << 29, -(3 << 29), 5, -5, 7, -7]
+    rows32 = np.array(EDGE_I32 + ties, np.int64)
+    rows64 = np.array(EDGE_I32 + ties + BEYOND + [INT64_MIN, INT64_MIN + 1, INT64_MAX], object)
+    for rows, acc_type in ((rows32, np.int32), (rows64, np.int64)):
+        exact = np.repeat(np.asarray(rows, object)[:, None], c, axis=1)                  # (rows, C)
+        acc_last = np.array(exact.tolist(), acc_type)
+        want_last = ref_requant(exact, mult, rshift, 1, lo, hi, zp, dtype)
+        rq = native.Requantizer(mult, rshift, lo, hi, zp, dtype)
+        for exact32 in ((False, True) if acc_type == np.int32 else (False,)):
+            check_equal(both(lambda: rq.requant(acc_last, -1, exact32=exact32)), want_last, f"last {acc_type}")
+            acc_nchw = np.ascontiguousarray(acc_last.T.reshape(1, c, len(rows), 1))
+            check_equal(both(lambda: rq.requant(acc_nchw, 1, exact32=exact32)),
+                        np.ascontiguousarray(want_last.T.reshape(1, c, len(rows), 1)), f"nchw {acc_type}")
+        # one (multiplier, rshift) for the whole tensor, each pair in turn
+        for m, r in pairs[::3]:
+            rq1 = native.Requantizer(m, r, lo, hi, zp, dtype)
+            want = ref_requant(exact, m, r, 1, lo, hi, zp, dtype)
+            for exact32 in ((False, True) if acc_type == np.int32 else (False,)):
+                check_equal(both(lambda: rq1.requant(acc_last, 1, exact32=exact32)), want, f"tensor m={m} r={r}")
+    # saturation by the bias: int32 accumulators at the extremes plus the extreme biases
+    bias = np.array([INT32_MAX, INT32_MIN, INT32_MAX, INT32_MIN] * (c // 4) + [0] * (c % 4), np.int32)
+    acc = np.array([[INT32_MAX] * c, [INT32_MIN] * c, [1] * c, [-1] * c], np.int32)
+    exact = np.asarray(acc.tolist(), object) + np.asarray(bias.tolist(), object)[None, :]
+    rq = native.Requantizer(mult, rshift, lo, hi, zp, dtype)
+    check_equal(both(lambda: rq.requant(acc, 1, bias=bias)), ref_requant(exact, mult, rshift, 1, lo, hi, zp, dtype),
+                "bias saturation")
+
+
+def test_requant_large_threaded():
+    """A tensor above the real slab threshold (the threads as they run in production), NCHW
+    int32 with exact32 and a ReLU clamp, and channels-last int64."""
+    need_library()
+    rng = np.random.default_rng(7)
+    c = 32
+    mult = rng.integers(1 << 29, 1 << 31, c)
+    rshift = rng.integers(0, 12, c)
+    acc = rng.integers(-(1 << 20), 1 << 20, (1, c, 128, 130)).astype(np.int32)     # 532480 elements
+    bias = rng.integers(-(1 << 20), 1 << 20, c).astype(np.int32)
+    assert acc.size >= requant.SLAB_MIN
+    exact = acc.astype(np.int64) + bias.reshape(1, c, 1, 1)
+    for lo, hi, zp, dtype in ((-128, 127, -5, np.int8), (3, 255, 3, np.uint8)):
+        rq = native.Requantizer(mult, rshift, lo, hi, zp, dtype)
+        want = ref_requant(exact, mult, rshift, 1, lo, hi, zp, dtype)
+        check_equal(rq.requant(acc, 1, bias=bias, exact32=True), want, "large nchw exact32")
+        check_equal(rq.requant(acc, 1, bias=bias), want, "large nchw")
+    last = np.ascontiguousarray(np.moveaxis(acc, 1, -1)).astype(np.int64) * 4096
+    rq = native.Requantizer(mult, rshift, -32768, 32767, 0, np.int16)
+    want = ref_requant(last + bias, mult, rshift, -1, -32768, 32767, 0, np.int16)
+    check_equal(rq.requant(last, -1, bias=bias), want, "large channels-last int64")
+
+
+# ---------------------------------------------------------------- Conv
+
+def draw_requant_for(draw, rng, sums, o):
+    """A Requantizer for conv sums `sums` (N, O, ...): per channel or one, multipliers in
+    [2**29, 2**31) or edge values, rshift 0..20 (often fitted so that outputs are not all
+    clamped), INT8/UINT8 output over its range or a ReLU clamp."""
+    per_channel = draw(st.booleans())
+    k = o if per_channel else 1
+    u = rng.random(k)
+    mult = np.where(u < 0.1, rng.choice(np.array([0, 1, 1 << 30, INT32_MAX]), k),
+                    rng.integers(1 << 29, 1 << 31, k)).tolist()
+    if rng.random() < 0.75:                              # fitted to the (channel's) typical sum
+        mags = np.abs(np.moveaxis(sums, 1, 0).reshape(o, -1)) if per_channel else np.abs(sums).reshape(1, -1)
+        rshift = [min(20, max(0, int(np.percentile(row, 75)).bit_length() - 6 + int(rng.integers(-2, 3))))
+                  for row in mags]
+    else:
+        rshift = rng.integers(0, 21, k).tolist()
+    dtype = draw(st.sampled_from([np.int8, np.uint8]))
+    info = np.iinfo(dtype)
+    zp = int(rng.integers(int(info.min), int(info.max) + 1))
+    mode = draw(st.sampled_from(["full", "relu", "relu6"]))
+    lo = int(info.min) if mode == "full" else zp
+    hi = min(int(info.max), zp + int(rng.integers(1, 60))) if mode == "relu6" else int(info.max)
+    return native.Requantizer(mult, rshift, lo, hi, zp, dtype), (mult, rshift, lo, hi, zp, dtype)
+
+
+def draw_bias(draw, rng, o):
+    kind = draw(st.sampled_from([None, "random", "large"]))
+    if kind is None:
+        return None, kind
+    if kind == "random":
+        return rng.integers(-(1 << 20), 1 << 20, o).astype(np.int32), kind
+    big = np.array([INT32_MAX, INT32_MIN + 1, INT32_MAX - 1000, -(1 << 31) + 5, 1 << 30, 0], np.int64)
+    return rng.choice(big, o).astype(np.int32), kind
+
+
+def draw_input(draw, rng, shape):
+    xtype = draw(st.sampled_from([np.int8, np.uint8]))
+    info = np.iinfo(xtype)
+    zx = draw(st.one_of(st.sampled_from([int(info.min), int(info.max), 0]), st.integers(int(info.min), int(info.max))))
+    x = rng.integers(int(info.min), int(info.max) + 1, shape).astype(xtype)
+    if draw(st.booleans()):                              # some extreme planes
+        x.reshape(-1)[: x.size // 3] = info.min if draw(st.booleans()) else info.max
+    return x, zx
+
+
+def check_conv(conv, x, w, bias, zx, attrs, rq_params, what):
+    mult, rshift, lo, hi, zp, dtype = rq_params
+    sums = ref_conv_sums(x, w, bias, zx, attrs["strides"], attrs["pads"], attrs["dilations"], attrs["group"])
+    want = ref_requant(sums, mult, rshift, 1, lo, hi, zp, dtype)
+    got = both(lambda: conv(x))
+    check_equal(got, want, f"{what} x={x.shape} {x.dtype} zx={zx} w={w.shape} attrs={attrs} bias="
+                           f"{None if bias is None else bias.tolist()} mult={mult} rshift={rshift} lo={lo} hi={hi} "
+                           f"zp={zp} out={np.dtype(dtype)}")
+
+
+@settings(SWEEP, max_examples=200)
+@given(st.data())
+def test_depthwise(data):
+    need_library()
+    draw = data.draw
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    n, c = draw(st.integers(1, 2)), draw(st.integers(1, 20))
+    kh, kw = draw(st.integers(1, 5)), draw(st.integers(1, 5))
+    strides = [draw(st.integers(1, 3)), draw(st.integers(1, 3))]
+    pads = [draw(st.integers(0, 3)) for _ in range(4)]
+    dilations = [draw(st.integers(1, 2)), draw(st.integers(1, 2))]
+    # at least one output row and column
+    h = max(draw(st.integers(1, 12)), dilations[0] * (kh - 1) + 1 - pads[0] - pads[2])
+    wd = max(draw(st.integers(1, 12)), dilations[1] * (kw - 1) + 1 - pads[1] - pads[3])
+    x, zx = draw_input(draw, rng, (n, c, h, wd))
+    w = rng.integers(-128, 128, (c, 1, kh, kw)).astype(np.int8)
+    if draw(st.booleans()):
+        w.reshape(-1)[rng.integers(0, w.size, max(1, w.size // 4))] = draw(st.sampled_from([-128, 127, 0]))
+    bias, _ = draw_bias(draw, rng, c)
+    attrs = {"strides": strides, "pads": pads, "dilations": dilations, "group": c}
+    sums = ref_conv_sums(x, w, bias, zx, strides, pads, dilations, c)
+    rq, params = draw_requant_for(draw, rng, sums, c)
+    conv = native.Conv(rq, w, bias, zx, attrs)
+    assert conv.kind == "depthwise"
+    check_conv(conv, x, w, bias, zx, attrs, params, "depthwise")
+
+
+def test_depthwise_explicit():
+    """Padding wider than the kernel reach (outputs of bias alone), a single pixel, 5x5 dilated
+    stride 3, a large bias (exact32 off, saturation), the conv reused on a second input shape,
+    and one tensor above the real slab threshold (threads as in production)."""
+    need_library()
+    rng = np.random.default_rng(3)
+    cases = [
+        # (n, c, h, w, kh, kw, strides, pads, dilations, xtype, zx, bias)
+        (1, 3, 1, 1, 1, 1, [1, 1], [3, 3, 3, 3], [1, 1], np.int8, -128, "random"),
+        (2, 5, 1, 1, 3, 3, [1, 1], [1, 1, 1, 1], [1, 1], np.uint8, 255, None),
+        (1, 4, 12, 11, 5, 5, [3, 3], [0, 3, 2, 1], [2, 2], np.uint8, 0, "large"),
+        (2, 16, 9, 7, 3, 3, [2, 1], [1, 0, 1, 0], [1, 2], np.int8, 127, "large"),
+        (1, 20, 12, 12, 1, 5, [1, 3], [0, 2, 0, 2], [1, 1], np.int8, 0, "random"),
+    ]
+    for n, c, h, wd, kh, kw, strides, pads, dilations, xtype, zx, bias_kind in cases:
+        info = np.iinfo(xtype)
+        x = rng.integers(int(info.min), int(info.max) + 1, (n, c, h, wd)).astype(xtype)
+        w = rng.integers(-128, 128, (c, 1, kh, kw)).astype(np.int8)
+        w[0] = -128
+        bias = None if bias_kind is None else (
+            rng.integers(-1000, 1000, c) if bias_kind == "random" else
+            np.where(np.arange(c) % 2, INT32_MAX, INT32_MIN + 1)).astype(np.int32)
+        mult = rng.integers(1 << 29, 1 << 31, c).tolist()
+        rshift = rng.integers(4, 14, c).tolist()
+        params = (mult, rshift, -128, 127, -3, np.int8)
+        conv = native.Conv(native.Requantizer(*params), w, bias, zx, {"strides": strides, "pads": pads,
+                                                                      "dilations": dilations, "group": c})
+        assert conv.kind == "depthwise"
+        assert conv.exact32 == (bias_kind != "large")
+        attrs = {"strides": strides, "pads": pads, "dilations": dilations, "group": c}
+        check_conv(conv, x, w, bias, zx, attrs, params, "depthwise explicit")
+        x2 = rng.integers(int(info.min), int(info.max) + 1, (n, c, h + 2, wd + 1)).astype(xtype)
+        check_conv(conv, x2, w, bias, zx, attrs, params, "depthwise reused")
+        check_conv(conv, x, w, bias, zx, attrs, params, "depthwise reused back")
+    # above the real threshold: 32 channels of 64x64 outputs, 3x3 taps
+    c = 32
+    x = rng.integers(0, 256, (1, c, 64, 64)).astype(np.uint8)
+    w = rng.integers(-128, 128, (c, 1, 3, 3)).astype(np.int8)
+    bias = rng.integers(-5000, 5000, c).astype(np.int32)
+    params = (rng.integers(1 << 29, 1 << 31, c).tolist(), rng.integers(8, 14, c).tolist(), 0, 255, 0, np.uint8)
+    attrs = {"strides": [1, 1], "pads": [1, 1, 1, 1], "dilations": [1, 1], "group": c}
+    conv = native.Conv(native.Requantizer(*params), w, bias, 17, attrs)
+    assert 64 * 64 * c * 9 >= requant.SLAB_MIN
+    sums = ref_conv_sums(x, w, bias, 17, [1, 1], [1, 1, 1, 1], [1, 1], c)
+    check_equal(conv(x), ref_requant(sums, *params[:2], 1, *params[2:]), "depthwise large threaded")
+
+
+@settings(SWEEP, max_examples=120)
+@given(st.data())
+def test_pointwise(data):
+    need_pointwise()
+    draw = data.draw
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    n = draw(st.integers(1, 2))
+    c = draw(st.one_of(st.sampled_from([1, 3, 4, 5, 8, 64, 70]), st.integers(1, 70)))
+    o = draw(st.one_of(st.sampled_from([1, 7, 8, 9, 16, 40]), st.integers(1, 40)))
+    h, wd = draw(st.integers(1, 20)), draw(st.integers(1, 20))
+    strides = [draw(st.integers(1, 2)), draw(st.integers(1, 2))]
+    x, zx = draw_input(draw, rng, (n, c, h, wd))
+    w = rng.integers(-128, 128, (o, c, 1, 1)).astype(np.int8)
+    if draw(st.booleans()):
+        w.reshape(-1)[rng.integers(0, w.size, max(1, w.size // 4))] = draw(st.sampled_from([-128, 127]))
+    bias, _ = draw_bias(draw, rng, o)
+    attrs = {"strides": strides, "pads": [0, 0, 0, 0], "dilations": [1, 1], "group": 1}
+    sums = ref_conv_sums(x, w, bias, zx, strides, attrs["pads"], attrs["dilations"], 1)
+    rq, params = draw_requant_for(draw, rng, sums, o)
+    conv = native.Conv(rq, w, bias, zx, attrs)
+    assert conv.kind == ("depthwise" if c == o == 1 else "pointwise")      # 1 -> 1 channel: both
+    check_conv(conv, x, w, bias, zx, attrs, params, "pointwise")
+
+
+def test_pointwise_explicit():
+    """Pixel counts around the 32-pixel tile and the 64-pixel split (1, 31, 32, 33, 63, 64, 65,
+    97, 400), channel counts around the 4-channel groups and 8-channel blocks, all-extreme
+    inputs and weights, int8 and uint8 data through one conv, a large bias, and one GEMM
+    above the real slab threshold."""
+    need_pointwise()
+    rng = np.random.default_rng(11)
+    shapes = [(1, 1), (1, 31), (4, 8), (3, 11), (7, 9), (8, 8), (5, 13), (1, 97), (20, 20)]
+    for i, (h, wd) in enumerate(shapes):
+        c, o = [1, 3, 4, 5, 17, 64, 70, 2, 33][i], [1, 7, 8, 9, 40, 16, 3, 25, 8][i]
+        w = rng.integers(-128, 128, (o, c, 1, 1)).astype(np.int8)
+        if i % 3 == 0:
+            w[:] = -128
+        bias = (np.full(o, INT32_MAX if i % 2 else INT32_MIN + 1) if i % 4 == 1 else
+                rng.integers(-(1 << 16), 1 << 16, o)).astype(np.int32)
+        mult = rng.integers(1 << 29, 1 << 31, o).tolist()
+        mult[0] = INT32_MAX
+        params = (mult, rng.integers(6, 16, o).tolist(), -128, 127, 5, np.int8)
+        zx = 100
+        attrs = {"strides": [1, 1], "pads": [0, 0, 0, 0], "dilations": [1, 1], "group": 1}
+        conv = native.Conv(native.Requantizer(*params), w, bias, zx, attrs)
+        assert conv.kind == ("depthwise" if c == o == 1 else "pointwise")
+        assert conv.exact32 == (i % 4 != 1)
+        for xtype in (np.uint8, np.int8, np.uint8):          # the flip switches per call
+            info = np.iinfo(xtype)
+            x = rng.integers(int(info.min), int(info.max) + 1, (2, c, h, wd)).astype(xtype)
+            if i % 3 == 1:
+                x[:] = info.min if xtype == np.int8 else info.max
+            check_conv(conv, x, w, bias, zx, attrs, params, "pointwise explicit")
+    # above the real threshold: 64 x 64 GEMM over 32 x 33 pixels, threads split the pixels
+    c = o = 64
+    x = rng.integers(-128, 128, (1, c, 32, 33)).astype(np.int8)
+    w = rng.integers(-128, 128, (o, c, 1, 1)).astype(np.int8)
+    bias = rng.integers(-(1 << 16), 1 << 16, o).astype(np.int32)
+    params = (rng.integers(1 << 29, 1 << 31, o).tolist(), rng.integers(10, 16, o).tolist(), 0, 255, 0, np.uint8)
+    attrs = {"strides": [1, 1], "pads": [0, 0, 0, 0], "dilations": [1, 1], "group": 1}
+    conv = native.Conv(native.Requantizer(*params), w, bias, -7, attrs)
+    assert o * 32 * 33 * c // 8 >= requant.SLAB_MIN
+    sums = ref_conv_sums(x, w, bias, -7, [1, 1], [0, 0, 0, 0], [1, 1], 1)
+    check_equal(conv(x), ref_requant(sums, *params[:2], 1, *params[2:]), "pointwise large threaded")
+
+
+def test_conv_declines():
+    """kind None (and conv(x) None) for what neither kernel takes; None for inputs it was not
+    built for."""
+    need_library()
+    rng = np.random.default_rng(5)
+    rq = native.Requantizer(1 << 30, 8, -128, 127, 0, np.int8)
+    x = rng.integers(-128, 128, (1, 4, 6, 6)).astype(np.int8)
+    base = {"strides": [1, 1], "pads": [1, 1, 1, 1], "dilations": [1, 1], "group": 1}
+    w33 = rng.integers(-128, 128, (5, 4, 3, 3)).astype(np.int8)
+    conv = native.Conv(rq, w33, None, 0, base)
+    assert conv.kind is None and conv(x) is None                          # 3x3, group 1
+    w11 = rng.integers(-128, 128, (5, 4, 1, 1)).astype(np.int8)
+    assert native.Conv(rq, w11, None, 0, base).kind is None               # 1x1 but padded
+    wmul = rng.integers(-128, 128, (8, 1, 3, 3)).astype(np.int8)          # depth multiplier 2
+    assert native.Conv(rq, wmul, None, 0, dict(base, group=4)).kind is None
+    wg = rng.integers(-128, 128, (4, 2, 3, 3)).astype(np.int8)            # grouped, not depthwise
+    assert native.Conv(rq, wg, None, 0, dict(base, group=2)).kind is None
+    assert native.Conv(rq, w11.astype(np.int16), None, 0, dict(base, pads=[0] * 4)).kind is None
+    assert native.Conv(native.Requantizer([1 << 30] * 3, 8, -128, 127, 0, np.int8), w11, None, 0,
+                       dict(base, pads=[0] * 4)).kind is None              # 3 multipliers for 5 channels
+    wd = rng.integers(-128, 128, (4, 1, 3, 3)).astype(np.int8)
+    dw = native.Conv(rq, wd, None, 0, dict(base, group=4))
+    assert dw.kind == "depthwise"
+    assert dw(x.astype(np.int16)) is None                                  # input type
+    assert dw(x[:, :3]) is None                                            # channel count
+    assert dw(x[0]) is None                                                # not 4-D
+    too_small = native.Conv(rq, wd, None, 0, dict(base, pads=[0] * 4))
+    assert too_small(x[:, :, :2, :2]) is None                              # no output pixel
+    # Requantizer.requant declines
+    acc = rng.integers(-1000, 1000, (1, 4, 3, 3)).astype(np.int32)
+    per_channel = native.Requantizer([1 << 30] * 4, [3] * 4, -128, 127, 0, np.int8)
+    assert per_channel.requant(acc.astype(np.int16), 1) is None           # accumulator type
+    assert per_channel.requant(acc, 2) is None                            # 4 multipliers, 3 channels
+    assert per_channel.requant(acc, 1, bias=np.zeros(3, np.int32)) is None
+    assert per_channel.requant(acc, 1, bias=np.array([0, 0, 0, 1 << 31])) is None
+    assert per_channel.requant(acc, 1, bias=np.zeros(4, np.float32)) is None
+    assert native.Requantizer(1 << 30, 3, 0, 1, 0, np.float32).requant(acc, 1) is None
+    assert native.add(x, x.astype(np.int16), 0, 0, 1, 1, 0, -128, 127, 0, np.int8) is None
+    assert native.add(x, x[:, :2], 0, 0, 1, 1, 0, -128, 127, 0, np.int8) is None
+
+
+# ---------------------------------------------------------------- add
+
+@settings(SWEEP, max_examples=200)
+@given(st.data())
+def test_add(data):
+    need_library()
+    draw = data.draw
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    shape = tuple(draw(st.lists(st.integers(1, 12), min_size=1, max_size=4)))
+    ta, tb = draw(st.sampled_from([np.int8, np.uint8])), draw(st.sampled_from([np.int8, np.uint8]))
+    ia, ib = np.iinfo(ta), np.iinfo(tb)
+    a = rng.integers(int(ia.min), int(ia.max) + 1, shape).astype(ta)
+    b = rng.integers(int(ib.min), int(ib.max) + 1, shape).astype(tb)
+    za = draw(st.integers(int(ia.min), int(ia.max)))
+    zb = draw(st.integers(int(ib.min), int(ib.max)))
+    mlim = (1 << 15) - 1
+    ma = draw(st.sampled_from([-mlim, -1, 0, 1, mlim, "random", "random", "random"]))
+    mb = draw(st.sampled_from([-mlim, -1, 0, 1, mlim, "random", "random", "random"]))
+    ma = int(rng.integers(-mlim, mlim + 1)) if ma == "random" else ma
+    mb = int(rng.integers(-mlim, mlim + 1)) if mb == "random" else mb
+    if rng.random() < 0.7:                          # fitted: outputs not all clamped
+        typical = int(np.percentile(np.abs((a.astype(np.int64) - za) * ma + (b.astype(np.int64) - zb) * mb), 75))
+        r = min(31, max(0, typical.bit_length() - 6 + int(rng.integers(-2, 3))))
+    else:
+        r = rand_rshifts(rng, 1)[0]
+    dtype = draw(st.sampled_from(OUT_TYPES))
+    lo, hi, zp = draw_clamp(draw, rng, dtype)
+    want = ref_add(a, b, za, zb, ma, mb, r, lo, hi, zp, dtype)
+    got = both(lambda: native.add(a, b, za, zb, ma, mb, r, lo, hi, zp, dtype))
+    check_equal(got, want, f"add shape={shape} {a.dtype}/{b.dtype} za={za} zb={zb} ma={ma} mb={mb} r={r} "
+                           f"lo={lo} hi={hi} zp={zp} out={np.dtype(dtype)}")
+
+
+def test_add_exhaustive_pairs():
+    """Every pair of byte values (256 x 256), with ties at the shift (ma = mb = 1, r = 1),
+    the largest multipliers, and r 0, 1, 8, 15, 31."""
+    need_library()
+    v = np.arange(256)
+    for ta, za, tb, zb in ((np.int8, 0, np.int8, -128), (np.uint8, 128, np.int8, 3), (np.uint8, 0, np.uint8, 255)):
+        ia, ib = np.iinfo(ta), np.iinfo(tb)
+        a = (v[:, None] + int(ia.min) + 0 * v[None, :]).astype(ta)
+        b = (v[None, :] + int(ib.min) + 0 * v[:, None]).astype(tb)
+        for ma, mb in ((1, 1), (1, -1), ((1 << 15) - 1, -(1 << 15) + 1), (-(1 << 15) + 1, 12345), (3, 5)):
+            for r in (0, 1, 8, 15, 31):
+                for lo, hi, zp, dtype in ((-128, 127, 0, np.int8), (0, 255, 0, np.uint8), (7, 13, 7, np.uint8),
+                                          (-32768, 32767, -100, np.int16)):
+                    want = ref_add(a, b, za, zb, ma, mb, r, lo, hi, zp, dtype)
+                    got = native.add(a, b, za, zb, ma, mb, r, lo, hi, zp, dtype)
+                    check_equal(got, want, f"add pairs {ta.__name__}/{tb.__name__} ma={ma} mb={mb} r={r} out={dtype}")
+
+
+# ---------------------------------------------------------------- TFTPU_NATIVE=0
+
+def test_native_off(monkeypatch):
+    """With TFTPU_NATIVE=0 library() is None, and every entry point declines (None; Conv kind
+    None; has_pointwise False); the caches cleared again afterwards so the library comes back."""
+    was_available = native.library() is not None
+    monkeypatch.setenv("TFTPU_NATIVE", "0")
+    native.library.cache_clear()
+    native.has_pointwise.cache_clear()
+    try:
+        assert native.library() is None
+        assert native.has_pointwise() is False
+        acc = np.arange(24, dtype=np.int32).reshape(1, 2, 3, 4)
+        assert native.Requantizer(1 << 30, 1, -128, 127, 0, np.int8).requant(acc, 1) is None
+        assert native.Requantizer([1 << 30] * 2, [1] * 2, -128, 127, 0, np.int8).requant(
+            acc, 1, bias=np.zeros(2, np.int32), exact32=True) is None
+        x = np.zeros((1, 2, 4, 4), np.int8)
+        rq = native.Requantizer(1 << 30, 1, -128, 127, 0, np.int8)
+        dw = native.Conv(rq, np.ones((2, 1, 3, 3), np.int8), None, 0,
+                         {"strides": [1, 1], "pads": [1, 1, 1, 1], "dilations": [1, 1], "group": 2})
+        assert dw.kind is None and dw(x) is None
+        pw = native.Conv(rq, np.ones((3, 2, 1, 1), np.int8), None, 0,
+                         {"strides": [1, 1], "pads": [0, 0, 0, 0], "dilations": [1, 1], "group": 1})
+        assert pw.kind is None and pw(x) is None
+        assert native.add(x, x, 0, 0, 1, 1, 0, -128, 127, 0, np.int8) is None
+    finally:
+        monkeypatch.undo()
+        native.library.cache_clear()
+        native.has_pointwise.cache_clear()
+    assert (native.library() is not None) == was_available
