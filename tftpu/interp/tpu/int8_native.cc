@@ -210,6 +210,7 @@ TFTPU_INLINE void depthwise_impl(const In* x, const int8_t* w, Out* y, const int
   std::vector<int16_t> phases(sh * sw * phase_size);
   std::vector<int32_t> acc(kBlock);
   std::vector<Out> out(L);
+  std::vector<int16_t> row(sw * Wq);
   for (int64_t n = 0; n < N; ++n)
     for (int64_t ch = c0; ch < c1; ++ch) {
       std::fill(phases.begin(), phases.end(), int16_t(0));
@@ -217,16 +218,27 @@ TFTPU_INLINE void depthwise_impl(const In* x, const int8_t* w, Out* y, const int
       for (int64_t iy = 0; iy < H; ++iy) {
         const int64_t Y = iy + pt;
         const In* __restrict__ src = plane + iy * W;
-        for (int64_t b = 0; b < sw; ++b) {
-          int16_t* __restrict__ dst = phases.data() + ((Y % sh) * sw + b) * phase_size + (Y / sh) * Wq;
-          // padded column X = ix + pl = j * sw + b, for 0 <= ix < W
-          const int64_t j0 = std::max<int64_t>(0, (pl - b + sw - 1) / sw);
-          const int64_t j1 = std::min(Wq, (W - 1 + pl - b) / sw + 1);
-          if (sw == 1) {
-            const In* __restrict__ s1 = src - pl;
-            for (int64_t j = j0; j < j1; ++j) dst[j] = int16_t(int32_t(s1[j]) - z);
-          } else {
-            for (int64_t j = j0; j < j1; ++j) dst[j] = int16_t(int32_t(src[j * sw + b - pl]) - z);
+        int16_t* __restrict__ first = phases.data() + (Y % sh) * sw * phase_size + (Y / sh) * Wq;
+        if (sw == 1) {                       // the row itself, centred, at column pl
+          int16_t* __restrict__ d = first + pl;
+          for (int64_t ix = 0; ix < W; ++ix) d[ix] = int16_t(int32_t(src[ix]) - z);
+          continue;
+        }
+        // the padded row centred (zeros around), then dealt out to the sw column phases
+        int16_t* __restrict__ r = row.data();
+        std::fill(r, r + sw * Wq, int16_t(0));
+        for (int64_t ix = 0; ix < W; ++ix) r[pl + ix] = int16_t(int32_t(src[ix]) - z);
+        if (sw == 2) {
+          int16_t* __restrict__ d0 = first;
+          int16_t* __restrict__ d1 = first + phase_size;
+          for (int64_t j = 0; j < Wq; ++j) {
+            d0[j] = r[2 * j];
+            d1[j] = r[2 * j + 1];
+          }
+        } else {
+          for (int64_t b = 0; b < sw; ++b) {
+            int16_t* __restrict__ d = first + b * phase_size;
+            for (int64_t j = 0; j < Wq; ++j) d[j] = r[j * sw + b];
           }
         }
       }
