@@ -11,8 +11,8 @@ object ints where a sum may leave int64), following TFLite / gemmlowp's definiti
 Conv sums are recomputed from the padded input (padding holds `zx`, so it contributes zero).
 Covers `Requantizer.requant` (int32 / int64 accumulators, per channel or one, NCHW or channels
 last, bias, `exact32`), `Conv` (depthwise and the 1x1 VNNI GEMM), `add`, the cases the kernels
-decline, and `TFTPU_NATIVE=0`. Each kernel also runs cut into slabs on worker threads (the
-size threshold lowered) so that the slab edges are checked on small tensors.
+decline, and `TFTPU_NATIVE=0`. Each kernel also runs split among the library's worker threads
+(`native.PARALLEL_MIN` lowered) so that the split edges are checked on small tensors too.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tftpu.interp.tpu import native, requant
+from tftpu.interp.tpu import native
 
 INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
@@ -131,21 +131,21 @@ def test_reference_matches_gemmlowp_by_hand():
 # ---------------------------------------------------------------- helpers
 
 @contextlib.contextmanager
-def in_slabs():
-    """Every kernel call cut into pieces on 3 worker threads, however small the tensor."""
-    requant.pool()                                   # made at its real size before the patch
-    old_min, old_workers = requant.SLAB_MIN, requant._workers
-    requant.SLAB_MIN, requant._workers = 1, (lambda: 3)
+def threaded():
+    """Every kernel call shared among the library's worker threads, however small it is
+    (`native.PARALLEL_MIN` lowered; as many parts as the pool has threads)."""
+    old = native.PARALLEL_MIN
+    native.PARALLEL_MIN = 1
     try:
         yield
     finally:
-        requant.SLAB_MIN, requant._workers = old_min, old_workers
+        native.PARALLEL_MIN = old
 
 
 def both(call):
-    """`call()` whole and in slabs; both results, asserted equal to each other."""
+    """`call()` on one thread and split among threads; both results, asserted equal."""
     whole = call()
-    with in_slabs():
+    with threaded():
         split = call()
     assert whole is not None and split is not None
     np.testing.assert_array_equal(whole, split)
@@ -327,7 +327,7 @@ def test_requant_extremes(dtype, clamp):
 
 
 def test_requant_large_threaded():
-    """A tensor above the real slab threshold (the threads as they run in production), NCHW
+    """A tensor above the real threading threshold (the threads as they run in production), NCHW
     int32 with exact32 and a ReLU clamp, and channels-last int64."""
     need_library()
     rng = np.random.default_rng(7)
@@ -336,7 +336,7 @@ def test_requant_large_threaded():
     rshift = rng.integers(0, 12, c)
     acc = rng.integers(-(1 << 20), 1 << 20, (1, c, 128, 130)).astype(np.int32)     # 532480 elements
     bias = rng.integers(-(1 << 20), 1 << 20, c).astype(np.int32)
-    assert acc.size >= requant.SLAB_MIN
+    assert acc.size >= native.PARALLEL_MIN
     exact = acc.astype(np.int64) + bias.reshape(1, c, 1, 1)
     for lo, hi, zp, dtype in ((-128, 127, -5, np.int8), (3, 255, 3, np.uint8)):
         rq = native.Requantizer(mult, rshift, lo, hi, zp, dtype)
@@ -435,7 +435,7 @@ def test_depthwise(data):
 def test_depthwise_explicit():
     """Padding wider than the kernel reach (outputs of bias alone), a single pixel, 5x5 dilated
     stride 3, a large bias (exact32 off, saturation), the conv reused on a second input shape,
-    and one tensor above the real slab threshold (threads as in production)."""
+    and one tensor above the real threading threshold (threads as in production)."""
     need_library()
     rng = np.random.default_rng(3)
     cases = [
@@ -474,7 +474,7 @@ def test_depthwise_explicit():
     params = (rng.integers(1 << 29, 1 << 31, c).tolist(), rng.integers(8, 14, c).tolist(), 0, 255, 0, np.uint8)
     attrs = {"strides": [1, 1], "pads": [1, 1, 1, 1], "dilations": [1, 1], "group": c}
     conv = native.Conv(native.Requantizer(*params), w, bias, 17, attrs)
-    assert 64 * 64 * c * 9 >= requant.SLAB_MIN
+    assert 64 * 64 * c * 9 >= native.PARALLEL_MIN
     sums = ref_conv_sums(x, w, bias, 17, [1, 1], [1, 1, 1, 1], [1, 1], c)
     check_equal(conv(x), ref_requant(sums, *params[:2], 1, *params[2:]), "depthwise large threaded")
 
@@ -507,7 +507,7 @@ def test_pointwise_explicit():
     """Pixel counts around the 32-pixel tile and the 64-pixel split (1, 31, 32, 33, 63, 64, 65,
     97, 400), channel counts around the 4-channel groups and 8-channel blocks, all-extreme
     inputs and weights, int8 and uint8 data through one conv, a large bias, and one GEMM
-    above the real slab threshold."""
+    above the real threading threshold."""
     need_pointwise()
     rng = np.random.default_rng(11)
     shapes = [(1, 1), (1, 31), (4, 8), (3, 11), (7, 9), (8, 8), (5, 13), (1, 97), (20, 20)]
@@ -540,7 +540,7 @@ def test_pointwise_explicit():
     params = (rng.integers(1 << 29, 1 << 31, o).tolist(), rng.integers(10, 16, o).tolist(), 0, 255, 0, np.uint8)
     attrs = {"strides": [1, 1], "pads": [0, 0, 0, 0], "dilations": [1, 1], "group": 1}
     conv = native.Conv(native.Requantizer(*params), w, bias, -7, attrs)
-    assert o * 32 * 33 * c // 8 >= requant.SLAB_MIN
+    assert o * 32 * 33 * c // 8 >= native.PARALLEL_MIN
     sums = ref_conv_sums(x, w, bias, -7, [1, 1], [0, 0, 0, 0], [1, 1], 1)
     check_equal(conv(x), ref_requant(sums, *params[:2], 1, *params[2:]), "pointwise large threaded")
 
