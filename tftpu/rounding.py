@@ -52,7 +52,10 @@ def quantize_multiplier(real: float) -> tuple[int, int]:
 
 def round_half_away_scalar(x: float) -> int:
     """Round half away from zero (C's `round`)."""
-    return int(math.floor(abs(x) + 0.5)) * (1 if x >= 0 else -1)
+    a = abs(x)
+    r = math.floor(a)
+    r += a - r >= 0.5                     # exact; floor(a + 0.5) rounds 0.49999999999999994 up
+    return int(r) * (1 if x >= 0 else -1)
 
 
 def saturating_rounding_doubling_high_mul(a, b) -> np.ndarray:
@@ -130,7 +133,10 @@ def requantize(acc, multiplier, shift, zero_point: int = 0, qmin: int = -128, qm
 def round_half_away(x) -> np.ndarray:
     """Round half away from zero, element-wise (TFLite's `Quantize` rounding)."""
     x = np.asarray(x, np.float64)
-    return np.sign(x) * np.floor(np.abs(x) + 0.5)
+    a = np.abs(x)
+    r = np.floor(a)
+    r += (a - r) >= 0.5                   # exact, as C's round (floor(a + 0.5) is not, below 0.5)
+    return np.copysign(r, x)
 
 
 def round_half_even(x) -> np.ndarray:

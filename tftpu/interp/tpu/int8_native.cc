@@ -379,7 +379,7 @@ TFTPU_INLINE void add_impl(const A* a, const B* b, Out* out, const int64_t* p, i
   }
 }
 
-// Float32 to integers as tftpu.rounding.quantize: round(double(x) / scale) half away from zero,
+// Float32 to integers as tftpu.rounding.quantize: round(double(x) / scale) half away from zero (C's round),
 // plus the zero point, saturated to [lo, hi]. Returns false on a NaN (the caller's numpy path
 // decides what a NaN becomes). quantize: [n, zp, lo, hi] and the scale as a double.
 template <typename Out>
@@ -390,8 +390,7 @@ TFTPU_INLINE bool quantize_impl(const float* __restrict__ x, double scale, const
   for (int64_t i = i0; i < i1; ++i) {
     const double v = double(x[i]) / scale;
     nan |= v != v;
-    double r = std::floor(std::fabs(v) + 0.5);
-    r = v < 0 ? -r : r;
+    const double r = std::round(v);      // half away from zero, exactly
     out[i] = Out(int64_t(std::min(std::max(r + zp, lo), hi)));
   }
   return !nan;
