@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tftpu import frontend, quant
-from tftpu.interp.tpu import TpuInterpreter, native
+from tftpu.interp.tpu import TpuInterpreter, int8_kernels, native
 from tftpu.transforms.lowering import lower
 
 pytestmark = pytest.mark.skipif(native.library() is None, reason="native kernels cannot be built here")
@@ -53,8 +53,10 @@ def test_native_kernels_equal_numpy_paths_on_mobilenet(monkeypatch, chip, asymme
 
     with monkeypatch.context() as m:
         m.setattr(native.Conv, "__call__", spy)
+        m.setattr(int8_kernels, "conv_f32", lambda *a: pytest.fail("a native conv ran its numpy path too"))
         fast = TpuInterpreter(tpu_model).run(feeds[1], dump_all=True)
     assert "depthwise" in used and (not native.has_pointwise() or "pointwise" in used), used
+    assert None not in used, used
     kinds = {op.name for op in tpu_model.ops}
     assert {"tpu.Conv", "tpu.Add", "tpu.Cast"} <= kinds
     with monkeypatch.context() as m:

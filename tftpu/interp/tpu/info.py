@@ -68,10 +68,12 @@ def info_of(t) -> TensorInfo | None:
 
 @dataclasses.dataclass(frozen=True)
 class OpInfo:
-    """Per operand and per result, its TensorInfo (None for an absent operand)."""
+    """Per operand and per result, its TensorInfo (None for an absent operand); `memo` keeps
+    what a kernel prepares once for its op (packed weights, requantization tables)."""
 
     ins: tuple
     outs: tuple
+    memo: dict = dataclasses.field(default_factory=dict, compare=False, hash=False, repr=False)
 
     @classmethod
     def of(cls, op) -> "OpInfo":

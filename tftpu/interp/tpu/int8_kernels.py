@@ -268,23 +268,43 @@ def _abs_sum_bound(w: np.ndarray) -> int:
     return int(np.abs(w.astype(np.int64)).reshape(w.shape[0], -1).sum(axis=1).max())
 
 
-def _native_conv(x, w, b, attrs, info):
-    """A 2-D NCHW conv of INT8 `x` and OIHW `w` by the native kernels, requantized (None where
-    they do not apply): depthwise and 1x1 convs whole (`native.Conv`), others as onnxruntime's
-    ConvInteger sums with the bias and requantization fused after."""
+def _native_conv(w, b, attrs, info):
+    """The native form of a 2-D conv of INT8 data (None where it has none), prepared once per op
+    (kept in `info.memo`): `run(x) -> y or None`. Depthwise and 1x1 convs run whole in the
+    native kernels (`native.Conv`), other ungrouped ones as onnxruntime's ConvInteger sums with
+    the bias and requantization fused after. NHWC data is transposed around the NCHW kernels."""
+    hit = info.memo.get("native_conv")
+    if hit is not None and hit[0] is w and hit[1] is b and hit[2] is attrs:
+        return hit[3]
+    run = _make_native_conv(w, b, attrs, info)
+    info.memo["native_conv"] = (w, b, attrs, run)
+    return run
+
+
+def _make_native_conv(w, b, attrs, info):
     fused = _native_plan(attrs, info.outs[0])
-    if fused is None:
+    if fused is None or info.ins[0].dtype not in ("i8", "u8") or w.dtype != np.int8 or w.ndim != 4:
         return None
+    nhwc = attrs["layout"] == "NHWC"
+    wn = np.ascontiguousarray(w.transpose(3, 2, 0, 1)) if attrs["kernel_layout"] == "HWIO" else w
     zx = info.ins[0].zp
-    prepared = requant.plan_for(attrs, ("native_conv", info.outs[0], zx), lambda: native.Conv(fused, w, b, zx, attrs))
-    if prepared.w is w and prepared.bias is b:
+    prepared = native.Conv(fused, wn, b, zx, attrs)
+    if prepared.kind is None and (attrs["group"] != 1 or info.ins[0].dtype != "i8"):
+        return None
+    bias = b if prepared.b32 is None else prepared.b32
+
+    def run(x):
+        if x.ndim != 4:
+            return None
+        xn = np.ascontiguousarray(x.transpose(0, 3, 1, 2)) if nhwc else x
         if prepared.kind is not None:
-            return prepared(x)
-        if attrs["group"] == 1 and info.ins[0].dtype == "i8":
-            acc = conv_integer(x, zx, w, attrs)
-            return None if acc is None else fused.requant(acc, 1, bias=b if prepared.b32 is None else prepared.b32,
-                                                          exact32=prepared.exact32)
-    return None
+            y = prepared(xn)
+        else:
+            acc = conv_integer(xn, zx, wn, attrs)
+            y = None if acc is None else fused.requant(acc, 1, bias=bias, exact32=prepared.exact32)
+        return y if y is None or not nhwc else y.transpose(0, 2, 3, 1)
+
+    return run
 
 
 @int8("tpu.Conv")
@@ -293,14 +313,15 @@ def conv(operands, attrs, info):
     nhwc = attrs["layout"] == "NHWC"
     axis = x.ndim - 1 if nhwc else 1
     acc = None
-    if x.ndim == 4 and info.ins[0].dtype in ("i8", "u8") and w.dtype == np.int8:
+    fast = _native_conv(w, b, attrs, info)
+    if fast is not None:
+        y = fast(x)
+        if y is not None:
+            return [y]
+    if x.ndim == 4 and info.ins[0].dtype == "i8" and w.dtype == np.int8:
         xn = np.ascontiguousarray(x.transpose(0, 3, 1, 2)) if nhwc else x
         wn = WEIGHTS.get(w, ("oihw",), lambda: np.ascontiguousarray(w.transpose(3, 2, 0, 1))) \
             if attrs["kernel_layout"] == "HWIO" else w
-        y = _native_conv(xn, wn, b, attrs, info)
-        if y is not None:
-            return [y.transpose(0, 2, 3, 1) if nhwc else y]
-    if x.ndim == 4 and info.ins[0].dtype == "i8" and w.dtype == np.int8:
         if attrs["group"] > 1:          # grouped / depthwise: onnxruntime's float kernels are faster
             t = conv_f32(xn, info.ins[0].zp, wn, b, attrs)
             if t is not None:

@@ -574,8 +574,8 @@ int tftpu_depthwise(const void* x, int in_kind, const int8_t* w, void* out, int 
 // Whether tftpu_pointwise exists in this build (AVX-512 VNNI).
 int tftpu_has_pointwise() { return kHaveVnni ? 1 : 0; }
 
-// Returns 2 where the build has no pointwise kernel. Splits the pixels (32 a tile) where there
-// are at least 64, else the output channels (8 a block).
+// Returns 2 where the build has no pointwise kernel. Splits the pixels (32 a tile) or the output
+// channels (8 a block), whichever shares out more evenly.
 int tftpu_pointwise(const void* x, int in_kind, const int8_t* w, const int64_t* bias, const int32_t* mult,
                     const int32_t* rshift, void* out, int out_kind, const int64_t* params, int64_t p0, int64_t p1,
                     int64_t o0, int64_t o1, int parts) {
@@ -585,7 +585,12 @@ int tftpu_pointwise(const void* x, int in_kind, const int8_t* w, const int64_t* 
     using In = std::remove_pointer_t<decltype(in_tag)>;
     status |= with_out(out_kind, [&](auto* out_tag) {
       using Out = std::remove_pointer_t<decltype(out_tag)>;
-      if (p1 - p0 >= 64)
+      // the split that shares the work most evenly: pixel tiles (each thread packs only its own
+      // pixels) unless the output-channel blocks divide better
+      const int64_t tiles = (p1 - p0 + 31) / 32, blocks = (o1 - o0 + 7) / 8, k = std::max(parts, 1);
+      const double by_pixels = double((tiles + k - 1) / k) * k / double(tiles);
+      const double by_outputs = double((blocks + k - 1) / k) * k / double(blocks);
+      if (p1 - p0 >= 64 && by_pixels <= by_outputs)
         split_run(p0, p1, 32, parts, [&](int64_t a, int64_t b) {
           pointwise_impl(static_cast<const In*>(x), w, bias, mult, rshift, static_cast<Out*>(out), params, a, b,
                          o0, o1);
