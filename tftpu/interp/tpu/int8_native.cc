@@ -330,12 +330,14 @@ TFTPU_INLINE void pointwise_impl(const In* x, const int8_t* w, const int64_t* bi
       const int64_t valid = std::min<int64_t>(32, np - pt);
       for (int64_t ob = o0; ob < o1; ob += 8) {
         __m512i acc[8][2];
+#pragma GCC unroll 8
         for (int r = 0; r < 8; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_si512();
         const uint8_t* xb = xp.data() + pt * 4;
         const int8_t* wb = w + ob * C4 * 4;     // rows padded to a multiple of 8 by the caller
         for (int64_t c4 = 0; c4 < C4; ++c4) {
           const __m512i a0 = _mm512_loadu_si512(xb + c4 * Pt * 4);
           const __m512i a1 = _mm512_loadu_si512(xb + c4 * Pt * 4 + 64);
+#pragma GCC unroll 8
           for (int r = 0; r < 8; ++r) {
             int32_t wv;
             std::memcpy(&wv, wb + (r * C4 + c4) * 4, 4);
@@ -344,10 +346,15 @@ TFTPU_INLINE void pointwise_impl(const In* x, const int8_t* w, const int64_t* bi
             acc[r][1] = _mm512_dpbusd_epi32(acc[r][1], a1, b);
           }
         }
-        const int64_t rows = std::min<int64_t>(8, o1 - ob);
-        for (int r = 0; r < rows; ++r) {
+        // every accumulator leaves its register once, by constant index (a runtime index would
+        // keep the whole array in memory, stored on every step of the loop above)
+#pragma GCC unroll 8
+        for (int r = 0; r < 8; ++r) {
           _mm512_store_si512(tile[r], acc[r][0]);
           _mm512_store_si512(tile[r] + 16, acc[r][1]);
+        }
+        const int64_t rows = std::min<int64_t>(8, o1 - ob);
+        for (int r = 0; r < rows; ++r) {
           const int64_t o = ob + r, k = per_channel ? o : 0;
           const Channel c = channel(bias[o], mult[k], rshift[k], lo, hi, zp);
           if (exact32)
