@@ -105,31 +105,44 @@ TFTPU_INLINE void requant_run(const Acc* __restrict__ acc, int64_t n, const Chan
 // and the bias may be passed wrapped to int32. One-byte outputs take AVX-512 16 lanes at a time:
 // the doubling high multiply as two vpmuldq (even and odd lanes) in int64, the rounding shift in
 // int64, the clamp in int32.
+#ifdef TFTPU_AVX512
+// requant_exact32's arithmetic on 16 int32 lanes (sums plus bias already added).
+struct Requant16 {
+  __m512i vm, vadd, vhalf, vlo, vhi, vzp;
+  __m128i vshift, vr;
+  bool round;
+
+  explicit Requant16(const Channel& c)
+      : vm(_mm512_set1_epi64(c.m)), vadd(_mm512_set1_epi64(c.combined ? c.add : int64_t(1) << 30)),
+        vhalf(_mm512_set1_epi64(c.half)), vlo(_mm512_set1_epi32(int32_t(c.lo))),
+        vhi(_mm512_set1_epi32(int32_t(c.hi))), vzp(_mm512_set1_epi32(int32_t(c.zp))),
+        vshift(_mm_cvtsi64_si128(c.combined ? c.shift : 31)), vr(_mm_cvtsi64_si128(c.r)),
+        round(!c.combined && c.r > 0) {}
+
+  TFTPU_INLINE __m128i operator()(__m512i t) const {
+    __m512i ev = _mm512_sra_epi64(_mm512_add_epi64(_mm512_mul_epi32(t, vm), vadd), vshift);
+    __m512i od = _mm512_sra_epi64(_mm512_add_epi64(_mm512_mul_epi32(_mm512_srli_epi64(t, 32), vm), vadd), vshift);
+    if (round) {
+      ev = _mm512_sra_epi64(_mm512_add_epi64(_mm512_add_epi64(ev, vhalf), _mm512_srai_epi64(ev, 63)), vr);
+      od = _mm512_sra_epi64(_mm512_add_epi64(_mm512_add_epi64(od, vhalf), _mm512_srai_epi64(od, 63)), vr);
+    }
+    __m512i y = _mm512_mask_blend_epi32(__mmask16(0xAAAA), ev, _mm512_slli_epi64(od, 32));
+    y = _mm512_add_epi32(_mm512_min_epi32(_mm512_max_epi32(y, vlo), vhi), vzp);
+    return _mm512_cvtepi32_epi8(y);
+  }
+};
+#endif
+
 template <typename Out>
 TFTPU_INLINE void requant_exact32(const int32_t* __restrict__ acc, int64_t n, int32_t bias, const Channel& c,
                                   Out* __restrict__ out) {
 #ifdef TFTPU_AVX512
   if constexpr (sizeof(Out) == 1) {
-    const __m512i vb = _mm512_set1_epi32(bias), vm = _mm512_set1_epi64(c.m);
-    const __m512i vadd = _mm512_set1_epi64(c.combined ? c.add : int64_t(1) << 30);
-    const __m128i vshift = _mm_cvtsi64_si128(c.combined ? c.shift : 31);
-    const __m512i vhalf = _mm512_set1_epi64(c.half);
-    const __m128i vr = _mm_cvtsi64_si128(c.r);
-    const bool round = !c.combined && c.r > 0;
-    const __m512i vlo = _mm512_set1_epi32(int32_t(c.lo)), vhi = _mm512_set1_epi32(int32_t(c.hi));
-    const __m512i vzp = _mm512_set1_epi32(int32_t(c.zp));
+    const Requant16 rq(c);
+    const __m512i vb = _mm512_set1_epi32(bias);
     for (int64_t i = 0; i < n; i += 16) {
       const __mmask16 k = n - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - i)) - 1);
-      const __m512i t = _mm512_add_epi32(_mm512_maskz_loadu_epi32(k, acc + i), vb);
-      __m512i ev = _mm512_sra_epi64(_mm512_add_epi64(_mm512_mul_epi32(t, vm), vadd), vshift);
-      __m512i od = _mm512_sra_epi64(_mm512_add_epi64(_mm512_mul_epi32(_mm512_srli_epi64(t, 32), vm), vadd), vshift);
-      if (round) {
-        ev = _mm512_sra_epi64(_mm512_add_epi64(_mm512_add_epi64(ev, vhalf), _mm512_srai_epi64(ev, 63)), vr);
-        od = _mm512_sra_epi64(_mm512_add_epi64(_mm512_add_epi64(od, vhalf), _mm512_srai_epi64(od, 63)), vr);
-      }
-      __m512i y = _mm512_mask_blend_epi32(__mmask16(0xAAAA), ev, _mm512_slli_epi64(od, 32));
-      y = _mm512_add_epi32(_mm512_min_epi32(_mm512_max_epi32(y, vlo), vhi), vzp);
-      _mm_mask_storeu_epi8(out + i, k, _mm512_cvtepi32_epi8(y));
+      _mm_mask_storeu_epi8(out + i, k, rq(_mm512_add_epi32(_mm512_maskz_loadu_epi32(k, acc + i), vb)));
     }
     return;
   }
@@ -211,6 +224,13 @@ TFTPU_INLINE void depthwise_impl(const In* x, const int8_t* w, Out* y, const int
   std::vector<int32_t> acc(kBlock);
   std::vector<Out> out(L);
   std::vector<int16_t> row(sw * Wq);
+  std::vector<int64_t> taps(kh * kw);        // where each tap reads, in the phases buffer
+  for (int64_t ky = 0; ky < kh; ++ky)
+    for (int64_t kx = 0; kx < kw; ++kx)
+      taps[ky * kw + kx] = ((ky * dh % sh) * sw + kx * dw % sw) * phase_size + (ky * dh / sh) * Wq + kx * dw / sw;
+#ifdef TFTPU_AVX512
+  std::vector<__m512i> wv(kh * kw);
+#endif
   for (int64_t n = 0; n < N; ++n)
     for (int64_t ch = c0; ch < c1; ++ch) {
       std::fill(phases.begin(), phases.end(), int16_t(0));
@@ -242,9 +262,28 @@ TFTPU_INLINE void depthwise_impl(const In* x, const int8_t* w, Out* y, const int
           }
         }
       }
-      // blocks of kBlock outputs keep their sums in L1 while every tap adds to them
       const int8_t* wc = w + ch * kh * kw;
       const Channel cq = channel_of(t, ch, per_channel, p[15], p[16], p[17]);
+#ifdef TFTPU_AVX512
+      if constexpr (sizeof(Out) == 1)
+        if (exact32) {      // 16 outputs at a time, their sums in one register over all the taps
+          const Requant16 rq(cq);
+          const __m512i vb = _mm512_set1_epi32(int32_t(cq.bias));
+          for (int64_t k = 0; k < kh * kw; ++k) wv[k] = _mm512_set1_epi32(wc[k]);
+          for (int64_t i = 0; i < L; i += kVector) {
+            __m512i a = vb;
+            for (int64_t k = 0; k < kh * kw; ++k) {
+              const __m256i xs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(phases.data() + taps[k] + i));
+              a = _mm512_add_epi32(a, _mm512_mullo_epi32(_mm512_cvtepi16_epi32(xs), wv[k]));
+            }
+            _mm_storeu_si128(reinterpret_cast<__m128i*>(out.data() + i), rq(a));
+          }
+          Out* dst = y + (n * C + ch) * OH * OW;
+          for (int64_t oy = 0; oy < OH; ++oy) std::memcpy(dst + oy * OW, out.data() + oy * Wq, OW * sizeof(Out));
+          continue;
+        }
+#endif
+      // blocks of kBlock outputs keep their sums in L1 while every tap adds to them
       for (int64_t i0 = 0; i0 < L; i0 += kBlock) {
         const int64_t nb = std::min(kBlock, L - i0);
         int32_t* __restrict__ a = acc.data();
