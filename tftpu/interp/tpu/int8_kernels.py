@@ -2,10 +2,11 @@
 
 Products of INT8 values accumulate in INT32 (saturating), then requantize with the rules of
 `tftpu.rounding` (multiplier and right shift per channel; `requant.Requant` computes the same
-integers in fewer passes). The sums come from the fastest exact source that applies:
-onnxruntime's ConvInteger / MatMulInteger (exact int32), its float32 Conv for grouped convs
-whose partial sums provably stay below 2**24, else float64 (TensorFlow's / BLAS's: exact for
-any reduction shorter than 2**38 taps).
+integers in fewer passes). The sums come from the fastest exact source that applies: the
+native kernels (`native`: depthwise and 1x1 convs whole, requantization fused), onnxruntime's
+ConvInteger / MatMulInteger (exact int32), its float32 Conv for grouped convs whose partial
+sums provably stay below 2**24, else float64 (TensorFlow's / BLAS's: exact for any reduction
+shorter than 2**38 taps).
 """
 
 from __future__ import annotations

@@ -1,10 +1,12 @@
 """ctypes bindings of the fused INT8 kernels (`int8_native.cc`): requantization of INT32/INT64
-accumulators (bias fused), depthwise conv with its requantization, and element-wise Add/Sub.
+sums (bias fused), depthwise and 1x1 convs with their requantization (`Conv`), element-wise
+Add/Sub, and float32 -> INT8 quantization.
 
 Each returns None where it does not apply (the library cannot be built, `TFTPU_NATIVE=0`, or
 types it does not take); the callers then take their numpy paths, which compute the same
-integers (tests/interp/test_int8_native.py holds both to the integer reference). Large calls
-share the library's own worker threads (as many as `requant.in_slabs` uses).
+integers (tests/interp/test_int8_native.py holds the kernels to an independent integer
+reference, tests/interp/test_int8_native_models.py whole models to the numpy paths). Large
+calls share the library's own worker threads (as many as `requant.in_slabs` uses).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pathlib import Path
 import numpy as np
 from absl import logging
 
+from tftpu import geometry
 from tftpu.interp.tpu import requant
 from tftpu.utils import native
 
@@ -178,8 +181,7 @@ class Conv:
         kh, kw = self.w.shape[2:]
         if self._shape != x.shape:
             (sh, sw), (dh, dw), (pt, pl, pb, pr) = self.strides, self.dilations, self.pads
-            oh = (h + pt + pb - dh * (kh - 1) - 1) // sh + 1
-            ow = (wd + pl + pr - dw * (kw - 1) - 1) // sw + 1
+            oh, ow = geometry.conv_out(h, kh, sh, dh, pt, pb), geometry.conv_out(wd, kw, sw, dw, pl, pr)
             if oh <= 0 or ow <= 0:
                 return None
             self._params = np.array([n, c, h, wd, self.zx, kh, kw, sh, sw, pt, pl, dh, dw, oh, ow, rq.lo, rq.hi,
