@@ -1,7 +1,8 @@
 """Whole models through the native INT8 kernels (`tftpu.interp.tpu.native`) give every tensor
 bit-equal to the numpy paths they replace (the paths `TFTPU_NATIVE=0` takes), on the layers
-real networks have: depthwise convs with strides and pads, 1x1 convs (the VNNI GEMM),
-residual Adds, the input Cast; symmetric and asymmetric INT8, a 64-lane and a 16-lane chip."""
+real networks have: depthwise convs (3x3 and 5x5, strided, padded), 1x1 convs (the VNNI GEMM),
+squeeze-excite Muls, residual Adds, the input Cast; symmetric and asymmetric INT8, a 64-lane
+and a 16-lane chip."""
 
 from __future__ import annotations
 
@@ -14,21 +15,21 @@ from tftpu.transforms.lowering import lower
 
 pytestmark = pytest.mark.skipif(native.library() is None, reason="native kernels cannot be built here")
 
-_MODEL = {}
+_MODELS = {}
+APPS = {"MobileNetV2": dict(alpha=0.35), "EfficientNetB0": {}, "MobileNetV3Small": {}}
 
 
-def mobilenet():
-    """A small MobileNetV2 (alpha 0.35, 64x64, random weights), its input and calibration."""
-    if not _MODEL:
+def app(name):
+    """A keras application at 64x64 (random weights), its input and calibration samples."""
+    if name not in _MODELS:
         import keras
 
-        km = keras.applications.MobileNetV2(weights=None, input_shape=(64, 64, 3), alpha=0.35)
+        km = getattr(keras.applications, name)(weights=None, input_shape=(64, 64, 3), **APPS[name])
         model = frontend.load(frontend.to_onnx(km))
         rng = np.random.default_rng(0)
-        name = model.input_names[0]
-        feeds = [{name: rng.uniform(-1, 1, (1, 64, 64, 3)).astype(np.float32)} for _ in range(2)]
-        _MODEL.update(model=model, feeds=feeds)
-    return _MODEL["model"], _MODEL["feeds"]
+        feeds = [{model.input_names[0]: rng.uniform(-1, 1, (1, 64, 64, 3)).astype(np.float32)} for _ in range(2)]
+        _MODELS[name] = model, feeds
+    return _MODELS[name]
 
 
 def numpy_only(monkeypatch):
@@ -37,10 +38,14 @@ def numpy_only(monkeypatch):
     monkeypatch.setattr(native, "has_pointwise", lambda: False)
 
 
-@pytest.mark.parametrize("chip,asymmetric", [("npu1", False), ("npu1", True), ("edge16", False)],
-                         ids=["npu1-sym", "npu1-asym", "edge16-sym"])
-def test_native_kernels_equal_numpy_paths_on_mobilenet(monkeypatch, chip, asymmetric):
-    model, feeds = mobilenet()
+CASES = [("MobileNetV2", "npu1", False), ("MobileNetV2", "npu1", True), ("MobileNetV2", "edge16", False),
+         ("EfficientNetB0", "npu1", False), ("MobileNetV3Small", "npu1", True)]
+
+
+@pytest.mark.parametrize("name,chip,asymmetric", CASES,
+                         ids=[f"{n}-{c}-{'asym' if a else 'sym'}" for n, c, a in CASES])
+def test_native_kernels_equal_numpy_paths(monkeypatch, name, chip, asymmetric):
+    model, feeds = app(name)
     table = quant.calibrate(model, feeds, "minmax", asymmetric=asymmetric)
     tpu_model, _ = lower(model, chip, "INT8", table, asymmetric=asymmetric)
     used = []
