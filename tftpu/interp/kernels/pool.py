@@ -71,7 +71,7 @@ def _pool(x, attrs, kind):
     for i, ax in enumerate(axes):
         widths[ax] = (pads[i], pads[nsp + i] + geo[i][1])
     padded = any(w != (0, 0) for w in widths)
-    fill = -np.inf if kind == "max" else 0.0
+    fill = (np.iinfo(x.dtype).min if x.dtype.kind in "iu" else -np.inf) if kind == "max" else 0.0
     xp = _pad_const(x, widths, fill) if padded else x
     use_tf = all(di == 1 for di in d) and nsp in (2, 3) and x.dtype == np.float32
     if kind == "max":
@@ -112,6 +112,8 @@ def max_pool(operands, attrs):
     """top.MaxPool: ONNX MaxPool (pads, ceil_mode, dilations) + fused relu."""
     x = operands[0]
     x = as_f32(x) if x.dtype.kind == "f" else x
+    if x.dtype.kind in "iu":         # integers: the window maximum in their own type (exact)
+        return [post_relu(_pool(x, attrs, "max"), attrs)]
     if x.dtype.kind != "f":
         return [post_relu(_pool(x.astype(np.float64), attrs, "max").astype(x.dtype), attrs)]
     return [post_relu(_pool(x, attrs, "max"), attrs)]
