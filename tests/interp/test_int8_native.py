@@ -21,7 +21,7 @@ import contextlib
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from tftpu.interp.tpu import native
@@ -42,10 +42,10 @@ def need_library():
         pytest.skip("native INT8 kernels cannot be built here")
 
 
-def need_pointwise():
+def need_gemm():
     need_library()
-    if not native.has_pointwise():
-        pytest.skip("this CPU's build has no AVX-512 VNNI pointwise kernel")
+    if not native.has_gemm():
+        pytest.skip("this CPU's build has no AVX-512 VNNI GEMM kernel")
 
 
 # ---------------------------------------------------------------- the integer reference
@@ -482,7 +482,7 @@ def test_depthwise_explicit():
 @settings(SWEEP, max_examples=120)
 @given(st.data())
 def test_pointwise(data):
-    need_pointwise()
+    need_gemm()
     draw = data.draw
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     n = draw(st.integers(1, 2))
@@ -499,8 +499,36 @@ def test_pointwise(data):
     sums = ref_conv_sums(x, w, bias, zx, strides, attrs["pads"], attrs["dilations"], 1)
     rq, params = draw_requant_for(draw, rng, sums, o)
     conv = native.Conv(rq, w, bias, zx, attrs)
-    assert conv.kind == ("depthwise" if c == o == 1 else "pointwise")      # 1 -> 1 channel: both
+    assert conv.kind == ("depthwise" if c == o == 1 else "gemm")      # 1 -> 1 channel: both
     check_conv(conv, x, w, bias, zx, attrs, params, "pointwise")
+
+
+@settings(SWEEP, max_examples=120)
+@given(st.data())
+def test_gemm_kxk(data):
+    """Ungrouped KxK convs through the im2col GEMM: any kernel, stride, padding (which adds the
+    zero point) and dilation."""
+    need_gemm()
+    draw = data.draw
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    n, c, o = draw(st.integers(1, 2)), draw(st.integers(1, 12)), draw(st.integers(1, 20))
+    kh, kw = draw(st.integers(1, 5)), draw(st.integers(1, 5))
+    strides = [draw(st.integers(1, 3)), draw(st.integers(1, 3))]
+    pads = [draw(st.integers(0, 3)) for _ in range(4)]
+    dilations = [draw(st.integers(1, 2)), draw(st.integers(1, 2))]
+    h, wd = draw(st.integers(1, 14)), draw(st.integers(1, 14))
+    attrs = {"strides": strides, "pads": pads, "dilations": dilations, "group": 1}
+    oh = (h + pads[0] + pads[2] - dilations[0] * (kh - 1) - 1) // strides[0] + 1
+    ow = (wd + pads[1] + pads[3] - dilations[1] * (kw - 1) - 1) // strides[1] + 1
+    assume(oh > 0 and ow > 0)
+    x, zx = draw_input(draw, rng, (n, c, h, wd))
+    w = rng.integers(-128, 128, (o, c, kh, kw)).astype(np.int8)
+    bias, _ = draw_bias(draw, rng, o)
+    sums = ref_conv_sums(x, w, bias, zx, strides, pads, dilations, 1)
+    rq, params = draw_requant_for(draw, rng, sums, o)
+    conv = native.Conv(rq, w, bias, zx, attrs)
+    assert conv.kind == ("depthwise" if c == o == 1 else "gemm")
+    check_conv(conv, x, w, bias, zx, attrs, params, "gemm kxk")
 
 
 def test_pointwise_explicit():
@@ -508,7 +536,7 @@ def test_pointwise_explicit():
     97, 400), channel counts around the 4-channel groups and 8-channel blocks, all-extreme
     inputs and weights, int8 and uint8 data through one conv, a large bias, and one GEMM
     above the real threading threshold."""
-    need_pointwise()
+    need_gemm()
     rng = np.random.default_rng(11)
     shapes = [(1, 1), (1, 31), (4, 8), (3, 11), (7, 9), (8, 8), (5, 13), (1, 97), (20, 20)]
     for i, (h, wd) in enumerate(shapes):
@@ -524,7 +552,7 @@ def test_pointwise_explicit():
         zx = 100
         attrs = {"strides": [1, 1], "pads": [0, 0, 0, 0], "dilations": [1, 1], "group": 1}
         conv = native.Conv(native.Requantizer(*params), w, bias, zx, attrs)
-        assert conv.kind == ("depthwise" if c == o == 1 else "pointwise")
+        assert conv.kind == ("depthwise" if c == o == 1 else "gemm")
         assert conv.exact32 == (i % 4 != 1)
         for xtype in (np.uint8, np.int8, np.uint8):          # the flip switches per call
             info = np.iinfo(xtype)
@@ -554,10 +582,13 @@ def test_conv_declines():
     x = rng.integers(-128, 128, (1, 4, 6, 6)).astype(np.int8)
     base = {"strides": [1, 1], "pads": [1, 1, 1, 1], "dilations": [1, 1], "group": 1}
     w33 = rng.integers(-128, 128, (5, 4, 3, 3)).astype(np.int8)
-    conv = native.Conv(rq, w33, None, 0, base)
-    assert conv.kind is None and conv(x) is None                          # 3x3, group 1
     w11 = rng.integers(-128, 128, (5, 4, 1, 1)).astype(np.int8)
-    assert native.Conv(rq, w11, None, 0, base).kind is None               # 1x1 but padded
+    if native.has_gemm():                                                   # ungrouped: the GEMM
+        assert native.Conv(rq, w33, None, 0, base).kind == "gemm"
+        assert native.Conv(rq, w11, None, 0, base).kind == "gemm"
+    huge = np.ones((5, 70000, 1, 1), np.int8)                               # int32 sums could overflow
+    conv = native.Conv(rq, huge, None, 0, dict(base, pads=[0] * 4))
+    assert conv.kind is None and conv(np.zeros((1, 70000, 1, 1), np.int8)) is None
     wmul = rng.integers(-128, 128, (8, 1, 3, 3)).astype(np.int8)          # depth multiplier 2
     assert native.Conv(rq, wmul, None, 0, dict(base, group=4)).kind is None
     wg = rng.integers(-128, 128, (4, 2, 3, 3)).astype(np.int8)            # grouped, not depthwise
@@ -641,14 +672,14 @@ def test_add_exhaustive_pairs():
 
 def test_native_off(monkeypatch):
     """With TFTPU_NATIVE=0 library() is None, and every entry point declines (None; Conv kind
-    None; has_pointwise False); the caches cleared again afterwards so the library comes back."""
+    None; has_gemm False); the caches cleared again afterwards so the library comes back."""
     was_available = native.library() is not None
     monkeypatch.setenv("TFTPU_NATIVE", "0")
     native.library.cache_clear()
-    native.has_pointwise.cache_clear()
+    native.has_gemm.cache_clear()
     try:
         assert native.library() is None
-        assert native.has_pointwise() is False
+        assert native.has_gemm() is False
         acc = np.arange(24, dtype=np.int32).reshape(1, 2, 3, 4)
         assert native.Requantizer(1 << 30, 1, -128, 127, 0, np.int8).requant(acc, 1) is None
         assert native.Requantizer([1 << 30] * 2, [1] * 2, -128, 127, 0, np.int8).requant(
@@ -665,5 +696,5 @@ def test_native_off(monkeypatch):
     finally:
         monkeypatch.undo()
         native.library.cache_clear()
-        native.has_pointwise.cache_clear()
+        native.has_gemm.cache_clear()
     assert (native.library() is not None) == was_available

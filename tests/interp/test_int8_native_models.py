@@ -35,7 +35,7 @@ def app(name):
 def numpy_only(monkeypatch):
     """The numpy paths: every native entry point reports itself unavailable."""
     monkeypatch.setattr(native, "library", lambda: None)
-    monkeypatch.setattr(native, "has_pointwise", lambda: False)
+    monkeypatch.setattr(native, "has_gemm", lambda: False)
 
 
 CASES = [("MobileNetV2", "npu1", False), ("MobileNetV2", "npu1", True), ("MobileNetV2", "edge16", False),
@@ -60,7 +60,7 @@ def test_native_kernels_equal_numpy_paths(monkeypatch, name, chip, asymmetric):
         m.setattr(native.Conv, "__call__", spy)
         m.setattr(int8_kernels, "conv_f32", lambda *a: pytest.fail("a native conv ran its numpy path too"))
         fast = TpuInterpreter(tpu_model).run(feeds[1], dump_all=True)
-    assert "depthwise" in used and (not native.has_pointwise() or "pointwise" in used), used
+    assert "depthwise" in used and (not native.has_gemm() or "gemm" in used), used
     assert None not in used, used
     kinds = {op.name for op in tpu_model.ops}
     assert {"tpu.Conv", "tpu.Add", "tpu.Cast"} <= kinds

@@ -307,64 +307,110 @@ TFTPU_INLINE void depthwise_impl(const In* x, const int8_t* w, Out* y, const int
     }
 }
 
-// A 1x1 conv (stride 1, no padding) of NCHW data as an INT8 GEMM on AVX-512 VNNI: out[o][p] =
-// sum_c w[o][c] * (x[c][p] - zx) + bias[o], requantized. vpdpbusd multiplies unsigned by signed
-// bytes and adds each group of four products to an int32 lane without saturating, so the sums
-// are exact: the input is offset to unsigned (x ^ 0x80 = x + 128 for int8) and the caller folds
-// -(zx + offset) * sum_c w[o][c] into the int64 bias. The pixels [p0, p1) of each image are
-// packed to [C/4][pixels][4] bytes (four channels of one pixel per int32 lane), 32 pixels a
-// tile; each tile meets eight output channels at a time (16 accumulators), then each row of
-// the tile is requantized straight to the output.
-// pointwise: [N, C, P, O, C4, lo, hi, zp, xor_sign, per_channel, exact32]
+// An ungrouped conv of NCHW data as an INT8 GEMM on AVX-512 VNNI: out[o][p] = sum_q w[o][q] *
+// (row_q[p] - zx) + bias[o], requantized, where the rows are the input channels (1x1, stride 1,
+// unpadded) or the im2col rows (c, ky, kx) of any other kernel. vpdpbusd multiplies unsigned by
+// signed bytes and adds each group of four products to an int32 lane without saturating, so the
+// sums are exact: the input is offset to unsigned (x ^ 0x80 = x + 128 for int8) and the caller
+// folds -(zx + offset) * sum_q w[o][q] into the int64 bias. The pixels [p0, p1) of each image are
+// packed to [Q/4][pixels][4] bytes (four rows of one pixel per int32 lane), 32 pixels a tile;
+// each tile meets eight output channels at a time (16 accumulators), then each row of the tile
+// is requantized straight to the output.
+// gemm: [N, Q, P, O, Q4, lo, hi, zp, xor_sign, per_channel, exact32, H, W, kh, kw, sh, sw, pt, pl,
+//             dh, dw, OW, zx]: Q rows of the GEMM (C, or C*kh*kw for a KxK conv; kh = 0 for 1x1)
 #if defined(__AVX512VNNI__) && defined(TFTPU_AVX512)
 constexpr bool kHaveVnni = true;
 
+// Interleave four rows of np bytes (null: a row of zeros, past the last channel) into dst, four
+// bytes a pixel, flipping the sign bit where `flip`; pixels np..Pt are zeros.
+TFTPU_INLINE void interleave4(const uint8_t* const rows[4], int64_t np, int64_t Pt, bool flip,
+                              uint8_t* __restrict__ dst) {
+  const __m128i sign = _mm_set1_epi8(flip ? char(0x80) : 0);
+  const bool whole = rows[0] && rows[1] && rows[2] && rows[3];
+  int64_t p = 0;
+  if (whole)
+    for (; p + 16 <= np; p += 16) {
+      const __m128i r0 = _mm_xor_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[0] + p)), sign);
+      const __m128i r1 = _mm_xor_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[1] + p)), sign);
+      const __m128i r2 = _mm_xor_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[2] + p)), sign);
+      const __m128i r3 = _mm_xor_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[3] + p)), sign);
+      const __m128i t0 = _mm_unpacklo_epi8(r0, r1), t1 = _mm_unpackhi_epi8(r0, r1);
+      const __m128i t2 = _mm_unpacklo_epi8(r2, r3), t3 = _mm_unpackhi_epi8(r2, r3);
+      __m128i* d = reinterpret_cast<__m128i*>(dst + p * 4);
+      _mm_storeu_si128(d + 0, _mm_unpacklo_epi16(t0, t2));
+      _mm_storeu_si128(d + 1, _mm_unpackhi_epi16(t0, t2));
+      _mm_storeu_si128(d + 2, _mm_unpacklo_epi16(t1, t3));
+      _mm_storeu_si128(d + 3, _mm_unpackhi_epi16(t1, t3));
+    }
+  const uint8_t s = flip ? 0x80 : 0;
+  for (; p < Pt; ++p)
+    for (int k = 0; k < 4; ++k) dst[p * 4 + k] = (rows[k] && p < np) ? uint8_t(rows[k][p] ^ s) : 0;
+}
+
+// The GEMM's input rows: channel c of NCHW data over pixels [p0, p0 + np) (a 1x1 conv), or for a
+// KxK conv the im2col row q = (c, ky, kx) (OIHW order), gathered into `buf` with the zero point
+// where the window reaches past the input (it then adds (zx - zx) * w = 0).
+// geometry: [H, W, kh, kw, sh, sw, pt, pl, dh, dw, OW] (kh = 0: a 1x1 conv, the pixels as they lie)
+template <typename In>
+TFTPU_INLINE const uint8_t* gemm_row(const In* x, int64_t P, int64_t q, int64_t p0, int64_t np, const int64_t* g,
+                                     In zx, In* __restrict__ buf) {
+  if (g[2] == 0) return reinterpret_cast<const uint8_t*>(x + q * P + p0);
+  const int64_t H = g[0], W = g[1], kh = g[2], kw = g[3], sh = g[4], sw = g[5], pt = g[6], pl = g[7], dh = g[8],
+                dw = g[9], OW = g[10];
+  const int64_t c = q / (kh * kw), ky = q / kw % kh, kx = q % kw;
+  const In* plane = x + c * H * W;
+  int64_t p = p0;
+  while (p < p0 + np) {              // one output row (oy) at a time
+    const int64_t oy = p / OW, ox0 = p % OW, ox1 = std::min(OW, ox0 + (p0 + np - p));
+    const int64_t iy = oy * sh - pt + ky * dh, off = kx * dw - pl;
+    In* __restrict__ d = buf + (p - p0) - ox0;
+    if (iy < 0 || iy >= H) {
+      for (int64_t ox = ox0; ox < ox1; ++ox) d[ox] = zx;
+    } else {
+      const In* __restrict__ r = plane + iy * W;
+      // the columns whose ix = ox * sw + off lies in [0, W)
+      const int64_t lo = std::min(ox1, std::max(ox0, off >= 0 ? 0 : (-off + sw - 1) / sw));
+      const int64_t hi = std::max(lo, std::min(ox1, W - 1 - off < 0 ? 0 : (W - 1 - off) / sw + 1));
+      for (int64_t ox = ox0; ox < lo; ++ox) d[ox] = zx;
+      if (sw == 1)
+        for (int64_t ox = lo; ox < hi; ++ox) d[ox] = r[ox + off];
+      else
+        for (int64_t ox = lo; ox < hi; ++ox) d[ox] = r[ox * sw + off];
+      for (int64_t ox = hi; ox < ox1; ++ox) d[ox] = zx;
+    }
+    p += ox1 - ox0;
+  }
+  return reinterpret_cast<const uint8_t*>(buf);
+}
+
 template <typename In>
 TFTPU_INLINE void pack_pixels(const In* x, int64_t C, int64_t P, int64_t p0, int64_t np, int64_t C4, int64_t Pt,
-                              bool flip, uint8_t* __restrict__ xp) {
-  const __m128i sign = _mm_set1_epi8(flip ? char(0x80) : 0);
+                              bool flip, const int64_t* g, In zx, In* bufs, uint8_t* __restrict__ xp) {
   for (int64_t c4 = 0; c4 < C4; ++c4) {
     const uint8_t* rows[4];
-    bool whole = true;
     for (int k = 0; k < 4; ++k) {
-      const int64_t c = c4 * 4 + k;
-      rows[k] = c < C ? reinterpret_cast<const uint8_t*>(x + c * P + p0) : nullptr;
-      whole &= c < C;
+      const int64_t q = c4 * 4 + k;
+      rows[k] = q < C ? gemm_row(x, P, q, p0, np, g, zx, bufs + k * np) : nullptr;
     }
-    uint8_t* dst = xp + c4 * Pt * 4;
-    int64_t p = 0;
-    if (whole)
-      for (; p + 16 <= np; p += 16) {
-        const __m128i r0 = _mm_xor_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[0] + p)), sign);
-        const __m128i r1 = _mm_xor_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[1] + p)), sign);
-        const __m128i r2 = _mm_xor_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[2] + p)), sign);
-        const __m128i r3 = _mm_xor_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[3] + p)), sign);
-        const __m128i t0 = _mm_unpacklo_epi8(r0, r1), t1 = _mm_unpackhi_epi8(r0, r1);
-        const __m128i t2 = _mm_unpacklo_epi8(r2, r3), t3 = _mm_unpackhi_epi8(r2, r3);
-        __m128i* d = reinterpret_cast<__m128i*>(dst + p * 4);
-        _mm_storeu_si128(d + 0, _mm_unpacklo_epi16(t0, t2));
-        _mm_storeu_si128(d + 1, _mm_unpackhi_epi16(t0, t2));
-        _mm_storeu_si128(d + 2, _mm_unpacklo_epi16(t1, t3));
-        _mm_storeu_si128(d + 3, _mm_unpackhi_epi16(t1, t3));
-      }
-    const uint8_t s = flip ? 0x80 : 0;
-    for (; p < Pt; ++p)
-      for (int k = 0; k < 4; ++k) dst[p * 4 + k] = (rows[k] && p < np) ? uint8_t(rows[k][p] ^ s) : 0;
+    interleave4(rows, np, Pt, flip, xp + c4 * Pt * 4);
   }
 }
 
 template <typename In, typename Out>
-TFTPU_INLINE void pointwise_impl(const In* x, const int8_t* w, const int64_t* bias, const int32_t* mult,
+TFTPU_INLINE void gemm_impl(const In* x, const int8_t* w, const int64_t* bias, const int32_t* mult,
                                  const int32_t* rshift, Out* y, const int64_t* p, int64_t p0, int64_t p1,
                                  int64_t o0, int64_t o1) {
   const int64_t N = p[0], C = p[1], P = p[2], O = p[3], C4 = p[4], lo = p[5], hi = p[6], zp = p[7];
   const bool flip = p[8] != 0, per_channel = p[9] != 0, exact32 = p[10] != 0;
   const int64_t np = p1 - p0, Pt = (np + 31) / 32 * 32;
   if (np <= 0 || o1 <= o0) return;
+  const int64_t* g = p + 11;
+  const int64_t plane = g[2] == 0 ? C * P : (C / (g[2] * g[3])) * g[0] * g[1];   // one image's input
   std::vector<uint8_t> xp(C4 * Pt * 4);
+  std::vector<In> bufs(g[2] == 0 ? 0 : 4 * np);
   alignas(64) int32_t tile[8][32];
   for (int64_t n = 0; n < N; ++n) {
-    pack_pixels(x + n * C * P, C, P, p0, np, C4, Pt, flip, xp.data());
+    pack_pixels(x + n * plane, C, P, p0, np, C4, Pt, flip, g, In(p[22]), bufs.data(), xp.data());
     for (int64_t pt = 0; pt < Pt; pt += 32) {
       const int64_t valid = std::min<int64_t>(32, np - pt);
       for (int64_t ob = o0; ob < o1; ob += 8) {
@@ -617,12 +663,12 @@ int tftpu_depthwise(const void* x, int in_kind, const int8_t* w, void* out, int 
   return status;
 }
 
-// Whether tftpu_pointwise exists in this build (AVX-512 VNNI).
-int tftpu_has_pointwise() { return kHaveVnni ? 1 : 0; }
+// Whether tftpu_gemm exists in this build (AVX-512 VNNI).
+int tftpu_has_gemm() { return kHaveVnni ? 1 : 0; }
 
-// Returns 2 where the build has no pointwise kernel. Splits the pixels (32 a tile) or the output
+// Returns 2 where the build has no GEMM kernel. Splits the pixels (32 a tile) or the output
 // channels (8 a block), whichever shares out more evenly.
-int tftpu_pointwise(const void* x, int in_kind, const int8_t* w, const int64_t* bias, const int32_t* mult,
+int tftpu_gemm(const void* x, int in_kind, const int8_t* w, const int64_t* bias, const int32_t* mult,
                     const int32_t* rshift, void* out, int out_kind, const int64_t* params, int64_t p0, int64_t p1,
                     int64_t o0, int64_t o1, int parts) {
 #if defined(__AVX512VNNI__) && defined(TFTPU_AVX512)
@@ -638,12 +684,12 @@ int tftpu_pointwise(const void* x, int in_kind, const int8_t* w, const int64_t* 
       const double by_outputs = double((blocks + k - 1) / k) * k / double(blocks);
       if (p1 - p0 >= 64 && by_pixels <= by_outputs)
         split_run(p0, p1, 32, parts, [&](int64_t a, int64_t b) {
-          pointwise_impl(static_cast<const In*>(x), w, bias, mult, rshift, static_cast<Out*>(out), params, a, b,
+          gemm_impl(static_cast<const In*>(x), w, bias, mult, rshift, static_cast<Out*>(out), params, a, b,
                          o0, o1);
         });
       else
         split_run(o0, o1, 8, parts, [&](int64_t a, int64_t b) {
-          pointwise_impl(static_cast<const In*>(x), w, bias, mult, rshift, static_cast<Out*>(out), params, p0, p1,
+          gemm_impl(static_cast<const In*>(x), w, bias, mult, rshift, static_cast<Out*>(out), params, p0, p1,
                          a, b);
         });
     });

@@ -1,5 +1,5 @@
 """ctypes bindings of the fused INT8 kernels (`int8_native.cc`): requantization of INT32/INT64
-sums (bias fused), depthwise and 1x1 convs with their requantization (`Conv`), element-wise
+sums (bias fused), depthwise and ungrouped convs with their requantization (`Conv`), element-wise
 Add/Sub, and float32 -> INT8 quantization.
 
 Each returns None where it does not apply (the library cannot be built, `TFTPU_NATIVE=0`, or
@@ -43,12 +43,12 @@ def library():
     lib.tftpu_requant.argtypes = [_P, _I, _P, _I, _P, _P, _P, _P, _L, _L, _I]
     lib.tftpu_depthwise.argtypes = [_P, _I, _P, _P, _I, _P, _P, _P, _P, _L, _L, _I]
     lib.tftpu_add.argtypes = [_P, _I, _P, _I, _P, _I, _P, _L, _L, _I]
-    lib.tftpu_pointwise.argtypes = [_P, _I, _P, _P, _P, _P, _P, _I, _P, _L, _L, _L, _L, _I]
-    lib.tftpu_has_pointwise.argtypes = []
+    lib.tftpu_gemm.argtypes = [_P, _I, _P, _P, _P, _P, _P, _I, _P, _L, _L, _L, _L, _I]
+    lib.tftpu_has_gemm.argtypes = []
     lib.tftpu_quantize.argtypes = [_P, ctypes.c_double, _P, _I, _P, _I]
     lib.tftpu_set_threads.argtypes = [_I]
     lib.tftpu_set_threads.restype = None
-    for fn in (lib.tftpu_requant, lib.tftpu_depthwise, lib.tftpu_add, lib.tftpu_pointwise, lib.tftpu_has_pointwise,
+    for fn in (lib.tftpu_requant, lib.tftpu_depthwise, lib.tftpu_add, lib.tftpu_gemm, lib.tftpu_has_gemm,
                lib.tftpu_quantize):
         fn.restype = _I
     lib.tftpu_set_threads(requant._workers())
@@ -134,7 +134,8 @@ class Requantizer:
 class Conv:
     """One INT8 conv prepared for the kernels, its weights packed and its constants ready (built
     once per op; `__call__(x)` per run): a depthwise conv (one filter per channel, any kernel,
-    stride, padding and dilation) whole, or a 1x1 unpadded conv as a GEMM (AVX-512 VNNI builds).
+    stride, padding and dilation) whole, or an ungrouped conv as a GEMM over its input channels
+    (1x1, stride 1, unpadded) or its im2col rows (any other kernel; AVX-512 VNNI builds).
     Input NCHW INT8/UINT8 with zero point `zx`, weight OIHW INT8, bias INT32 per output channel.
     `kind` is None where neither applies. Sums accumulate in int32 (each term is at most
     255 * 128 and the taps are bounded here); `exact32` holds where every sum plus its bias fits
@@ -156,10 +157,9 @@ class Conv:
         self._shape, self._params = None, None
         if attrs["group"] == o and cg == 1 and kh * kw * 255 * 128 < 1 << 31:
             self.kind = "depthwise"
-        elif attrs["group"] == 1 and (kh, kw) == (1, 1) and not any(self.pads) and cg * 255 * 128 < 1 << 31 \
-                and has_pointwise():
-            self.kind = "pointwise"
-            self.wpack, wsum = pack_pointwise(w)
+        elif attrs["group"] == 1 and cg * kh * kw * 255 * 128 < 1 << 31 and has_gemm():
+            self.kind = "gemm"
+            self.wpack, wsum = pack_gemm(w)
             self.b64 = {flip: np.ascontiguousarray(b - (self.zx + (128 if flip else 0)) * wsum)
                         for flip in (False, True)}
 
@@ -169,19 +169,21 @@ class Conv:
         if self.kind is None or ikind is None or x.ndim != 4 or x.shape[1] != self.w.shape[1] * (
                 self.w.shape[0] if self.kind == "depthwise" else 1):
             return None
-        if self.kind == "depthwise":
-            return self._depthwise(np.ascontiguousarray(x), ikind)
-        sh, sw = self.strides
-        xs = x if (sh, sw) == (1, 1) else x[:, :, ::sh, ::sw]
-        return self._pointwise(np.ascontiguousarray(xs), ikind)
+        x = np.ascontiguousarray(x)
+        return self._depthwise(x, ikind) if self.kind == "depthwise" else self._gemm(x, ikind)
+
+    def _out_size(self, h: int, wd: int) -> tuple[int, int]:
+        (sh, sw), (dh, dw), (pt, pl, pb, pr) = self.strides, self.dilations, self.pads
+        kh, kw = self.w.shape[2:]
+        return geometry.conv_out(h, kh, sh, dh, pt, pb), geometry.conv_out(wd, kw, sw, dw, pl, pr)
 
     def _depthwise(self, x, ikind):
         rq, lib = self.rq, library()
         n, c, h, wd = x.shape
         kh, kw = self.w.shape[2:]
         if self._shape != x.shape:
-            (sh, sw), (dh, dw), (pt, pl, pb, pr) = self.strides, self.dilations, self.pads
-            oh, ow = geometry.conv_out(h, kh, sh, dh, pt, pb), geometry.conv_out(wd, kw, sw, dw, pl, pr)
+            (sh, sw), (dh, dw), (pt, pl, _, _) = self.strides, self.dilations, self.pads
+            oh, ow = self._out_size(h, wd)
             if oh <= 0 or ow <= 0:
                 return None
             self._params = np.array([n, c, h, wd, self.zx, kh, kw, sh, sw, pt, pl, dh, dw, oh, ow, rq.lo, rq.hi,
@@ -194,37 +196,46 @@ class Conv:
         _check(lib.tftpu_depthwise(*args, 0, c, _parts(out.size * kh * kw)))
         return out
 
-    def _pointwise(self, x, ikind):
+    def _gemm(self, x, ikind):
         rq, lib = self.rq, library()
         n, c, h, wd = x.shape
-        o, pixels = self.w.shape[0], h * wd
+        o, kh, kw = self.w.shape[0], *self.w.shape[2:]
         flip = x.dtype == np.int8          # int8 data enters the unsigned operand as x + 128
         if self._shape != x.shape:
-            self._params = np.array([n, c, pixels, o, self.wpack.shape[1] // 4, rq.lo, rq.hi, rq.zp, 0,
-                                     int(rq.per_channel), int(self.exact32)], np.int64)
-            self._shape = x.shape
+            oh, ow = self._out_size(h, wd)
+            if oh <= 0 or ow <= 0:
+                return None
+            direct = (kh, kw) == (1, 1) and self.strides == [1, 1] and not any(self.pads)
+            (sh, sw), (dh, dw), (pt, pl, _, _) = self.strides, self.dilations, self.pads
+            self._params = np.array([n, c * kh * kw, oh * ow, o, self.wpack.shape[1] // 4, rq.lo, rq.hi, rq.zp, 0,
+                                     int(rq.per_channel), int(self.exact32), h, wd, 0 if direct else kh, kw,
+                                     sh, sw, pt, pl, dh, dw, ow, self.zx], np.int64)
+            self._shape, self._out = x.shape, (n, o, oh, ow)
         self._params[8] = int(flip)
-        out = np.empty((n, o, h, wd), rq.dtype)
+        out = np.empty(self._out, rq.dtype)
+        pixels = self._out[2] * self._out[3]
         args = (x.ctypes.data, ikind, self.wpack.ctypes.data, self.b64[flip].ctypes.data, rq.mult.ctypes.data,
                 rq.rshift.ctypes.data, out.ctypes.data, OUT_KINDS[rq.dtype], self._params.ctypes.data)
-        _check(lib.tftpu_pointwise(*args, 0, pixels, 0, o, _parts(n * o * pixels * c // 8)))
+        _check(lib.tftpu_gemm(*args, 0, pixels, 0, o, _parts(n * o * pixels * c * kh * kw // 8)))
         return out
 
 
 @functools.cache
-def has_pointwise() -> bool:
-    """Whether this CPU's build has the INT8 GEMM of 1x1 convs (AVX-512 VNNI)."""
+def has_gemm() -> bool:
+    """Whether this CPU's build has the INT8 GEMM of ungrouped convs (AVX-512 VNNI)."""
     lib = library()
-    return lib is not None and bool(lib.tftpu_has_pointwise())
+    return lib is not None and bool(lib.tftpu_has_gemm())
 
 
-def pack_pointwise(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """An OIHW 1x1 INT8 weight as the GEMM takes it: [O rounded up to 8][C rounded up to 4]
+def pack_gemm(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """An OIHW INT8 weight as the GEMM takes it: [O rounded up to 8][C*kh*kw rounded up to 4]
     int8 (zeros added), and the sum of each output channel's weights (int64)."""
-    o, c = w.shape[:2]
-    packed = np.zeros((-(-o // 8) * 8, -(-c // 4) * 4), np.int8)
-    packed[:o, :c] = w.reshape(o, c)
-    return packed, w.reshape(o, c).astype(np.int64).sum(axis=1)
+    o = w.shape[0]
+    flat = w.reshape(o, -1)
+    q = flat.shape[1]
+    packed = np.zeros((-(-o // 8) * 8, -(-q // 4) * 4), np.int8)
+    packed[:o, :q] = flat
+    return packed, flat.astype(np.int64).sum(axis=1)
 
 
 def add(a: np.ndarray, b: np.ndarray, za: int, zb: int, ma: int, mb: int, r: int, lo: int, hi: int, zp: int,
