@@ -38,14 +38,14 @@ SWEEP = settings(deadline=None, derandomize=True, suppress_health_check=[HealthC
 
 
 def need_library():
-    if native.library() is None:
-        pytest.skip("native INT8 kernels cannot be built here")
+    assert native.library() is not None, \
+        "the native INT8 kernels must build where the tests run (a C++ compiler; TFTPU_NATIVE not 0)"
 
 
-def need_gemm():
-    need_library()
-    if not native.has_gemm():
-        pytest.skip("this CPU's build has no AVX-512 VNNI GEMM kernel")
+def ungrouped_kind(c: int, o: int):
+    """What `native.Conv` makes of an ungrouped conv: 1 -> 1 channel is also depthwise; else the
+    GEMM where this CPU's build has it (AVX-512 VNNI), else it declines (the numpy paths run)."""
+    return "depthwise" if c == o == 1 else ("gemm" if native.has_gemm() else None)
 
 
 # ---------------------------------------------------------------- the integer reference
@@ -399,6 +399,9 @@ def check_conv(conv, x, w, bias, zx, attrs, rq_params, what):
     mult, rshift, lo, hi, zp, dtype = rq_params
     sums = ref_conv_sums(x, w, bias, zx, attrs["strides"], attrs["pads"], attrs["dilations"], attrs["group"])
     want = ref_requant(sums, mult, rshift, 1, lo, hi, zp, dtype)
+    if conv.kind is None:                 # declined: the caller's numpy path runs instead
+        assert conv(x) is None
+        return
     got = both(lambda: conv(x))
     check_equal(got, want, f"{what} x={x.shape} {x.dtype} zx={zx} w={w.shape} attrs={attrs} bias="
                            f"{None if bias is None else bias.tolist()} mult={mult} rshift={rshift} lo={lo} hi={hi} "
@@ -482,7 +485,7 @@ def test_depthwise_explicit():
 @settings(SWEEP, max_examples=120)
 @given(st.data())
 def test_pointwise(data):
-    need_gemm()
+    need_library()
     draw = data.draw
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     n = draw(st.integers(1, 2))
@@ -499,7 +502,7 @@ def test_pointwise(data):
     sums = ref_conv_sums(x, w, bias, zx, strides, attrs["pads"], attrs["dilations"], 1)
     rq, params = draw_requant_for(draw, rng, sums, o)
     conv = native.Conv(rq, w, bias, zx, attrs)
-    assert conv.kind == ("depthwise" if c == o == 1 else "gemm")      # 1 -> 1 channel: both
+    assert conv.kind == ungrouped_kind(c, o)      # 1 -> 1 channel: both
     check_conv(conv, x, w, bias, zx, attrs, params, "pointwise")
 
 
@@ -508,7 +511,7 @@ def test_pointwise(data):
 def test_gemm_kxk(data):
     """Ungrouped KxK convs through the im2col GEMM: any kernel, stride, padding (which adds the
     zero point) and dilation."""
-    need_gemm()
+    need_library()
     draw = data.draw
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     n, c, o = draw(st.integers(1, 2)), draw(st.integers(1, 12)), draw(st.integers(1, 20))
@@ -527,7 +530,7 @@ def test_gemm_kxk(data):
     sums = ref_conv_sums(x, w, bias, zx, strides, pads, dilations, 1)
     rq, params = draw_requant_for(draw, rng, sums, o)
     conv = native.Conv(rq, w, bias, zx, attrs)
-    assert conv.kind == ("depthwise" if c == o == 1 else "gemm")
+    assert conv.kind == ungrouped_kind(c, o)
     check_conv(conv, x, w, bias, zx, attrs, params, "gemm kxk")
 
 
@@ -536,7 +539,7 @@ def test_pointwise_explicit():
     97, 400), channel counts around the 4-channel groups and 8-channel blocks, all-extreme
     inputs and weights, int8 and uint8 data through one conv, a large bias, and one GEMM
     above the real threading threshold."""
-    need_gemm()
+    need_library()
     rng = np.random.default_rng(11)
     shapes = [(1, 1), (1, 31), (4, 8), (3, 11), (7, 9), (8, 8), (5, 13), (1, 97), (20, 20)]
     for i, (h, wd) in enumerate(shapes):
@@ -552,7 +555,7 @@ def test_pointwise_explicit():
         zx = 100
         attrs = {"strides": [1, 1], "pads": [0, 0, 0, 0], "dilations": [1, 1], "group": 1}
         conv = native.Conv(native.Requantizer(*params), w, bias, zx, attrs)
-        assert conv.kind == ("depthwise" if c == o == 1 else "gemm")
+        assert conv.kind == ungrouped_kind(c, o)
         assert conv.exact32 == (i % 4 != 1)
         for xtype in (np.uint8, np.int8, np.uint8):          # the flip switches per call
             info = np.iinfo(xtype)
@@ -569,8 +572,7 @@ def test_pointwise_explicit():
     attrs = {"strides": [1, 1], "pads": [0, 0, 0, 0], "dilations": [1, 1], "group": 1}
     conv = native.Conv(native.Requantizer(*params), w, bias, -7, attrs)
     assert o * 32 * 33 * c // 8 >= native.PARALLEL_MIN
-    sums = ref_conv_sums(x, w, bias, -7, [1, 1], [0, 0, 0, 0], [1, 1], 1)
-    check_equal(conv(x), ref_requant(sums, *params[:2], 1, *params[2:]), "pointwise large threaded")
+    check_conv(conv, x, w, bias, -7, attrs, params, "pointwise large threaded")
 
 
 def test_conv_declines():
@@ -583,9 +585,8 @@ def test_conv_declines():
     base = {"strides": [1, 1], "pads": [1, 1, 1, 1], "dilations": [1, 1], "group": 1}
     w33 = rng.integers(-128, 128, (5, 4, 3, 3)).astype(np.int8)
     w11 = rng.integers(-128, 128, (5, 4, 1, 1)).astype(np.int8)
-    if native.has_gemm():                                                   # ungrouped: the GEMM
-        assert native.Conv(rq, w33, None, 0, base).kind == "gemm"
-        assert native.Conv(rq, w11, None, 0, base).kind == "gemm"
+    assert native.Conv(rq, w33, None, 0, base).kind == ungrouped_kind(4, 5)      # ungrouped: the GEMM
+    assert native.Conv(rq, w11, None, 0, base).kind == ungrouped_kind(4, 5)
     huge = np.ones((5, 70000, 1, 1), np.int8)                               # int32 sums could overflow
     conv = native.Conv(rq, huge, None, 0, dict(base, pads=[0] * 4))
     assert conv.kind is None and conv(np.zeros((1, 70000, 1, 1), np.int8)) is None
