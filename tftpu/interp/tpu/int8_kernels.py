@@ -85,7 +85,7 @@ def _native_plan(attrs: dict, out):
     """The native kernels' form of an op's requantization, or None where they do not apply."""
     def make():
         m, r = attrs["multiplier"], attrs["rshift"]
-        if out.dtype not in quant.STORAGE or not native.Requantizer.applies(m, r) or native.library() is None:
+        if out.dtype not in quant.STORAGE or not requant.Requant.applies(m, r) or native.library() is None:
             return None
         lo, hi = _bounds(attrs, out)
         return native.Requantizer(m, r, lo, hi, out.zp, quant.STORAGE[out.dtype][0])
@@ -217,10 +217,7 @@ def conv_f32(x: np.ndarray, zp: int, w: np.ndarray, b, attrs: dict):
     exact, whatever the order (products of integers below 2**15 are exact, FMA included)."""
     if x.ndim != 4:
         return None
-    bound = 255 * WEIGHTS.get(w, ("abs_sum",), lambda: _abs_sum_bound(w))
-    if b is not None:
-        bound += int(np.abs(np.asarray(b, np.int64)).max(initial=0))
-    if bound >= 1 << 24:
+    if WEIGHTS.get(w, ("sum_bound",), lambda: requant.sum_bound(w)) + requant.bias_bound(b) >= 1 << 24:
         return None
     key = ("conv_f32", tuple(attrs["strides"]), tuple(attrs["pads"]), tuple(attrs["dilations"]), attrs["group"], zp)
     session = WEIGHTS.get(w, key, lambda: _conv_f32_session(w, attrs, zp) or _NO_SESSION)
@@ -261,12 +258,6 @@ def matmul_integer(x: np.ndarray, zx: int, w: np.ndarray, zw: int, right_transpo
         return None
     xu = np.ascontiguousarray(x).view(np.uint8) ^ np.uint8(0x80)
     return session.run(None, {"x": xu, "xz": np.array(zx + 128, np.uint8)})[0]
-
-
-def _abs_sum_bound(w: np.ndarray) -> int:
-    """The largest sum of |w| over one output channel's taps (OIHW): with |x - zp| <= 255 it
-    bounds every accumulator of that channel."""
-    return int(np.abs(w.astype(np.int64)).reshape(w.shape[0], -1).sum(axis=1).max())
 
 
 def _native_conv(w, b, attrs, info):
@@ -333,9 +324,7 @@ def conv(operands, attrs, info):
         if acc is not None:
             # |acc| <= 255 * sum|w| per channel: where that plus |bias| fits int32, the bias is
             # added in int32 and nothing saturates
-            bound = 255 * WEIGHTS.get(wn, ("abs_sum",), lambda: _abs_sum_bound(wn))
-            if b is not None:
-                bound += int(np.abs(np.asarray(b, np.int64)).max(initial=0))
+            bound = WEIGHTS.get(wn, ("sum_bound",), lambda: requant.sum_bound(wn)) + requant.bias_bound(b)
             if bound <= rounding.INT32_MAX:
                 if b is not None:
                     acc += WEIGHTS.get(b, ("nchw_i32", acc.ndim), lambda: _per_channel(b, acc.ndim, 1).astype(np.int32))

@@ -84,11 +84,6 @@ class Requantizer:
         self.lo, self.hi, self.zp = int(lo), int(hi), int(zp)
         self.dtype = np.dtype(dtype)
 
-    @staticmethod
-    def applies(multiplier, rshift) -> bool:
-        """Multipliers in [0, 2**31) and right shifts in 0..31, one or one per channel."""
-        return requant.Requant.applies(multiplier, rshift)
-
     def _tables(self, channels: int, bias):
         if self.per_channel and self.mult.size != channels:
             return None
@@ -150,9 +145,7 @@ class Conv:
         if library() is None or w.dtype != np.int8 or rq.dtype not in OUT_KINDS or b.size != o or \
                 (rq.per_channel and rq.mult.size != o) or (b.size and np.abs(b).max() >= 1 << 31):
             return
-        w64 = w.reshape(o, -1).astype(np.int64)
-        self.exact32 = 255 * int(np.abs(w64).sum(axis=1).max(initial=0)) + int(np.abs(b).max(initial=0)) \
-            < 1 << 31
+        self.exact32 = requant.sum_bound(w, b) < 1 << 31
         self.b32 = np.ascontiguousarray(b, np.int32)
         self._shape, self._params = None, None
         if attrs["group"] == o and cg == 1 and kh * kw * 255 * 128 < 1 << 31:

@@ -152,6 +152,19 @@ def _range(dtype: np.dtype) -> tuple[int, int]:
     return int(info.min), int(info.max)
 
 
+def sum_bound(w: np.ndarray, bias=None) -> int:
+    """The largest |sum| + |bias| of any output channel (axis 0 of `w`) of a conv or matmul by
+    INT8 data: with |x - zp| <= 255 it is 255 * sum|w| + |bias|, at its largest. Below 2**31
+    int32 arithmetic is exact (nothing saturates); below 2**24, float32's is."""
+    return 255 * int(np.abs(w.astype(np.int64)).reshape(w.shape[0], -1).sum(axis=1).max(initial=0)) + \
+        bias_bound(bias)
+
+
+def bias_bound(bias) -> int:
+    """max |bias| (0 for none): `sum_bound`'s bias term, for callers that keep the weights' term."""
+    return 0 if bias is None else int(np.abs(np.asarray(bias, np.int64)).max(initial=0))
+
+
 # ---------------------------------------------------------------- slabs on threads
 
 SLAB_MIN = 1 << 19          # elements below which a tensor runs in one piece (threads cost more)
