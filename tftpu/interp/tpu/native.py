@@ -84,17 +84,6 @@ class Requantizer:
         self.lo, self.hi, self.zp = int(lo), int(hi), int(zp)
         self.dtype = np.dtype(dtype)
 
-    def _tables(self, channels: int, bias):
-        if self.per_channel and self.mult.size != channels:
-            return None
-        if bias is not None:
-            bias = np.asarray(bias)
-            if bias.size != channels or bias.dtype.kind not in "iu" or \
-                    (bias.size and (bias.min() < -(1 << 31) or bias.max() >= 1 << 31)):
-                return None
-            bias = np.ascontiguousarray(bias.reshape(-1), np.int32)
-        return bias
-
     def requant(self, acc: np.ndarray, axis: int, bias=None, exact32: bool = False):
         """`acc` (int32/int64, + `bias` per channel of `axis`), saturated to int32, requantized;
         None where the kernel does not apply. `exact32`: the caller proved every sum plus bias
@@ -109,16 +98,19 @@ class Requantizer:
         outer, inner = math.prod(acc.shape[:axis]), math.prod(acc.shape[axis + 1:])
         if not self.per_channel and bias is None:      # one channel: the whole tensor is one run
             outer, channels, inner = 1, 1, acc.size
-        tables = self._tables(channels, bias)
-        if tables is None and bias is not None:
-            return None
         if self.per_channel and self.mult.size != channels:
             return None
+        if bias is not None:
+            bias = np.asarray(bias)
+            if bias.size != channels or bias.dtype.kind not in "iu" or \
+                    (bias.size and (bias.min() < -(1 << 31) or bias.max() >= 1 << 31)):
+                return None
+            bias = np.ascontiguousarray(bias.reshape(-1), np.int32)
         out = np.empty(acc.shape, self.dtype)
         params = np.array([outer, channels, inner, self.lo, self.hi, self.zp, int(self.per_channel),
                            int(exact32 and kind == 0)], np.int64)
         units = outer if inner == 1 and channels > 1 else outer * channels
-        bias_ptr = None if tables is None else tables.ctypes.data
+        bias_ptr = None if bias is None else bias.ctypes.data
         a, o, p, mp, rp = acc.ctypes.data, out.ctypes.data, params.ctypes.data, self.mult.ctypes.data, \
             self.rshift.ctypes.data
         okind = OUT_KINDS[self.dtype]
