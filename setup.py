@@ -3,7 +3,78 @@
     pip install -c constraints.txt -e ".[test]"
 """
 
-from setuptools import find_packages, setup
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from setuptools import Extension, find_packages, setup
+from setuptools.command.build_ext import build_ext
+from setuptools.errors import CompileError
+
+HERE = Path(__file__).resolve().parent
+
+
+def _module(path: str):
+    """A stdlib-only module of tftpu, loaded by path (the package's dependencies are not installed yet)."""
+    spec = importlib.util.spec_from_file_location(Path(path).stem, HERE / path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module     # dataclasses look their module up while the class is made
+    spec.loader.exec_module(module)
+    return module
+
+
+isa = _module("tftpu/utils/isa.py")
+#: The plain C++ libraries (called through ctypes), compiled once per instruction-set variant.
+NATIVE_SOURCES = ["tftpu/interp/tpu/int8_native.cc"]
+LIBFLAGS = ("-O3", "-fPIC", "-shared", "-std=c++17", "-ffp-contract=off")   # = tftpu.utils.native.LIBFLAGS
+
+
+class NativeLibrary(Extension):
+    """One variant of a plain C++ library: built by the compiler directly, not as a CPython module."""
+
+    def __init__(self, source: str, variant: str):
+        stem = Path(source).stem
+        package = source.rsplit("/", 1)[0].replace("/", ".")
+        super().__init__(f"{package}._{stem}_{variant}", sources=[source], optional=True)
+        self.source, self.variant = source, variant
+
+
+class build_native(build_ext):
+    """Compiles every variant of the native kernels (two at a time); a variant that fails to build
+    (no C++ compiler, an old one) is left out with a warning: tftpu then builds it on first use if
+    it can, else runs its numpy paths, which compute the same integers."""
+
+    def finalize_options(self):
+        super().finalize_options()
+        if self.parallel is None:
+            self.parallel = max(2, os.cpu_count() or 1)
+
+    def build_extension(self, ext):
+        if not isinstance(ext, NativeLibrary):
+            return super().build_extension(ext)
+        import hashlib
+
+        source = HERE / ext.source
+        target = Path(self.get_ext_fullpath(ext.name))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        digest = hashlib.sha256(source.read_bytes()).hexdigest()
+        cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++") or "c++"
+        tmp = target.with_name(target.name + ".tmp")
+        command = [cxx, *LIBFLAGS, *isa.VARIANTS[ext.variant].flags, f'-DTFTPU_ISA_NAME="{ext.variant}"',
+                   f'-DTFTPU_SOURCE_SHA256="{digest}"', str(source), "-o", str(tmp)]
+        print(f"building {target.name} ({ext.variant})", flush=True)
+        try:
+            proc = subprocess.run(command, capture_output=True, text=True)
+        except OSError as exc:
+            raise CompileError(f"{cxx}: {exc}") from None
+        if proc.returncode:
+            tmp.unlink(missing_ok=True)
+            raise CompileError(proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "compiler failed")
+        os.replace(tmp, target)
+
 
 TOOLS = ["optimize", "transform", "calibrate", "deploy", "run", "compare", "tac", "demo", "convert"]
 
@@ -45,6 +116,8 @@ setup(
         # benchmarks/transposes.py compares against onnxsim
         "bench": ["onnxsim==0.8.1"],
     },
+    ext_modules=[NativeLibrary(src, v) for src in NATIVE_SOURCES for v in isa.buildable()],
+    cmdclass={"build_ext": build_native},
     entry_points={
         "console_scripts": [f"tftpu-{t} = tftpu_tools.tftpu_{t}:run" for t in TOOLS],
     },

@@ -1,17 +1,22 @@
-"""Build-once loading of tftpu's native kernels (C++ shipped as source): TensorFlow custom ops
-(`load_op_library`) and plain shared libraries called through ctypes (`load_library`).
+"""Loading of tftpu's native kernels: plain shared libraries called through ctypes
+(`load_library`), and TensorFlow custom ops (`load_op_library`).
 
-The first call compiles the kernel with the system C++ compiler (and, for TensorFlow ops,
-TensorFlow's own flags from `tf.sysconfig`), in the manner of `torch.utils.cpp_extension.load`,
-and caches the library under
-`$TFTPU_CACHE` (default `~/.cache/tftpu`)/native, keyed by the source, the flags, the compiler
-and the TensorFlow version. Later processes load the cached library; concurrent first builds (test
-workers, data-parallel jobs) wait on a file lock instead of compiling twice. `TFTPU_NATIVE=0`
-turns native kernels off (callers fall back to their pure-TensorFlow path).
+Plain libraries (the INT8 kernels) are compiled when the package is installed, once per
+instruction-set variant (`tftpu.utils.isa`: AVX-512 VNNI, AVX-VNNI, AVX-512, AVX2, generic),
+and `load_library` opens the variant this CPU runs best (`TFTPU_ISA` forces one). Where the
+installed build is missing or older than its source (a source checkout, an edited kernel), the
+library is built on first use with the same variant's flags, in the manner of
+`torch.utils.cpp_extension.load`, and cached under `$TFTPU_CACHE` (default
+`~/.cache/tftpu`)/native, keyed by the source, the flags and the compiler. TensorFlow ops are
+always built that way, with TensorFlow's own flags from `tf.sysconfig`. Concurrent first builds
+(test workers, data-parallel jobs) wait on a file lock instead of compiling twice.
+`TFTPU_NATIVE=0` turns native kernels off (callers fall back to their numpy/TensorFlow paths).
 
 >>> ops = load_op_library(Path("tftpu/data/kernels/space_to_depth_op.cc"))  # doctest: +SKIP
 >>> ops.tftpu_space_to_depth(images, [], [], block_size=2)  # doctest: +SKIP
 >>> lib = load_library(Path("tftpu/interp/tpu/int8_native.cc"))  # a ctypes.CDLL  # doctest: +SKIP
+>>> lib.tftpu_isa()  # doctest: +SKIP
+b'avx2'
 """
 
 from __future__ import annotations
@@ -21,7 +26,6 @@ import fcntl
 import functools
 import hashlib
 import os
-import platform
 import shutil
 import subprocess
 import tempfile
@@ -31,10 +35,14 @@ from absl import logging
 
 from tftpu.errors import TftpuError
 
-__all__ = ["NativeKernelError", "enabled", "load_op_library", "load_library", "cache_dir"]
+from tftpu.utils import isa as isas
+
+__all__ = ["NativeKernelError", "enabled", "load_op_library", "load_library", "cache_dir", "library_flags",
+           "installed_path", "chosen_isa"]
 
 _CXXFLAGS = ("-O3", "-fPIC", "-shared", "-ffp-contract=off", "-Wno-deprecated-declarations")
-_LIBFLAGS = ("-O3", "-march=native", "-fPIC", "-shared", "-std=c++17", "-ffp-contract=off")
+#: The flags of every plain library, whatever its variant (setup.py builds with the same).
+LIBFLAGS = ("-O3", "-fPIC", "-shared", "-std=c++17", "-ffp-contract=off")
 _BUILD_TIMEOUT_S = 600
 
 
@@ -102,19 +110,20 @@ def load_op_library(source):
     return _load(Path(source).resolve())
 
 
-def load_library(source):
-    """A `ctypes.CDLL` of the plain C++ library `source` (extern "C" entry points), built on first
-    use; NativeKernelError if impossible. ctypes releases the GIL during each call."""
+def load_library(source, variant: str | None = None):
+    """A `ctypes.CDLL` of the plain C++ library `source` (extern "C" entry points) in ISA
+    `variant` (default `chosen_isa()`): the installed build, else one built now from source;
+    NativeKernelError if impossible. ctypes releases the GIL during each call."""
     if not enabled():
         raise NativeKernelError("native kernels are turned off (TFTPU_NATIVE=0)")
-    return _load_library(Path(source).resolve())
+    return _load_library(Path(source).resolve(), variant or chosen_isa())
 
 
 def _built(source: Path, flags: list[str], link: list[str], salt: str) -> Path:
     """The cached library of `source` built with `flags` and `link`, built now if missing."""
     cxx = _compiler()
-    key = hashlib.sha256("\0".join([source.read_text(), *flags, *link, _compiler_version(cxx), salt,
-                                     platform.machine()]).encode()).hexdigest()[:16]
+    parts = [source.read_text(), *flags, *link, _compiler_version(cxx), salt]
+    key = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
     directory = cache_dir()
     try:
         directory.mkdir(parents=True, exist_ok=True)
@@ -127,28 +136,59 @@ def _built(source: Path, flags: list[str], link: list[str], salt: str) -> Path:
     return target
 
 
-@functools.cache
-def _cpu_features() -> str:
-    """The CPU's feature flags (a library built with -march=native runs only where they match)."""
+def source_digest(source: Path) -> str:
+    """The sha256 of a kernel's source, compiled into its library (a stale build is not loaded)."""
+    return hashlib.sha256(Path(source).read_bytes()).hexdigest()
+
+
+def library_flags(source: Path, variant: str) -> list[str]:
+    """The compiler flags of `source`'s library in ISA `variant` (setup.py uses them too)."""
+    return [*LIBFLAGS, *isas.VARIANTS[variant].flags, f'-DTFTPU_ISA_NAME="{variant}"',
+            f'-DTFTPU_SOURCE_SHA256="{source_digest(source)}"']
+
+
+def installed_path(source: Path, variant: str) -> Path:
+    """Where the install puts `source`'s library in `variant`: beside the source, named as an
+    extension module (`_int8_native_avx2.cpython-311-x86_64-linux-gnu.so`)."""
+    import importlib.machinery
+
+    return Path(source).with_name(f"_{Path(source).stem}_{variant}{importlib.machinery.EXTENSION_SUFFIXES[0]}")
+
+
+def chosen_isa() -> str:
+    """The variant this process loads: `$TFTPU_ISA`, else the best this CPU runs; a bad
+    `TFTPU_ISA` is a ConfigError (a forced variant never falls back silently)."""
+    from tftpu.errors import ConfigError
+
     try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.startswith(("flags", "Features")):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+        return isas.chosen()
+    except isas.IsaError as exc:
+        raise ConfigError(str(exc)) from None
 
 
-@functools.cache
-def _load_library(source: Path):
+def _open(path: Path):
     import ctypes
 
-    target = _built(source, list(_LIBFLAGS), [], _cpu_features())
     try:
-        return ctypes.CDLL(str(target))
+        lib = ctypes.CDLL(str(path))
     except OSError as exc:
-        raise NativeKernelError(f"loading {target} failed: {exc}") from None
+        raise NativeKernelError(f"loading {path} failed: {exc}") from None
+    for name in ("tftpu_isa", "tftpu_source_sha256"):
+        if hasattr(lib, name):
+            getattr(lib, name).restype = ctypes.c_char_p
+            getattr(lib, name).argtypes = []
+    return lib
+
+
+@functools.cache
+def _load_library(source: Path, variant: str):
+    installed = installed_path(source, variant)
+    if installed.is_file():
+        lib = _open(installed)
+        if getattr(lib, "tftpu_source_sha256", None) and lib.tftpu_source_sha256().decode() == source_digest(source):
+            return lib
+        logging.info("tftpu: %s is older than %s; building the kernel from source", installed.name, source.name)
+    return _open(_built(source, library_flags(source, variant), [], variant))
 
 
 @functools.cache

@@ -625,6 +625,17 @@ void split_run(int64_t lo, int64_t hi, int64_t grain, int parts, F f) {
 
 extern "C" {
 
+#ifndef TFTPU_ISA_NAME
+#define TFTPU_ISA_NAME "unnamed"
+#endif
+#ifndef TFTPU_SOURCE_SHA256
+#define TFTPU_SOURCE_SHA256 ""
+#endif
+// The instruction-set variant this library was built for (tftpu.utils.isa) and the sha256 of the
+// source it was built from (set by the build; tftpu.utils.native does not load a stale build).
+const char* tftpu_isa() { return TFTPU_ISA_NAME; }
+const char* tftpu_source_sha256() { return TFTPU_SOURCE_SHA256; }
+
 // Returns 0, or 1 for a storage kind it does not know.
 // Every entry point runs its range [o0, o1) in up to `parts` pieces on the pool. They return 0,
 // or 1 for a storage kind they do not know.
