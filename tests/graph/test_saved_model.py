@@ -108,6 +108,23 @@ def test_tool(tmp_path):
     assert usage.returncode == 2 and "--output_dir" in usage.stderr
 
 
+@pytest.mark.parametrize("where", ["proc", "under_file"])
+def test_tool_unwritable_output_dir(tmp_path, where):
+    """A directory output that cannot be made (under /proc, under a file) is one line and exit 2,
+    found before the model is loaded, and leaves no temporary directory behind."""
+    src = tmp_path / "in"
+    _export(src)
+    (tmp_path / "file").write_text("x")
+    out = "/proc/tftpu_out/model" if where == "proc" else str(tmp_path / "file" / "out")
+    before = sorted(tmp_path.iterdir())
+    proc = _tool(f"--saved_model_dir={src}", f"--output_dir={out}")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    errors = [line for line in proc.stderr.splitlines() if ": error:" in line]
+    assert len(errors) == 1 and out in errors[0], proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    assert sorted(tmp_path.iterdir()) == before
+
+
 def test_output_is_byte_identical_across_runs(tmp_path):
     """Every file the tool writes, fingerprint.pb included, is the same in two runs (issue 11,
     item 12): TF's random fingerprint uuid is replaced by one derived from the content hashes."""

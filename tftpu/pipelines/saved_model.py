@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Sequence
 
-from tftpu.errors import ModelFileError, UsageError
+from tftpu.errors import ModelFileError, OutputError, UsageError
 from tftpu.graph.pass_manager import Report
+from tftpu.utils import files
 
 
 def load(saved_model_dir):
@@ -43,6 +43,22 @@ def optimize_saved_model(saved_model_dir, output_dir, *, target="tpu", disable: 
         raise UsageError(f"{out}: output directory exists and is not empty")
     if out.resolve() == Path(saved_model_dir).resolve():
         raise UsageError("--output_dir must differ from --saved_model_dir")
+    tmp = files.temp_dir_beside(out)     # an unwritable output fails before the model is loaded
+    try:
+        reports = _optimize_into(saved_model_dir, tmp, target, disable, pass_options)
+        try:
+            if out.exists():
+                out.rmdir()
+            os.replace(tmp, out)
+        except OSError as e:
+            raise OutputError(out, e.strerror or str(e)) from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return reports
+
+
+def _optimize_into(saved_model_dir, tmp: Path, target, disable, pass_options) -> dict:
+    """Optimize every signature of `saved_model_dir` and save the result into `tmp`."""
     loaded = load(saved_model_dir)
     import tensorflow as tf
 
@@ -64,17 +80,8 @@ def optimize_saved_model(saved_model_dir, output_dir, *, target="tpu", disable: 
             *[tf.TensorSpec(specs[n].shape, specs[n].dtype, name=n) for n in names])
         setattr(module, f"signature_{len(signatures)}", serve)
         signatures[key] = concrete
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent)
-    try:
-        tf.saved_model.save(module, tmp, signatures=signatures)
-        deterministic_fingerprint(tmp)
-        if out.exists():
-            out.rmdir()
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    tf.saved_model.save(module, str(tmp), signatures=signatures)
+    deterministic_fingerprint(tmp)
     return reports
 
 

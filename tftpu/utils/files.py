@@ -92,6 +92,20 @@ def atomic_write(path, mode: str = "wb", encoding: str | None = None):
         raise
 
 
+def temp_dir_beside(path) -> Path:
+    """A new empty directory beside the directory output `path`, to be renamed onto it once
+    complete; OutputError naming `path` where none can be made (a read-only or missing parent,
+    a parent that is a file, a name too long)."""
+    path = Path(path)
+    if len(os.fsencode(path.name)) > 255:
+        raise OutputError(path, "file name too long")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=f".{path.name[:200]}.", suffix=".tmp", dir=path.parent))
+    except OSError as e:
+        raise OutputError(path, _reason(e)) from None
+
+
 def write_bytes(path, data: bytes) -> None:
     """Write `data` to `path` atomically."""
     with atomic_write(path, "wb") as f:
