@@ -87,7 +87,7 @@ setup(
     python_requires=">=3.11,<3.12",
     packages=find_packages(include=["tftpu", "tftpu.*"]) + ["tftpu_tools"],
     package_dir={"tftpu_tools": "tools"},
-    package_data={"tftpu.assets": ["*.jpg", "*.txt"], "tftpu.data": ["kernels/*.cc"], "tftpu.interp.tpu": ["*.cc"]},
+    package_data={"tftpu": ["configs/*/*.yaml"], "tftpu.assets": ["*.jpg", "*.txt"], "tftpu.data": ["kernels/*.cc"], "tftpu.interp.tpu": ["*.cc"]},
     include_package_data=True,
     # The stack below was installed and run together on Python 3.11 (2026-11);
     # constraints.txt pins everything else it pulls in.

@@ -7,7 +7,7 @@ Two views, both against the original stem measured in the same run:
   0.77x / 0.76x / 0.63x at batch 1 / 8 / 32);
 - "rewritten graph": what `tftpu.optimize(..., target=..., force)` produces, host S2D and kernel
   transform included.
-These are the numbers the cpu target's cost model rests on (configs/chips/cpu.yaml); the
+These are the numbers the cpu target's cost model rests on (tftpu/configs/chips/cpu.yaml); the
 script also prints that model's estimate for each batch. Ratios > 1 mean S2D is faster.
 """
 

@@ -1,4 +1,4 @@
-"""The one typed chip model, read from `configs/chips/NAME.yaml` (or a YAML path).
+"""The one typed chip model, read from `tftpu/configs/chips/NAME.yaml` (or a YAML path).
 
 A chip is what every hardware-aware part of tftpu reads: the S2D cost model (its matrix unit,
 memory and host), the layout planner (lanes, alignment, preferred memory formats), and the TPU
@@ -301,7 +301,7 @@ _CACHE: dict = {}
 
 
 def load(name_or_path) -> Chip:
-    """The chip `configs/chips/NAME.yaml` (honouring $TFTPU_CONFIGS) or a YAML path."""
+    """The chip `tftpu/configs/chips/NAME.yaml` (honouring $TFTPU_CONFIGS) or a YAML path."""
     if isinstance(name_or_path, Chip):
         return name_or_path
     path = config.resolve("chips", name_or_path, "chip config")

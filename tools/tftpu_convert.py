@@ -22,7 +22,7 @@ flags.DEFINE_bool("space_to_depth", False, "S2D of the first stride-2 conv; the 
 flags.DEFINE_integer("s2d_block_size", None, "force S2D with this block size", lower_bound=2)
 flags.DEFINE_bool("s2d_input", False, "the model takes space-to-depth input (Keras sources; the host "
                   "transform is recorded in the metadata)")
-flags.DEFINE_string("s2d_target", "tpu", "chip whose cost model decides S2D (configs/chips/NAME.yaml or a path)")
+flags.DEFINE_string("s2d_target", "tpu", "chip whose cost model decides S2D (tftpu/configs/chips/NAME.yaml or a path)")
 flags.DEFINE_enum("quantize", None, ["int8"], "full-integer post-training quantization")
 flags.DEFINE_string("representative_data", None, "directory of images or .npz/.npy inputs for INT8 calibration")
 flags.DEFINE_integer("input_num", 100, "number of calibration inputs (the first, by file name)", lower_bound=1)

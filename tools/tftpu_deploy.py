@@ -22,7 +22,7 @@ from tftpu import cli
 
 flags.DEFINE_string("mlir", None, "TOP .mlir to deploy")
 flags.DEFINE_enum("quantize", "F32", ["F32", "BF16", "F16", "INT8"], "arithmetic of the TPU model")
-flags.DEFINE_string("chip", None, "chip name (configs/chips/NAME.yaml, e.g. npu1, edge16) or a YAML path")
+flags.DEFINE_string("chip", None, "chip name (tftpu/configs/chips/NAME.yaml, e.g. npu1, edge16) or a YAML path")
 flags.DEFINE_string("calibration_table", None, "calibration table from tftpu-calibrate (needed for INT8)")
 flags.DEFINE_string("quantize_table", None, "per-op mode overrides: one 'op_name MODE' per line")
 flags.DEFINE_bool("asymmetric", False, "INT8 with zero points (activations over their calibrated min..max)")

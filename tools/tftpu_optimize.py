@@ -6,7 +6,7 @@ Writes a SavedModel whose serving signature takes the original inputs and prints
 decisions with their reasons. The target is the chip whose cost model decides whether a pass
 pays: `tpu` (128x128 matrix units) applies space-to-depth to a first stride-2 conv on few
 channels, `cpu` (this kind of x86 machine) declines it with its numbers; the targets are the
-chips of configs/chips/ (listed under --target), or a path to a chip YAML of the same form.
+chips of tftpu/configs/chips/ (listed under --target), or a path to a chip YAML of the same form.
 """
 
 from absl import flags
@@ -16,7 +16,7 @@ from tftpu import chip, cli
 flags.DEFINE_string("saved_model_dir", None, "SavedModel to optimize")
 flags.DEFINE_string("output_dir", None, "where to write the optimized SavedModel")
 flags.DEFINE_string("target", "tpu", f"chip whose cost model decides: {', '.join(chip.known())} "
-                    "(configs/chips/NAME.yaml), or a path to a chip YAML")
+                    "(tftpu/configs/chips/NAME.yaml), or a path to a chip YAML")
 flags.DEFINE_list("disable", [], "passes to skip, e.g. space_to_depth")
 flags.DEFINE_integer("block_size", 2, "space-to-depth block size")
 

@@ -13,8 +13,9 @@ from tftpu.backend.layer_group import lane_bytes
 from tftpu.ir import TopBuilder
 from tftpu.ir import attrs as A
 from tftpu.ir.base import numel, value_name
+from tftpu.utils import config
 
-CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "chips"
+CONFIGS = config.DEFAULT_ROOT / "chips"
 
 
 def tiny_chip(directory, per_lane: int, base: str = "edge16") -> str:

@@ -149,7 +149,7 @@ def estimate(model, chip) -> CycleReport:
 def s2d_stem(model, chip, block: int = 2) -> dict | None:
     """The first stride-`block` 2-D conv that reads a model input, priced as it is and as its
     space-to-depth form would run (channels x block^2, kernel padded and folded, stride 1, the
-    same outputs; `configs/chips` S2D rule): {"name", "before", "after"} in cycles, or None."""
+    same outputs; `tftpu/configs/chips` S2D rule): {"name", "before", "after"} in cycles, or None."""
     chip = chips.load(chip)
     for op in model.ops:
         if op.name != "tpu.Conv" or len(op.operands[0].type.get_shape()) != 4:

@@ -3,7 +3,7 @@ whichever makes the whole program cheapest, counting the data that crosses betwe
 
 This is the target-aware-conversion seed's "hook your own importer" applied to TPU modules: the
 ops are TAC's subgraphs, the chip and the host are its hardware (the chip priced by
-`tftpu.backend.cycles` on its own config, the host by the same model on `configs/chips/cpu.yaml`,
+`tftpu.backend.cycles` on its own config, the host by the same model on `tftpu/configs/chips/cpu.yaml`,
 the host machine), and `tftpu.tac.passes.pick.pick_exact` chooses, exact for the cost: an op's
 time on its device, plus for every tensor crossing devices its bytes over the link and a fixed
 synchronisation. Ops the chip cannot run at all (`UNSUPPORTED`) only have the host to go to.

@@ -183,7 +183,7 @@ Layout = Dialect("layout", [Reorder], [FormatAttr])
 # ---------------------------------------------------------------- chips
 
 Chip = chips.Chip
-load_chip = chips.load       # a chip from configs/chips/NAME.yaml or a YAML path
+load_chip = chips.load       # a chip from tftpu/configs/chips/NAME.yaml or a YAML path
 
 
 # ---------------------------------------------------------------- reorders: plan, count, cost

@@ -1,4 +1,4 @@
-"""Per-chip cost model that decides whether space-to-depth pays (`configs/chips/*.yaml`).
+"""Per-chip cost model that decides whether space-to-depth pays (`tftpu/configs/chips/*.yaml`).
 
 A convolution costs max(compute, memory) on the device; compute counts the multiply-adds the
 matrix unit actually issues, with the contraction padded to its rows (per kernel tap on a
@@ -60,7 +60,7 @@ class Target:
 
     @classmethod
     def load(cls, name_or_path: str | os.PathLike) -> "Target":
-        """The target of chip `configs/chips/NAME.yaml`, or of a chip yaml at a path."""
+        """The target of chip `tftpu/configs/chips/NAME.yaml`, or of a chip yaml at a path."""
         if isinstance(name_or_path, Target):
             return name_or_path
         return cls.of(chips.load(name_or_path))

@@ -64,7 +64,7 @@ class OptimizedFunction:
 def optimize(fn, *args, target="tpu", disable: Sequence[str] = (), pass_options: dict | None = None,
              **kwargs) -> OptimizedFunction:
     """Capture `fn` (tf.function called with `args`/`kwargs`, or a ConcreteFunction), run the
-    passes for `target` (a chip in configs/chips, or a chip yaml path) except those in `disable`,
+    passes for `target` (a chip in tftpu/configs/chips, or a chip yaml path) except those in `disable`,
     and return the re-imported function with `.report` and `.graph_def`.
 
     `pass_options` maps a pass name to its options, e.g. `{"space_to_depth": {"block_size": 4}}`.

@@ -1,5 +1,8 @@
 """YAML configuration files under `configs/<kind>/` (chips, hardware), found by name or path.
 
+The bundled configs ship inside the package (`tftpu/configs/`, read through importlib.resources),
+so an installed wheel finds them as a source checkout does.
+
 One place resolves "name or path", reads the YAML safely and turns every failure into a
 one-line `ConfigError` naming the file; callers check their own fields.
 
@@ -9,12 +12,13 @@ one-line `ConfigError` naming the file; callers check their own fields.
 from __future__ import annotations
 
 import os
+from importlib import resources
 from pathlib import Path
 
 from tftpu.errors import ConfigError
 
-#: The `configs/` folder of the source tree.
-DEFAULT_ROOT = Path(__file__).resolve().parents[2] / "configs"
+#: The bundled `configs/` folder, part of the installed package.
+DEFAULT_ROOT = Path(os.fspath(resources.files("tftpu") / "configs"))
 
 
 def config_dir(kind: str) -> Path:

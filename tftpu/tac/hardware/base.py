@@ -3,7 +3,7 @@
 `TargetHardware` is the full interface (as TensorFlow's TAC): `is_op_supported`, `get_op_cost`,
 `get_hardware_switching_cost`, `get_quant_dequant_cost`, `transformations`. `SimpleHardware`
 asks only which ops it refuses and how much faster than the CPU it is. `ConfiguredHardware`
-reads everything from `configs/hardware/<name>.yaml` (the built-in CPU, GPU and NNAPI).
+reads everything from `tftpu/configs/hardware/<name>.yaml` (the built-in CPU, GPU and NNAPI).
 Costs are in microseconds.
 """
 
@@ -77,7 +77,7 @@ class TargetHardware(abc.ABC):
 class SimpleHardware(TargetHardware):
     """A device described by the ops it refuses and its speed-up over the CPU (as TF's TAC).
 
-    Switching costs come from `configs/hardware/simple.yaml`.
+    Switching costs come from `tftpu/configs/hardware/simple.yaml`.
     """
 
     def __init__(self):
@@ -111,7 +111,7 @@ class SimpleHardware(TargetHardware):
 
 
 class ConfiguredHardware(TargetHardware):
-    """A device whose op support and costs come from `configs/hardware/<config_name>.yaml`."""
+    """A device whose op support and costs come from `tftpu/configs/hardware/<config_name>.yaml`."""
 
     config_name: ClassVar[str] = ""
 

@@ -1,6 +1,6 @@
 """The built-in devices, modelled on TFLite's CPU kernels, GPU delegate and NNAPI delegate.
 
-Their op sets and constants are in `configs/hardware/{cpu,gpu,nnapi}.yaml`; the registry
+Their op sets and constants are in `tftpu/configs/hardware/{cpu,gpu,nnapi}.yaml`; the registry
 registers them under their names.
 """
 

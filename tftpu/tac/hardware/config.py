@@ -1,5 +1,5 @@
-"""Per-device constants from `configs/hardware/<name>.yaml` (throughput, bandwidth, transfer,
-quantize/dequantize costs, supported ops), checked on load so a bad file fails with one line."""
+"""Per-device constants from `tftpu/configs/hardware/<name>.yaml` (throughput, bandwidth,
+transfer, quantize/dequantize costs, supported ops), checked on load so a bad file fails with one line."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ _QUANT = ("quant_us_per_element", "dequant_us_per_element", "requant_us_per_elem
 
 
 def config_dir() -> Path:
-    """`$TFTPU_HARDWARE_CONFIGS`, else `$TFTPU_CONFIGS/hardware`, else `configs/hardware` of the source tree."""
+    """`$TFTPU_HARDWARE_CONFIGS`, else `$TFTPU_CONFIGS/hardware`, else the bundled `tftpu/configs/hardware`."""
     return shared.config_dir("hardware")
 
 

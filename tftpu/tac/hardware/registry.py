@@ -40,7 +40,7 @@ def register(name: str, factory: Callable | None = None, *, replace: bool = Fals
 
 
 def names() -> list[str]:
-    """Registered device names, plus those with a YAML file in configs/hardware."""
+    """Registered device names, plus those with a YAML file in tftpu/configs/hardware."""
     _builtins()
     found = {p.stem.upper() for p in config.config_dir().glob("*.yaml")} - {"SIMPLE"}
     return sorted(set(_FACTORIES) | found)
