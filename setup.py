@@ -27,8 +27,10 @@ def _module(path: str):
 
 
 isa = _module("tftpu/utils/isa.py")
-#: The plain C++ libraries (called through ctypes), compiled once per instruction-set variant.
-NATIVE_SOURCES = ["tftpu/interp/tpu/int8_native.cc"]
+#: The plain C++ libraries (called through ctypes): the kernels once per instruction-set variant,
+#: the CPU feature probe in the portable variant only.
+NATIVE_LIBRARIES = [("tftpu/interp/tpu/int8_native.cc", v) for v in isa.buildable()] + \
+    [("tftpu/utils/cpu_features.cc", "generic")]
 LIBFLAGS = ("-O3", "-fPIC", "-shared", "-std=c++17", "-ffp-contract=off")   # = tftpu.utils.native.LIBFLAGS
 
 
@@ -116,7 +118,7 @@ setup(
         # benchmarks/transposes.py compares against onnxsim
         "bench": ["onnxsim==0.8.1"],
     },
-    ext_modules=[NativeLibrary(src, v) for src in NATIVE_SOURCES for v in isa.buildable()],
+    ext_modules=[NativeLibrary(src, v) for src, v in NATIVE_LIBRARIES],
     cmdclass={"build_ext": build_native},
     entry_points={
         "console_scripts": [f"tftpu-{t} = tftpu_tools.tftpu_{t}:run" for t in TOOLS],

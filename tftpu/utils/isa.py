@@ -55,7 +55,8 @@ def is_x86() -> bool:
 
 @functools.cache
 def cpu_flags() -> frozenset[str]:
-    """The CPU's feature flags from /proc/cpuinfo (empty where there is none)."""
+    """The CPU's feature flags from /proc/cpuinfo (empty where there is none); tftpu.utils.native
+    asks CPUID itself where it can (`native.cpu_flags`)."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
             for line in f:
@@ -77,16 +78,18 @@ def supported(flags: frozenset[str] | None = None) -> list[str]:
     return [name for name in buildable() if VARIANTS[name].needs <= flags]
 
 
-def chosen() -> str:
-    """`$TFTPU_ISA` if set (IsaError if unknown or not runnable here), else the best supported."""
+def chosen(flags: frozenset[str] | None = None) -> str:
+    """`$TFTPU_ISA` if set (IsaError if unknown or not runnable here), else the best variant this
+    CPU (or one with `flags`) supports."""
+    flags = cpu_flags() if flags is None else flags
     forced = os.environ.get("TFTPU_ISA", "").strip().lower()
-    runnable = supported()
+    runnable = supported(flags)
     if not forced:
         return runnable[0]
     if forced not in VARIANTS:
         raise IsaError(f"TFTPU_ISA={forced}: unknown (known: {', '.join(VARIANTS)})")
     if forced not in runnable:
-        missing = sorted(VARIANTS[forced].needs - cpu_flags())
+        missing = sorted(VARIANTS[forced].needs - flags)
         raise IsaError(f"TFTPU_ISA={forced}: this CPU cannot run it (lacks {', '.join(missing)}); "
                        f"it runs {', '.join(runnable)}")
     return forced

@@ -155,13 +155,34 @@ def installed_path(source: Path, variant: str) -> Path:
     return Path(source).with_name(f"_{Path(source).stem}_{variant}{importlib.machinery.EXTENSION_SUFFIXES[0]}")
 
 
+CPU_FEATURES = Path(__file__).with_name("cpu_features.cc")
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The CPU's features (as /proc/cpuinfo names them) from CPUID, through the portable probe
+    library; /proc/cpuinfo's where the probe cannot be had (no build, native kernels off)."""
+    import ctypes
+
+    try:
+        lib = _load_library(CPU_FEATURES.resolve(), "generic")
+    except NativeKernelError as exc:
+        logging.info("tftpu: CPU features from /proc/cpuinfo (%s)", exc)
+        return isas.cpu_flags()
+    buf = ctypes.create_string_buffer(1024)
+    lib.tftpu_cpu_flags.argtypes = [ctypes.c_char_p, ctypes.c_int]
+    if lib.tftpu_cpu_flags(buf, len(buf)) < 0:
+        return isas.cpu_flags()
+    return frozenset(buf.value.decode().split())
+
+
 def chosen_isa() -> str:
     """The variant this process loads: `$TFTPU_ISA`, else the best this CPU runs; a bad
     `TFTPU_ISA` is a ConfigError (a forced variant never falls back silently)."""
     from tftpu.errors import ConfigError
 
     try:
-        return isas.chosen()
+        return isas.chosen(cpu_flags() if isas.is_x86() else None)
     except isas.IsaError as exc:
         raise ConfigError(str(exc)) from None
 
