@@ -10,9 +10,14 @@ object ints where a sum may leave int64), following TFLite / gemmlowp's definiti
 
 Conv sums are recomputed from the padded input (padding holds `zx`, so it contributes zero).
 Covers `Requantizer.requant` (int32 / int64 accumulators, per channel or one, NCHW or channels
-last, bias, `exact32`), `Conv` (depthwise and the 1x1 VNNI GEMM), `add`, the cases the kernels
-decline, and `TFTPU_NATIVE=0`. Each kernel also runs split among the library's worker threads
-(`native.PARALLEL_MIN` lowered) so that the split edges are checked on small tensors too.
+last, bias, `exact32`), `Conv` (depthwise and the GEMM of ungrouped convs), `add`, the cases the
+kernels decline, and `TFTPU_NATIVE=0`. Each kernel also runs split among the library's worker
+threads (`native.PARALLEL_MIN` lowered) so that the split edges are checked on small tensors too.
+
+The sweeps run the build the loader chooses (`TFTPU_ISA` forces one); `test_every_variant_*`
+run the kernels under every instruction-set build this CPU can execute (`tftpu.utils.isa`:
+VNNI on zmm or ymm, vpmaddwd on zmm or ymm, portable C++), each against the reference and
+against each other, on the edges of each build's tiles and exactness arguments.
 """
 
 from __future__ import annotations
@@ -24,7 +29,8 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from tftpu.interp.tpu import native
+from tftpu.interp.tpu import native, requant
+from tftpu.utils import isa
 
 INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
@@ -35,6 +41,15 @@ BEYOND = [INT32_MIN - 1, INT32_MAX + 1, -(1 << 40), 1 << 40, -(1 << 62), 1 << 62
 OUT_TYPES = [np.int8, np.uint8, np.int16]
 
 SWEEP = settings(deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+VARIANTS = isa.supported()           # the instruction-set builds this CPU runs, best first
+
+
+@pytest.fixture(params=VARIANTS)
+def build(request):
+    """Each build this CPU runs in turn, the one every entry point uses within the test."""
+    with native.using(request.param) as lib:
+        assert lib is not None and lib.tftpu_isa().decode() == request.param
+        yield request.param
 
 
 def need_library():
@@ -44,8 +59,9 @@ def need_library():
 
 def ungrouped_kind(c: int, o: int):
     """What `native.Conv` makes of an ungrouped conv: 1 -> 1 channel is also depthwise; else the
-    GEMM where this CPU's build has it (AVX-512 VNNI), else it declines (the numpy paths run)."""
-    return "depthwise" if c == o == 1 else ("gemm" if native.has_gemm() else None)
+    GEMM, which every build has."""
+    assert native.has_gemm()
+    return "depthwise" if c == o == 1 else "gemm"
 
 
 # ---------------------------------------------------------------- the integer reference
@@ -224,7 +240,12 @@ def target_sums(rng, shape, axis, mult, rshift, span: int, wide: bool, extremes:
 @given(st.data())
 def test_requant(data):
     need_library()
-    draw = data.draw
+    check_requant_drawn(data.draw)
+
+
+def check_requant_drawn(draw):
+    """One drawn requantization (layout, accumulator type, scheme, clamp, bias, exact32) against
+    the reference."""
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     layout = draw(st.sampled_from(["nchw", "last"]))
     c = draw(st.integers(1, 9))
@@ -285,7 +306,7 @@ def test_requant(data):
 
 @pytest.mark.parametrize("dtype", OUT_TYPES)
 @pytest.mark.parametrize("clamp", ["full", "relu", "relu6"])
-def test_requant_extremes(dtype, clamp):
+def test_requant_extremes(dtype, clamp, build):
     """Every edge multiplier with right shifts 0, 1, 30, 31 (one per channel, channels last and
     NCHW), on the int32 extremes and ties, int32 and int64 accumulators (int64 also beyond
     int32 and at the int64 extremes), with and without `exact32` and bias."""
@@ -326,7 +347,7 @@ def test_requant_extremes(dtype, clamp):
                 "bias saturation")
 
 
-def test_requant_large_threaded():
+def test_requant_large_threaded(build):
     """A tensor above the real threading threshold (the threads as they run in production), NCHW
     int32 with exact32 and a ReLU clamp, and channels-last int64."""
     need_library()
@@ -435,7 +456,7 @@ def test_depthwise(data):
     check_conv(conv, x, w, bias, zx, attrs, params, "depthwise")
 
 
-def test_depthwise_explicit():
+def test_depthwise_explicit(build):
     """Padding wider than the kernel reach (outputs of bias alone), a single pixel, 5x5 dilated
     stride 3, a large bias (exact32 off, saturation), the conv reused on a second input shape,
     and one tensor above the real threading threshold (threads as in production)."""
@@ -534,7 +555,7 @@ def test_gemm_kxk(data):
     check_conv(conv, x, w, bias, zx, attrs, params, "gemm kxk")
 
 
-def test_pointwise_explicit():
+def test_pointwise_explicit(build):
     """Pixel counts around the 32-pixel tile and the 64-pixel split (1, 31, 32, 33, 63, 64, 65,
     97, 400), channel counts around the 4-channel groups and 8-channel blocks, all-extreme
     inputs and weights, int8 and uint8 data through one conv, a large bias, and one GEMM
@@ -669,6 +690,268 @@ def test_add_exhaustive_pairs():
                     check_equal(got, want, f"add pairs {ta.__name__}/{tb.__name__} ma={ma} mb={mb} r={r} out={dtype}")
 
 
+# ---------------------------------------------------------------- every build this CPU runs
+
+ATTRS_1X1 = {"strides": [1, 1], "pads": [0, 0, 0, 0], "dilations": [1, 1], "group": 1}
+
+
+def requant_params(rng, o, dtype, mode):
+    """Per-channel requantization constants cycling through the edge multipliers and right shifts
+    (0, 1, 7, 15, 30, 31, ...), the rest random; the output zero point at an extreme of `dtype`
+    or random; a full, ReLU or narrow clamp."""
+    info = np.iinfo(dtype)
+    mult = [EDGE_MULTS[i % len(EDGE_MULTS)] if i % 3 == 0 else int(rng.integers(1 << 29, 1 << 31)) for i in range(o)]
+    rshift = [[0, 1, 7, 15, 30, 31][i % 6] if i % 2 == 0 else int(rng.integers(4, 20)) for i in range(o)]
+    zp = [int(info.min), int(info.max), int(rng.integers(int(info.min), int(info.max) + 1))][o % 3]
+    if mode == "full":
+        return mult, rshift, int(info.min), int(info.max), zp, dtype
+    if mode == "relu":
+        return mult, rshift, zp, int(info.max), zp, dtype
+    return mult, rshift, max(int(info.min), zp - 3), min(int(info.max), zp + 20), zp, dtype
+
+
+def gemm_cases():
+    """Ungrouped convs on the edges of every build's GEMM: channel counts that leave a partial
+    group of 4 or 2 rows (Q = 1, 3, 5, 27, 147...), output channels around tiles of 4, 6 and 8
+    rows, pixel counts around tiles of 16, 24 and 32, all-extreme inputs and weights with
+    biases that put every sum plus bias exactly at the int32 edges (exact32 on), biases that
+    saturate (exact32 off), zero points at their extremes, int8 and uint8 data.
+    Yields (what, x, zx, w, bias, attrs, requant params)."""
+    rng = np.random.default_rng(2024)
+    # 1x1 convs: (n, c, o, h, w)
+    shapes = [(1, 1, 1, 1, 1), (1, 3, 5, 3, 5), (2, 5, 7, 1, 17), (1, 7, 9, 5, 5), (1, 33, 13, 7, 5),
+              (1, 2, 6, 4, 6), (2, 6, 12, 1, 24), (1, 9, 17, 1, 33), (1, 70, 25, 7, 7), (1, 4, 8, 8, 8),
+              (1, 13, 31, 1, 47), (1, 64, 64, 9, 11)]
+    for i, (n, c, o, h, wd) in enumerate(shapes):
+        for xtype in (np.uint8, np.int8):
+            info = np.iinfo(xtype)
+            lo_x, hi_x = int(info.min), int(info.max)
+            for case in ("min", "max", "random"):
+                if case == "min":        # every x - zx = +255, every w = -128: the most negative sums
+                    x = np.full((n, c, h, wd), hi_x, xtype)
+                    zx, w = lo_x, np.full((o, c, 1, 1), -128, np.int8)
+                    s = -128 * 255 * c
+                    bias = np.full(o, INT32_MIN + 1 - s, np.int64) if INT32_MIN + 1 - s <= INT32_MAX else None
+                elif case == "max":      # every x - zx = -255, every w = -128: the most positive sums
+                    x = np.full((n, c, h, wd), lo_x, xtype)
+                    zx, w = hi_x, np.full((o, c, 1, 1), -128, np.int8)
+                    bias = np.full(o, INT32_MAX - 128 * 255 * c, np.int64)
+                else:
+                    x = rng.integers(lo_x, hi_x + 1, (n, c, h, wd)).astype(xtype)
+                    x.reshape(-1)[::3] = hi_x
+                    zx = int(rng.choice([lo_x, hi_x, int(rng.integers(lo_x, hi_x + 1))]))
+                    w = rng.integers(-128, 128, (o, c, 1, 1)).astype(np.int8)
+                    w.reshape(-1)[::5] = 127
+                    bias = rng.choice(np.array([INT32_MAX, INT32_MIN + 1, 0, -(1 << 20), 1 << 20]), o)  # some saturate
+                if bias is not None:
+                    bias = bias.astype(np.int32)
+                dtype = (np.int8, np.uint8)[i % 2]
+                params = requant_params(rng, o, dtype, ("full", "relu", "narrow")[(i + len(case)) % 3])
+                yield f"1x1 {case} n={n} c={c} o={o} {h}x{wd} {np.dtype(xtype)}", x, zx, w, bias, ATTRS_1X1, params
+    # KxK convs through im2col: (c, o, kh, kw, h, w, strides, pads, dilations)
+    kxk = [(3, 8, 7, 7, 20, 19, [2, 2], [3, 3, 2, 2], [1, 1]), (3, 5, 3, 3, 9, 9, [1, 1], [1, 1, 1, 1], [1, 1]),
+           (5, 13, 1, 3, 6, 11, [1, 2], [0, 1, 0, 1], [1, 1]), (4, 17, 3, 3, 12, 10, [2, 2], [1, 1, 1, 1], [1, 1]),
+           (2, 7, 5, 5, 11, 12, [1, 1], [2, 2, 2, 2], [2, 1]), (16, 24, 3, 3, 8, 8, [1, 1], [1, 1, 1, 1], [1, 1]),
+           (1, 9, 2, 2, 7, 7, [1, 1], [0, 0, 1, 1], [1, 1]), (8, 6, 1, 1, 9, 9, [2, 2], [0, 0, 0, 0], [1, 1])]
+    for i, (c, o, kh, kw, h, wd, strides, pads, dilations) in enumerate(kxk):
+        for xtype in (np.int8, np.uint8):
+            info = np.iinfo(xtype)
+            x = rng.integers(int(info.min), int(info.max) + 1, (2 if i % 3 == 0 else 1, c, h, wd)).astype(xtype)
+            zx = int(info.max) if i % 2 else int(rng.integers(int(info.min), int(info.max) + 1))
+            w = rng.integers(-128, 128, (o, c, kh, kw)).astype(np.int8)
+            if i % 2:                      # extreme: every x at the far end from zx, w = -128
+                x[:] = info.min
+                w[:] = -128
+                bias = np.full(o, INT32_MAX - 128 * 255 * c * kh * kw, np.int32)
+            else:
+                bias = rng.integers(-(1 << 16), 1 << 16, o).astype(np.int32)
+            attrs = {"strides": strides, "pads": pads, "dilations": dilations, "group": 1}
+            params = requant_params(rng, o, (np.int8, np.uint8)[i % 2], ("full", "relu", "narrow")[i % 3])
+            yield f"{kh}x{kw} c={c} o={o} {h}x{wd} {np.dtype(xtype)}", x, zx, w, bias, attrs, params
+
+
+def depthwise_cases():
+    """Depthwise convs on the edges of the pair-of-taps fast form: an odd tap count (1, 9, 25:
+    the last tap pairs with weight 0), 2 and 6 taps, strides 1-3, dilation, rows that are not
+    whole vectors, all-extreme inputs and weights with exact32 at the int32 edge, a bias that
+    saturates. Yields (what, x, zx, w, bias, attrs, requant params)."""
+    rng = np.random.default_rng(77)
+    cases = [(1, 1, 1, 1, [1, 1], [0, 0, 0, 0], [1, 1]), (3, 3, 3, 9, [1, 1], [1, 1, 1, 1], [1, 1]),
+             (5, 5, 5, 21, [2, 2], [2, 2, 2, 2], [1, 1]), (7, 1, 2, 13, [1, 1], [0, 1, 0, 0], [1, 1]),
+             (4, 2, 3, 17, [1, 3], [1, 1, 1, 1], [2, 1]), (9, 3, 3, 33, [2, 2], [0, 0, 1, 1], [1, 1]),
+             (2, 3, 3, 7, [3, 2], [1, 0, 1, 2], [1, 2])]
+    for i, (c, kh, kw, size, strides, pads, dilations) in enumerate(cases):
+        for xtype in (np.uint8, np.int8):
+            info = np.iinfo(xtype)
+            for case in ("extreme", "random", "saturate"):
+                x = rng.integers(int(info.min), int(info.max) + 1, (1 + i % 2, c, size, size - 2 * (i % 2))).astype(xtype)
+                w = rng.integers(-128, 128, (c, 1, kh, kw)).astype(np.int8)
+                zx = int(rng.integers(int(info.min), int(info.max) + 1))
+                if case == "extreme":      # x - zx = +255 inside, w = -128: the sums at -255 * 128 * taps
+                    x[:], zx, w[:] = info.max, int(info.min), -128
+                    bias = np.full(c, INT32_MIN + 1 + 255 * 128 * kh * kw, np.int64)
+                elif case == "saturate":
+                    bias = np.where(np.arange(c) % 2, INT32_MAX, INT32_MIN + 1)
+                else:
+                    bias = rng.integers(-(1 << 16), 1 << 16, c)
+                attrs = {"strides": strides, "pads": pads, "dilations": dilations, "group": c}
+                params = requant_params(rng, c, (np.int8, np.uint8)[i % 2], ("full", "relu", "narrow")[i % 3])
+                yield f"depthwise {case} c={c} {kh}x{kw} {size} {np.dtype(xtype)}", x, zx, w, bias.astype(np.int32), \
+                    attrs, params
+
+
+def each_variant(make):
+    """`make()` (which builds and runs the kernels) under every build this CPU runs; the results
+    by build, asserted equal to each other."""
+    out = {}
+    for variant in VARIANTS:
+        with native.using(variant) as lib:
+            assert lib is not None and lib.tftpu_isa().decode() == variant
+            out[variant] = make(variant)
+    first = VARIANTS[0]
+    for variant, got in out.items():
+        assert got is not None, variant
+        check_equal(got, out[first], f"{variant} against {first}")
+    return out
+
+
+def test_variants_listed():
+    """Every x86-64 CPU runs the portable and AVX2-or-better builds it reports; the loader's
+    choice is one of them."""
+    assert VARIANTS and VARIANTS[-1] == "generic"
+    assert native.library().tftpu_isa().decode() in VARIANTS
+
+
+@pytest.mark.parametrize("kind", ["gemm", "depthwise"])
+def test_every_variant_conv(kind):
+    """The conv kernels of every build against the reference and against each other."""
+    need_library()
+    for what, x, zx, w, bias, attrs, params in (gemm_cases() if kind == "gemm" else depthwise_cases()):
+        sums = ref_conv_sums(x, w, bias, zx, attrs["strides"], attrs["pads"], attrs["dilations"], attrs["group"])
+        want = ref_requant(sums, *params[:2], 1, *params[2:])
+
+        def run(variant):
+            conv = native.Conv(native.Requantizer(*params), w, bias, zx, attrs)
+            assert conv.kind == (kind if w.shape[:2] != (1, 1) or kind == "depthwise" else "depthwise"), what
+            exact = requant.sum_bound(w, np.zeros(w.shape[0]) if bias is None else bias) < 1 << 31
+            assert conv.exact32 == exact
+            got = both(lambda: conv(x))
+            check_equal(got, want, f"{variant}: {what} zx={zx} bias={None if bias is None else bias[:4]} "
+                                   f"exact32={conv.exact32} params={params}")
+            return got
+
+        each_variant(run)
+
+
+def test_every_variant_exact_edges():
+    """The extreme cases above do reach the edges they are meant to: the int32 extremes (plus
+    one) with exact32 on, and beyond int32 (saturated) with it off."""
+    seen = set()
+    for what, x, zx, w, bias, attrs, _ in [*gemm_cases(), *depthwise_cases()]:
+        sums = ref_conv_sums(x, w, bias, zx, attrs["strides"], attrs["pads"], attrs["dilations"], attrs["group"])
+        exact32 = requant.sum_bound(w, np.zeros(w.shape[0]) if bias is None else bias) < 1 << 31
+        if exact32 and sums.min() == INT32_MIN + 1:
+            seen.add("int32 min + 1")
+        if exact32 and sums.max() == INT32_MAX:
+            seen.add("int32 max")
+        if not exact32 and (sums.max() > INT32_MAX or sums.min() < INT32_MIN):
+            seen.add("saturated")
+    assert seen == {"int32 min + 1", "int32 max", "saturated"}
+
+
+def test_every_variant_requant():
+    """Requantization of every build: lengths 1..40 (the 8- and 16-lane tails), int32 extremes with
+    exact32, int32 and int64 accumulators, NCHW and channels last."""
+    need_library()
+    rng = np.random.default_rng(8)
+    for dtype in OUT_TYPES:
+        for n in (1, 7, 8, 9, 15, 16, 17, 23, 31, 33, 40):
+            c = 5
+            params = requant_params(rng, c, dtype, ("full", "relu", "narrow")[n % 3])
+            acc = rng.choice(np.array(EDGE_I32, np.int64), (1, c, n, 1))
+            acc[:, :, ::2] = rng.integers(-(1 << 20), 1 << 20, acc[:, :, ::2].shape)
+            bias = rng.integers(-1000, 1000, c).astype(np.int32)
+            exact = np.clip(acc + bias.reshape(1, c, 1, 1), INT32_MIN, INT32_MAX)
+            acc32 = (exact - bias.reshape(1, c, 1, 1)).astype(np.int32)      # acc + bias within int32
+            exact = acc32.astype(np.int64) + bias.reshape(1, c, 1, 1)
+            want = ref_requant(exact, *params[:2], 1, *params[2:])
+
+            def run(variant):
+                rq = native.Requantizer(*params)
+                for exact32 in (True, False):
+                    check_equal(both(lambda: rq.requant(acc32, 1, bias=bias, exact32=exact32)), want,
+                                f"{variant}: requant n={n} exact32={exact32} {np.dtype(dtype)}")
+                last = np.ascontiguousarray(np.moveaxis(acc32, 1, -1)).astype(np.int64)
+                check_equal(both(lambda: rq.requant(last, -1, bias=bias)),
+                            np.ascontiguousarray(np.moveaxis(want, 1, -1)), f"{variant}: requant last n={n}")
+                return want
+
+            each_variant(run)
+
+
+def test_every_variant_add_quantize():
+    """Add and quantize (scalar loops, compiled per build) agree across builds and with the
+    references."""
+    need_library()
+    rng = np.random.default_rng(9)
+    a = rng.integers(-128, 128, (3, 37)).astype(np.int8)
+    b = rng.integers(0, 256, (3, 37)).astype(np.uint8)
+    a[0], b[0] = -128, 255
+    for ma, mb, r in ((1, 1, 1), ((1 << 15) - 1, -(1 << 15) + 1, 31), (12345, 321, 9)):
+        want = ref_add(a, b, 127, 0, ma, mb, r, -128, 127, 3, np.int8)
+        each_variant(lambda v: check_equal(native.add(a, b, 127, 0, ma, mb, r, -128, 127, 3, np.int8), want,
+                                           f"{v}: add") or native.add(a, b, 127, 0, ma, mb, r, -128, 127, 3, np.int8))
+    from tftpu import rounding
+    f = np.concatenate([rng.normal(0, 50, 200), np.arange(-20, 20) + 0.5, [1e30, -1e30, 0.0, -0.0]]).astype(np.float32)
+    for scale, zp, dtype in ((0.37, 3, np.int8), (1.0, 128, np.uint8), (1e-3, -7, np.int16)):
+        want = rounding.quantize(f, scale, zp, dtype)
+        each_variant(lambda v: check_equal(native.quantize(f, scale, zp, dtype), want, f"{v}: quantize")
+                     or native.quantize(f, scale, zp, dtype))
+
+
+@settings(SWEEP, max_examples=150)
+@given(st.data())
+def test_every_variant_requant_sweep(data):
+    """test_requant's draws on a build drawn from every build this CPU runs."""
+    need_library()
+    with native.using(data.draw(st.sampled_from(VARIANTS))):
+        check_requant_drawn(data.draw)
+
+
+@settings(SWEEP, max_examples=150)
+@given(st.data())
+def test_every_variant_sweep(data):
+    """Random ungrouped and depthwise convs (any kernel, stride, padding, dilation; test_gemm_kxk's
+    and test_depthwise's draws) on a build drawn from every build this CPU runs."""
+    need_library()
+    draw = data.draw
+    variant = draw(st.sampled_from(VARIANTS))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    depthwise = draw(st.booleans())
+    n, c = draw(st.integers(1, 2)), draw(st.integers(1, 12))
+    o = c if depthwise else draw(st.integers(1, 20))
+    kh, kw = draw(st.integers(1, 5)), draw(st.integers(1, 5))
+    strides = [draw(st.integers(1, 3)), draw(st.integers(1, 3))]
+    pads = [draw(st.integers(0, 3)) for _ in range(4)]
+    dilations = [draw(st.integers(1, 2)), draw(st.integers(1, 2))]
+    h, wd = draw(st.integers(1, 14)), draw(st.integers(1, 40))
+    oh = (h + pads[0] + pads[2] - dilations[0] * (kh - 1) - 1) // strides[0] + 1
+    ow = (wd + pads[1] + pads[3] - dilations[1] * (kw - 1) - 1) // strides[1] + 1
+    assume(oh > 0 and ow > 0)
+    x, zx = draw_input(draw, rng, (n, c, h, wd))
+    w = rng.integers(-128, 128, (o, 1 if depthwise else c, kh, kw)).astype(np.int8)
+    if draw(st.booleans()):
+        w.reshape(-1)[rng.integers(0, w.size, max(1, w.size // 4))] = draw(st.sampled_from([-128, 127, 0]))
+    bias, _ = draw_bias(draw, rng, o)
+    attrs = {"strides": strides, "pads": pads, "dilations": dilations, "group": c if depthwise else 1}
+    sums = ref_conv_sums(x, w, bias, zx, strides, pads, dilations, attrs["group"])
+    with native.using(variant):
+        rq, params = draw_requant_for(draw, rng, sums, o)
+        conv = native.Conv(rq, w, bias, zx, attrs)
+        assert conv.kind == ("depthwise" if depthwise else ungrouped_kind(c, o))
+        check_conv(conv, x, w, bias, zx, attrs, params, f"{variant} sweep")
+
+
 # ---------------------------------------------------------------- TFTPU_NATIVE=0
 
 def test_native_off(monkeypatch):
@@ -677,7 +960,6 @@ def test_native_off(monkeypatch):
     was_available = native.library() is not None
     monkeypatch.setenv("TFTPU_NATIVE", "0")
     native.library.cache_clear()
-    native.has_gemm.cache_clear()
     try:
         assert native.library() is None
         assert native.has_gemm() is False
@@ -697,5 +979,4 @@ def test_native_off(monkeypatch):
     finally:
         monkeypatch.undo()
         native.library.cache_clear()
-        native.has_gemm.cache_clear()
     assert (native.library() is not None) == was_available

@@ -16,9 +16,14 @@
 // and, where lo - zp >= 0 (a fused ReLU), the one shift (t * m + 2**30 + 2**(r-1) * 2**31) >> (31 + r).
 // Depthwise sums accumulate in int32; the caller guarantees they cannot overflow.
 //
-// Built with -march=native (tftpu.utils.native keys the cached build by the CPU's features): the
-// loops below are written for the compiler to vectorise (int64 products need AVX-512DQ or
-// AVX2's 32x32->64 multiplies).
+// Built once per instruction-set variant (tftpu.utils.isa; the loader picks the best one the CPU
+// runs): the code is chosen by the compiler's predefined macros, never by -march=native. The GEMM
+// of ungrouped convs: vpdpbusd on zmm (AVX-512 VNNI) > vpdpbusd on ymm (AVX-VNNI) > vpmaddwd on
+// zmm (AVX-512BW) > vpmaddwd on ymm (AVX2) > portable C++ loops. Requantization: 16 lanes on
+// AVX-512, 8 on AVX2, else scalar (written for the compiler to vectorise). The depthwise conv:
+// vpmaddwd (or vpdpwssd) on pairs of taps, 32 outputs a step on AVX-512, 16 on AVX2, else
+// scalar loops. Every form computes the same integers (tests/interp/test_int8_native.py runs
+// each variant this CPU can execute against one integer reference).
 
 #include <algorithm>
 #include <atomic>
@@ -35,9 +40,14 @@
 #include <type_traits>
 #include <vector>
 
-#if defined(__AVX512F__) && defined(__AVX512BW__)
+#if defined(__SSE2__)
 #include <immintrin.h>
+#endif
+#if defined(__AVX512F__) && defined(__AVX512BW__)
 #define TFTPU_AVX512 1
+#endif
+#if defined(__AVX2__)
+#define TFTPU_AVX2 1
 #endif
 
 #define TFTPU_INLINE inline __attribute__((always_inline))
@@ -102,9 +112,13 @@ TFTPU_INLINE void requant_run(const Acc* __restrict__ acc, int64_t n, const Chan
 
 // Requantize n int32 sums of one channel plus its `bias` where the caller proved that no sum plus
 // bias leaves int32: int32 additions (which wrap) then give the exact value, nothing saturates,
-// and the bias may be passed wrapped to int32. One-byte outputs take AVX-512 16 lanes at a time:
-// the doubling high multiply as two vpmuldq (even and odd lanes) in int64, the rounding shift in
-// int64, the clamp in int32.
+// and the bias may be passed wrapped to int32. One-byte outputs take 16 lanes at a time on
+// AVX-512 (Requant16), 8 on AVX2 (Requant8): the doubling high multiply as two 32x32->64
+// multiplies (vpmuldq, even and odd lanes) in int64, the rounding shift in int64, the clamp in
+// int32. Both hold the products in int64 without overflow: |t * m| < 2**62 and the added
+// constant is below 2**30 + 2**61 (the combined form: half * 2**31 with half <= 2**30), and the
+// shifted results fit int32 (t * m / 2**31 does), so the low half of each int64 lane is the
+// int32 answer.
 #ifdef TFTPU_AVX512
 // requant_exact32's arithmetic on 16 int32 lanes (sums plus bias already added).
 struct Requant16 {
@@ -133,10 +147,63 @@ struct Requant16 {
 };
 #endif
 
+#ifdef TFTPU_AVX2
+// An arithmetic right shift of int64 lanes by s in 0..63 (AVX2 has only the logical one, vpsrlq;
+// vpsraq is AVX-512), with k = 2**(63 - s) in every lane. Exact for every x: the logical shift
+// leaves u = the top 64 - s bits of x, whose sign bit is bit 63 - s; (u ^ k) - k subtracts
+// 2**(64 - s) exactly when that bit is set, which is the sign extension of u from 64 - s bits:
+// for x >= 0, u ^ k = u + k; for x < 0, u ^ k = u - k, and u - 2k is x >> s (floor).
+TFTPU_INLINE __m256i sra64(__m256i x, __m128i s, __m256i k) {
+  return _mm256_sub_epi64(_mm256_xor_si256(_mm256_srl_epi64(x, s), k), k);
+}
+
+TFTPU_INLINE __m256i sign_bit_at(int s) { return _mm256_set1_epi64x(int64_t(uint64_t(1) << (63 - s))); }
+
+// Requant16's steps on 8 int32 lanes (sums plus bias already added) for AVX2 builds, the int64
+// arithmetic shifts made by sra64 and the sign of the rounding step (-1 where y < 0, y >> 63 in
+// Requant16) by a 64-bit compare. Returns the 8 low bytes of the results in the low half.
+struct Requant8 {
+  __m256i vm, vadd, vhalf, vlo, vhi, vzp, kshift, kr;
+  __m128i vshift, vr;
+  bool round;
+
+  explicit Requant8(const Channel& c)
+      : vm(_mm256_set1_epi64x(c.m)), vadd(_mm256_set1_epi64x(c.combined ? c.add : int64_t(1) << 30)),
+        vhalf(_mm256_set1_epi64x(c.half)), vlo(_mm256_set1_epi32(int32_t(c.lo))),
+        vhi(_mm256_set1_epi32(int32_t(c.hi))), vzp(_mm256_set1_epi32(int32_t(c.zp))),
+        kshift(sign_bit_at(c.combined ? c.shift : 31)), kr(sign_bit_at(c.r)),
+        vshift(_mm_cvtsi64_si128(c.combined ? c.shift : 31)), vr(_mm_cvtsi64_si128(c.r)),
+        round(!c.combined && c.r > 0) {}
+
+  TFTPU_INLINE __m128i operator()(__m256i t) const {
+    __m256i ev = sra64(_mm256_add_epi64(_mm256_mul_epi32(t, vm), vadd), vshift, kshift);
+    __m256i od = sra64(_mm256_add_epi64(_mm256_mul_epi32(_mm256_srli_epi64(t, 32), vm), vadd), vshift, kshift);
+    if (round) {
+      const __m256i zero = _mm256_setzero_si256();
+      ev = sra64(_mm256_add_epi64(_mm256_add_epi64(ev, vhalf), _mm256_cmpgt_epi64(zero, ev)), vr, kr);
+      od = sra64(_mm256_add_epi64(_mm256_add_epi64(od, vhalf), _mm256_cmpgt_epi64(zero, od)), vr, kr);
+    }
+    __m256i y = _mm256_blend_epi32(ev, _mm256_slli_epi64(od, 32), 0xAA);
+    y = _mm256_add_epi32(_mm256_min_epi32(_mm256_max_epi32(y, vlo), vhi), vzp);
+    // the low byte of every lane (as Out(...) truncates): bytes 0, 4, 8, 12 of each 128-bit half
+    // to its first four, then the two halves' first four side by side
+    const __m256i low_bytes = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+                                               0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+    y = _mm256_shuffle_epi8(y, low_bytes);
+    return _mm_unpacklo_epi32(_mm256_castsi256_si128(y), _mm256_extracti128_si256(y, 1));
+  }
+};
+
+// The lanes i < n of a vector (a mask for vpmaskmovd: the top bit of each selected lane).
+TFTPU_INLINE __m256i first_lanes(int64_t n) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(int32_t(std::min<int64_t>(n, 8))), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+#endif
+
 template <typename Out>
 TFTPU_INLINE void requant_exact32(const int32_t* __restrict__ acc, int64_t n, int32_t bias, const Channel& c,
                                   Out* __restrict__ out) {
-#ifdef TFTPU_AVX512
+#if defined(TFTPU_AVX512)
   if constexpr (sizeof(Out) == 1) {
     const Requant16 rq(c);
     const __m512i vb = _mm512_set1_epi32(bias);
@@ -146,11 +213,32 @@ TFTPU_INLINE void requant_exact32(const int32_t* __restrict__ acc, int64_t n, in
     }
     return;
   }
+#elif defined(TFTPU_AVX2)
+  if constexpr (sizeof(Out) == 1) {
+    const Requant8 rq(c);
+    const __m256i vb = _mm256_set1_epi32(bias);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+      const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(acc + i));
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(out + i), rq(_mm256_add_epi32(a, vb)));
+    }
+    if (i < n) {        // the last few: a masked load, stored through a buffer (no byte-masked store)
+      alignas(16) Out last[16];
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(last),
+                       rq(_mm256_add_epi32(_mm256_maskload_epi32(acc + i, first_lanes(n - i)), vb)));
+      std::memcpy(out + i, last, (n - i) * sizeof(Out));
+    }
+    return;
+  }
 #endif
+  // the sums plus bias (wrapping int32 additions: exact, as above) a block at a time, then the
+  // general form on them with no bias
   const Channel c0 = channel(0, c.m, c.r, c.lo + c.zp, c.hi + c.zp, c.zp);
-  for (int64_t i = 0; i < n; ++i) {
-    const int32_t t = int32_t(uint32_t(acc[i]) + uint32_t(bias));
-    requant_run(&t, 1, c0, out + i);
+  int32_t t[64];
+  for (int64_t i = 0; i < n; i += 64) {
+    const int64_t k = std::min<int64_t>(64, n - i);
+    for (int64_t j = 0; j < k; ++j) t[j] = int32_t(uint32_t(acc[i + j]) + uint32_t(bias));
+    requant_run(t, k, c0, out + i);
   }
 }
 
@@ -193,19 +281,76 @@ TFTPU_INLINE void requant_impl(const Acc* acc, Out* out, const int64_t* p, const
   }
 }
 
-// A depthwise conv (one filter per channel) over the channels [c0, c1) of every image, with the
-// channels innermost so that every loop runs along them (NCHW planes are too small to vectorise
-// along: 7x7 at the end of MobileNetV2). The input is copied once, centred (x - zx) and zero-padded,
-// to [Hp][Wp][c1 - c0] int16; each output row accumulates [OW][c1 - c0] int32 sums over the taps,
-// is requantized along the channels and written back to the NCHW planes.
 // A depthwise conv (one filter per channel) of the planes of channels [c0, c1), each plane in one
 // long vectorisable loop per tap. The plane is copied once, centred (x - zx) and zero-padded, into
 // sh * sw phase planes (phase (a, b) holds padded rows a, a + sh, ... and columns b, b + sw, ...:
 // the polyphase split of a strided conv), each Wq = ceil(Wp / sw) wide. Output (oy, ox) then reads
 // tap (ky, kx) from phase ((ky*dh) % sh, (kx*dw) % sw) at flat index oy*Wq + ox + constant: every
 // tap is one loop over all oy*Wq + ox at once (the columns ox >= OW are computed and dropped),
-// padded to a multiple of 16 so that no loop has a scalar remainder.
-constexpr int64_t kVector = 16, kBlock = 512;
+// padded to a multiple of 32 so that no loop has a scalar remainder.
+constexpr int64_t kVector = 32, kBlock = 512;
+
+// The fast form (sums plus bias in int32, one-byte outputs): two taps at a time by vpmaddwd,
+// which multiplies int16 pairs and adds each pair into an int32 lane: the inputs of taps k and
+// k + 1 interleaved (vpunpck{l,h}wd) against the weight pair (w[k], w[k + 1]) in every lane.
+// Exact: x - zx lies in [-255, 255] and w in [-128, 127], so a pair sums to at most
+// 2 * 255 * 128 in magnitude (vpmaddwd saturates nothing but -32768 * -32768 twice), and the
+// int32 lane additions wrap, so the final sum plus bias, which the caller proved lies in int32,
+// is exact. The unpacks interleave within 128-bit halves, so the two accumulators hold pixels
+// {0-3, 8-11, ...} and {4-7, 12-15, ...}; one permute per vector restores the order before the
+// requantization. AVX-512 VNNI and AVX-VNNI fuse the multiply and add (vpdpwssd, which wraps
+// as vpaddd does).
+#if defined(TFTPU_AVX512)
+struct DwVec {
+  using V = __m512i;
+  static constexpr int64_t kStep = 32;    // outputs a step: one vector of int16 inputs
+  static V load(const int16_t* p) { return _mm512_loadu_si512(p); }
+  static V set1(int32_t v) { return _mm512_set1_epi32(v); }
+  static V lo(V a, V b) { return _mm512_unpacklo_epi16(a, b); }
+  static V hi(V a, V b) { return _mm512_unpackhi_epi16(a, b); }
+  static V dot(V acc, V a, V b) {
+#if defined(__AVX512VNNI__)
+    return _mm512_dpwssd_epi32(acc, a, b);
+#else
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(a, b));
+#endif
+  }
+  // pixels 0-15 and 16-31 from the halves' interleaving: 128-bit pieces lo0 hi0 lo1 hi1 | lo2 hi2 lo3 hi3
+  template <typename Out>
+  static void store(Out* out, V l, V h, const Requant16& rq) {
+    const V first = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11), second = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out), rq(_mm512_permutex2var_epi64(l, first, h)));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 16), rq(_mm512_permutex2var_epi64(l, second, h)));
+  }
+  using Requant = Requant16;
+};
+#elif defined(TFTPU_AVX2)
+struct DwVec {
+  using V = __m256i;
+  static constexpr int64_t kStep = 16;
+  static V load(const int16_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+  static V set1(int32_t v) { return _mm256_set1_epi32(v); }
+  static V lo(V a, V b) { return _mm256_unpacklo_epi16(a, b); }
+  static V hi(V a, V b) { return _mm256_unpackhi_epi16(a, b); }
+  static V dot(V acc, V a, V b) {
+#if defined(__AVXVNNI__)
+    return _mm256_dpwssd_avx_epi32(acc, a, b);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
+#endif
+  }
+  template <typename Out>
+  static void store(Out* out, V l, V h, const Requant8& rq) {
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(out), rq(_mm256_permute2x128_si256(l, h, 0x20)));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(out + 8), rq(_mm256_permute2x128_si256(l, h, 0x31)));
+  }
+  using Requant = Requant8;
+};
+#endif
+#if defined(TFTPU_AVX512) || defined(TFTPU_AVX2)
+#define TFTPU_DW_FAST 1
+static_assert(kVector % DwVec::kStep == 0, "the depthwise rows are padded for the vector step");
+#endif
 
 template <typename In, typename Out>
 TFTPU_INLINE void depthwise_impl(const In* x, const int8_t* w, Out* y, const int64_t* p, const Tables& t,
@@ -228,8 +373,10 @@ TFTPU_INLINE void depthwise_impl(const In* x, const int8_t* w, Out* y, const int
   for (int64_t ky = 0; ky < kh; ++ky)
     for (int64_t kx = 0; kx < kw; ++kx)
       taps[ky * kw + kx] = ((ky * dh % sh) * sw + kx * dw % sw) * phase_size + (ky * dh / sh) * Wq + kx * dw / sw;
-#ifdef TFTPU_AVX512
-  std::vector<__m512i> wv(kh * kw);
+#ifdef TFTPU_DW_FAST
+  const int64_t pairs = (kh * kw + 1) / 2;
+  std::vector<int32_t> wpair(pairs);      // (w[2j], w[2j + 1]) as int16 halves of one lane
+  std::vector<int64_t> tap2(2 * pairs);   // where each tap of each pair reads
 #endif
   for (int64_t n = 0; n < N; ++n)
     for (int64_t ch = c0; ch < c1; ++ch) {
@@ -264,19 +411,29 @@ TFTPU_INLINE void depthwise_impl(const In* x, const int8_t* w, Out* y, const int
       }
       const int8_t* wc = w + ch * kh * kw;
       const Channel cq = channel_of(t, ch, per_channel, p[15], p[16], p[17]);
-#ifdef TFTPU_AVX512
+#ifdef TFTPU_DW_FAST
       if constexpr (sizeof(Out) == 1)
-        if (exact32) {      // 16 outputs at a time, their sums in one register over all the taps
-          const Requant16 rq(cq);
-          const __m512i vb = _mm512_set1_epi32(int32_t(cq.bias));
-          for (int64_t k = 0; k < kh * kw; ++k) wv[k] = _mm512_set1_epi32(wc[k]);
-          for (int64_t i = 0; i < L; i += kVector) {
-            __m512i a = vb;
-            for (int64_t k = 0; k < kh * kw; ++k) {
-              const __m256i xs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(phases.data() + taps[k] + i));
-              a = _mm512_add_epi32(a, _mm512_mullo_epi32(_mm512_cvtepi16_epi32(xs), wv[k]));
+        if (exact32) {
+          // an odd last tap pairs with weight 0 reading its own inputs again (any valid memory)
+          for (int64_t j = 0; j < pairs; ++j) {
+            const int64_t k0 = 2 * j, k1 = std::min(2 * j + 1, kh * kw - 1);
+            const int32_t w1 = 2 * j + 1 < kh * kw ? wc[k1] : 0;
+            wpair[j] = int32_t(uint32_t(uint16_t(int16_t(wc[k0]))) | uint32_t(uint16_t(int16_t(w1))) << 16);
+            tap2[2 * j] = taps[k0];
+            tap2[2 * j + 1] = taps[k1];
+          }
+          const typename DwVec::Requant rq(cq);
+          const typename DwVec::V vb = DwVec::set1(int32_t(cq.bias));
+          const int16_t* ph = phases.data();
+          for (int64_t i = 0; i < L; i += DwVec::kStep) {
+            typename DwVec::V lo = vb, hi = vb;     // the bias in every pixel's lane
+            for (int64_t j = 0; j < pairs; ++j) {
+              const typename DwVec::V a = DwVec::load(ph + tap2[2 * j] + i), b = DwVec::load(ph + tap2[2 * j + 1] + i);
+              const typename DwVec::V wj = DwVec::set1(wpair[j]);
+              lo = DwVec::dot(lo, DwVec::lo(a, b), wj);
+              hi = DwVec::dot(hi, DwVec::hi(a, b), wj);
             }
-            _mm_storeu_si128(reinterpret_cast<__m128i*>(out.data() + i), rq(a));
+            DwVec::store(out.data() + i, lo, hi, rq);
           }
           Out* dst = y + (n * C + ch) * OH * OW;
           for (int64_t oy = 0; oy < OH; ++oy) std::memcpy(dst + oy * OW, out.data() + oy * Wq, OW * sizeof(Out));
@@ -307,23 +464,157 @@ TFTPU_INLINE void depthwise_impl(const In* x, const int8_t* w, Out* y, const int
     }
 }
 
-// An ungrouped conv of NCHW data as an INT8 GEMM on AVX-512 VNNI: out[o][p] = sum_q w[o][q] *
-// (row_q[p] - zx) + bias[o], requantized, where the rows are the input channels (1x1, stride 1,
-// unpadded) or the im2col rows (c, ky, kx) of any other kernel. vpdpbusd multiplies unsigned by
-// signed bytes and adds each group of four products to an int32 lane without saturating, so the
-// sums are exact: the input is offset to unsigned (x ^ 0x80 = x + 128 for int8) and the caller
-// folds -(zx + offset) * sum_q w[o][q] into the int64 bias. The pixels [p0, p1) of each image are
-// packed to [Q/4][pixels][4] bytes (four rows of one pixel per int32 lane), 32 pixels a tile;
-// each tile meets eight output channels at a time (16 accumulators), then each row of the tile
-// is requantized straight to the output.
-// gemm: [N, Q, P, O, Q4, lo, hi, zp, xor_sign, per_channel, exact32, H, W, kh, kw, sh, sw, pt, pl,
-//             dh, dw, OW, zx]: Q rows of the GEMM (C, or C*kh*kw for a KxK conv; kh = 0 for 1x1)
-#if defined(__AVX512VNNI__) && defined(TFTPU_AVX512)
-constexpr bool kHaveVnni = true;
+// An ungrouped conv of NCHW data as an INT8 GEMM: out[o][p] = sum_q w[o][q] * (row_q[p] - zx) +
+// bias[o], requantized, where the rows are the input channels (1x1, stride 1, unpadded) or the
+// im2col rows (c, ky, kx) of any other kernel. The input enters as unsigned bytes (x ^ 0x80 =
+// x + 128 for int8 data, x itself for uint8) and the caller folds -(zx + offset) * sum_q w[o][q]
+// into the int64 bias, so every kernel multiplies bytes in [0, 255] by weights in [-128, 127],
+// and the caller bounds Q * 255 * 128 below 2**31, so the int32 sums are exact:
+// - VNNI (vpdpbusd, on zmm with AVX-512 VNNI, on ymm with AVX-VNNI) multiplies unsigned by signed
+//   bytes and adds each group of four products to an int32 lane without saturating. The pixels
+//   are packed [Q/4][pixels][4] bytes (four rows of one pixel per int32 lane).
+// - Without VNNI, vpmaddubsw would saturate (two products of 255 * 128 exceed int16), so the
+//   bytes are widened to int16 and vpmaddwd (zmm with AVX-512BW, else ymm) multiplies int16
+//   pairs, adding each pair into an int32 lane (at most 2 * 255 * 128 in magnitude: exact; it
+//   saturates only -32768 * -32768 twice), and vpaddd accumulates. The pixels are packed
+//   [Q/2][pixels][2] int16: the same byte values, so the caller's bias is the same.
+// - The portable build runs the int16 pairs through plain int32 loops.
+// Accumulating lanes wrap (vpaddd, vpdpbusd) or never overflow (the portable loops: every
+// partial sum is bounded as the whole), so the sums are exact either way.
+// The weights are packed by the library itself (tftpu_gemm_pack, once per op) to
+// [O/R][Q/G][R][G]: per step, R consecutive groups of G weights, each broadcast to every lane.
+// A register tile is R output channels x T pixels whose sums stay in registers over all of Q,
+// then go to a small int32 tile that is requantized row by row straight to the output: 8 x 32
+// on zmm (16 accumulators of 32 registers), 4 x 24 with AVX-VNNI (12 accumulators, three input
+// vectors and the broadcast: all 16 ymm), 6 x 16 with AVX2 (12 accumulators, two inputs, the
+// broadcast and vpmaddwd's product: 16). Q is zero-padded to whole groups (zero rows and zero
+// weights), O to whole tiles (zero weights) and the pixels to whole tiles (zero inputs); the
+// padded results are dropped.
+// gemm: [N, Q, P, O, -, lo, hi, zp, xor_sign, per_channel, exact32, H, W, kh, kw, sh, sw, pt, pl,
+//        dh, dw, OW, zx]: Q rows of the GEMM (C, or C*kh*kw for a KxK conv; kh = 0 for 1x1)
+#if defined(TFTPU_AVX512) && defined(__AVX512VNNI__)
+struct Gemm {
+  using Elem = uint8_t;
+  using Weight = int8_t;
+  using V = __m512i;
+  static constexpr int kGroup = 4, kRows = 8, kVecs = 2, kLanes = 16;
+  static V zero() { return _mm512_setzero_si512(); }
+  static V load(const Elem* p) { return _mm512_loadu_si512(p); }
+  static V bcast(int32_t w) { return _mm512_set1_epi32(w); }
+  static V dot(V acc, V a, V b) { return _mm512_dpbusd_epi32(acc, a, b); }
+  static void store(int32_t* p, V v) { _mm512_storeu_si512(p, v); }
+};
+#elif defined(TFTPU_AVX2) && defined(__AVXVNNI__)
+struct Gemm {
+  using Elem = uint8_t;
+  using Weight = int8_t;
+  using V = __m256i;
+  static constexpr int kGroup = 4, kRows = 4, kVecs = 3, kLanes = 8;
+  static V zero() { return _mm256_setzero_si256(); }
+  static V load(const Elem* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+  static V bcast(int32_t w) { return _mm256_set1_epi32(w); }
+  static V dot(V acc, V a, V b) { return _mm256_dpbusd_avx_epi32(acc, a, b); }
+  static void store(int32_t* p, V v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v); }
+};
+#elif defined(TFTPU_AVX512)
+struct Gemm {
+  using Elem = int16_t;
+  using Weight = int16_t;
+  using V = __m512i;
+  static constexpr int kGroup = 2, kRows = 8, kVecs = 2, kLanes = 16;
+  static V zero() { return _mm512_setzero_si512(); }
+  static V load(const Elem* p) { return _mm512_loadu_si512(p); }
+  static V bcast(int32_t w) { return _mm512_set1_epi32(w); }
+  static V dot(V acc, V a, V b) { return _mm512_add_epi32(acc, _mm512_madd_epi16(a, b)); }
+  static void store(int32_t* p, V v) { _mm512_storeu_si512(p, v); }
+};
+#elif defined(TFTPU_AVX2)
+struct Gemm {
+  using Elem = int16_t;
+  using Weight = int16_t;
+  using V = __m256i;
+  static constexpr int kGroup = 2, kRows = 6, kVecs = 2, kLanes = 8;
+  static V zero() { return _mm256_setzero_si256(); }
+  static V load(const Elem* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+  static V bcast(int32_t w) { return _mm256_set1_epi32(w); }
+  static V dot(V acc, V a, V b) { return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b)); }
+  static void store(int32_t* p, V v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v); }
+};
+#else
+#define TFTPU_GEMM_PORTABLE 1
+struct Gemm {
+  using Elem = int16_t;
+  using Weight = int16_t;
+  static constexpr int kGroup = 2, kRows = 4, kVecs = 1, kLanes = 16;
+};
+#endif
+constexpr int64_t kGemmPixels = Gemm::kVecs * Gemm::kLanes;
+static_assert(Gemm::kGroup * sizeof(Gemm::Weight) == 4, "a group of weights fills one int32 lane");
 
+// One register tile: the sums of kRows output channels over kGemmPixels pixels, into `tile`.
+// xb: the tile's first pixel in the packed input, xstep elements from one group of rows to the
+// next; wb: the tile's output channels in the packed weight.
+TFTPU_INLINE void gemm_tile(const Gemm::Elem* __restrict__ xb, int64_t xstep, const Gemm::Weight* __restrict__ wb,
+                            int64_t groups, int32_t (*tile)[kGemmPixels]) {
+#ifndef TFTPU_GEMM_PORTABLE
+  Gemm::V acc[Gemm::kRows][Gemm::kVecs];
+#pragma GCC unroll 8
+  for (int r = 0; r < Gemm::kRows; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < Gemm::kVecs; ++v) acc[r][v] = Gemm::zero();
+  for (int64_t g = 0; g < groups; ++g) {
+    Gemm::V a[Gemm::kVecs];
+#pragma GCC unroll 4
+    for (int v = 0; v < Gemm::kVecs; ++v) a[v] = Gemm::load(xb + g * xstep + v * Gemm::kLanes * Gemm::kGroup);
+    const Gemm::Weight* wg = wb + g * Gemm::kRows * Gemm::kGroup;
+#pragma GCC unroll 8
+    for (int r = 0; r < Gemm::kRows; ++r) {
+      int32_t wv;
+      std::memcpy(&wv, wg + r * Gemm::kGroup, 4);
+      const Gemm::V b = Gemm::bcast(wv);
+#pragma GCC unroll 4
+      for (int v = 0; v < Gemm::kVecs; ++v) acc[r][v] = Gemm::dot(acc[r][v], a[v], b);
+    }
+  }
+  // every accumulator leaves its register once, by constant index (a runtime index would keep
+  // the whole array in memory, stored on every step of the loop above)
+#pragma GCC unroll 8
+  for (int r = 0; r < Gemm::kRows; ++r)
+#pragma GCC unroll 4
+    for (int v = 0; v < Gemm::kVecs; ++v) Gemm::store(tile[r] + v * Gemm::kLanes, acc[r][v]);
+#else
+  int32_t acc[Gemm::kRows][kGemmPixels] = {};
+  for (int64_t g = 0; g < groups; ++g) {
+    const Gemm::Elem* __restrict__ xg = xb + g * xstep;
+    const Gemm::Weight* __restrict__ wg = wb + g * Gemm::kRows * Gemm::kGroup;
+    for (int r = 0; r < Gemm::kRows; ++r) {
+      const int32_t w0 = wg[r * 2], w1 = wg[r * 2 + 1];
+      for (int p = 0; p < kGemmPixels; ++p) acc[r][p] += int32_t(xg[2 * p]) * w0 + int32_t(xg[2 * p + 1]) * w1;
+    }
+  }
+  std::memcpy(tile, acc, sizeof(acc));
+#endif
+}
+
+// The weight packing (this build's own layout; Python asks its size and has it packed once per
+// op): [ceil(O / kRows)][ceil(Q / kGroup)][kRows][kGroup] Weight, zeros past O and Q.
+TFTPU_INLINE int64_t gemm_groups(int64_t Q) { return (Q + Gemm::kGroup - 1) / Gemm::kGroup; }
+
+TFTPU_INLINE int64_t gemm_packed_bytes(int64_t O, int64_t Q) {
+  return (O + Gemm::kRows - 1) / Gemm::kRows * Gemm::kRows * gemm_groups(Q) * Gemm::kGroup * sizeof(Gemm::Weight);
+}
+
+void gemm_pack(const int8_t* w, int64_t O, int64_t Q, Gemm::Weight* out) {
+  const int64_t groups = gemm_groups(Q), R = Gemm::kRows, G = Gemm::kGroup;
+  std::memset(out, 0, gemm_packed_bytes(O, Q));
+  for (int64_t o = 0; o < O; ++o)
+    for (int64_t q = 0; q < Q; ++q) out[((o / R * groups + q / G) * R + o % R) * G + q % G] = w[o * Q + q];
+}
+
+#if defined(__SSE2__)
 // Interleave four rows of np bytes (null: a row of zeros, past the last channel) into dst, four
 // bytes a pixel, flipping the sign bit where `flip`; pixels np..Pt are zeros.
-TFTPU_INLINE void interleave4(const uint8_t* const rows[4], int64_t np, int64_t Pt, bool flip,
+[[maybe_unused]] TFTPU_INLINE void interleave(const uint8_t* const rows[4], int64_t np, int64_t Pt, bool flip,
                               uint8_t* __restrict__ dst) {
   const __m128i sign = _mm_set1_epi8(flip ? char(0x80) : 0);
   const bool whole = rows[0] && rows[1] && rows[2] && rows[3];
@@ -345,6 +636,34 @@ TFTPU_INLINE void interleave4(const uint8_t* const rows[4], int64_t np, int64_t 
   const uint8_t s = flip ? 0x80 : 0;
   for (; p < Pt; ++p)
     for (int k = 0; k < 4; ++k) dst[p * 4 + k] = (rows[k] && p < np) ? uint8_t(rows[k][p] ^ s) : 0;
+}
+
+#endif
+
+// Interleave two rows of np bytes (null: a row of zeros, past the last channel) into dst as int16
+// pairs, two values a pixel, flipping the sign bit where `flip` (the byte, then widened as
+// unsigned); pixels np..Pt are zeros.
+[[maybe_unused]] TFTPU_INLINE void interleave(const uint8_t* const rows[2], int64_t np, int64_t Pt, bool flip,
+                                               int16_t* __restrict__ dst) {
+  int64_t p = 0;
+#if defined(__SSE2__)
+  if (rows[0] && rows[1]) {
+    const __m128i sign = _mm_set1_epi8(flip ? char(0x80) : 0), zero = _mm_setzero_si128();
+    for (; p + 16 <= np; p += 16) {
+      const __m128i r0 = _mm_xor_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[0] + p)), sign);
+      const __m128i r1 = _mm_xor_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[1] + p)), sign);
+      const __m128i t0 = _mm_unpacklo_epi8(r0, r1), t1 = _mm_unpackhi_epi8(r0, r1);
+      __m128i* d = reinterpret_cast<__m128i*>(dst + p * 2);
+      _mm_storeu_si128(d + 0, _mm_unpacklo_epi8(t0, zero));
+      _mm_storeu_si128(d + 1, _mm_unpackhi_epi8(t0, zero));
+      _mm_storeu_si128(d + 2, _mm_unpacklo_epi8(t1, zero));
+      _mm_storeu_si128(d + 3, _mm_unpackhi_epi8(t1, zero));
+    }
+  }
+#endif
+  const uint8_t s = flip ? 0x80 : 0;
+  for (; p < Pt; ++p)
+    for (int k = 0; k < 2; ++k) dst[p * 2 + k] = (rows[k] && p < np) ? int16_t(uint8_t(rows[k][p] ^ s)) : 0;
 }
 
 // The GEMM's input rows: channel c of NCHW data over pixels [p0, p0 + np) (a 1x1 conv), or for a
@@ -384,76 +703,57 @@ TFTPU_INLINE const uint8_t* gemm_row(const In* x, int64_t P, int64_t q, int64_t 
 }
 
 template <typename In>
-TFTPU_INLINE void pack_pixels(const In* x, int64_t C, int64_t P, int64_t p0, int64_t np, int64_t C4, int64_t Pt,
-                              bool flip, const int64_t* g, In zx, In* bufs, uint8_t* __restrict__ xp) {
-  for (int64_t c4 = 0; c4 < C4; ++c4) {
-    const uint8_t* rows[4];
-    for (int k = 0; k < 4; ++k) {
-      const int64_t q = c4 * 4 + k;
-      rows[k] = q < C ? gemm_row(x, P, q, p0, np, g, zx, bufs + k * np) : nullptr;
+TFTPU_INLINE void pack_pixels(const In* x, int64_t Q, int64_t P, int64_t p0, int64_t np, int64_t groups, int64_t Pt,
+                              bool flip, const int64_t* g, In zx, In* bufs, Gemm::Elem* __restrict__ xp) {
+  constexpr int G = Gemm::kGroup;
+  for (int64_t j = 0; j < groups; ++j) {
+    const uint8_t* rows[G];
+    for (int k = 0; k < G; ++k) {
+      const int64_t q = j * G + k;
+      rows[k] = q < Q ? gemm_row(x, P, q, p0, np, g, zx, bufs + k * np) : nullptr;
     }
-    interleave4(rows, np, Pt, flip, xp + c4 * Pt * 4);
+    interleave(rows, np, Pt, flip, xp + j * Pt * G);     // four bytes or two int16 a pixel
   }
 }
 
 template <typename In, typename Out>
-TFTPU_INLINE void gemm_impl(const In* x, const int8_t* w, const int64_t* bias, const int32_t* mult,
-                                 const int32_t* rshift, Out* y, const int64_t* p, int64_t p0, int64_t p1,
-                                 int64_t o0, int64_t o1) {
-  const int64_t N = p[0], C = p[1], P = p[2], O = p[3], C4 = p[4], lo = p[5], hi = p[6], zp = p[7];
+TFTPU_INLINE void gemm_impl(const In* x, const Gemm::Weight* w, const int64_t* bias, const int32_t* mult,
+                            const int32_t* rshift, Out* y, const int64_t* p, int64_t p0, int64_t p1, int64_t o0,
+                            int64_t o1) {
+  constexpr int64_t G = Gemm::kGroup, R = Gemm::kRows, T = kGemmPixels;
+  const int64_t N = p[0], Q = p[1], P = p[2], O = p[3], lo = p[5], hi = p[6], zp = p[7];
   const bool flip = p[8] != 0, per_channel = p[9] != 0, exact32 = p[10] != 0;
-  const int64_t np = p1 - p0, Pt = (np + 31) / 32 * 32;
+  const int64_t np = p1 - p0, Pt = (np + T - 1) / T * T, groups = gemm_groups(Q);
   if (np <= 0 || o1 <= o0) return;
   const int64_t* g = p + 11;
-  const int64_t plane = g[2] == 0 ? C * P : (C / (g[2] * g[3])) * g[0] * g[1];   // one image's input
-  std::vector<uint8_t> xp(C4 * Pt * 4);
-  std::vector<In> bufs(g[2] == 0 ? 0 : 4 * np);
-  alignas(64) int32_t tile[8][32];
+  const int64_t plane = g[2] == 0 ? Q * P : (Q / (g[2] * g[3])) * g[0] * g[1];   // one image's input
+  std::vector<Gemm::Elem> xp(groups * Pt * G);
+  std::vector<In> bufs(g[2] == 0 ? 0 : G * np);
+  std::vector<Channel> cs(o1 - o0);
+  for (int64_t o = o0; o < o1; ++o) {
+    const int64_t k = per_channel ? o : 0;
+    cs[o - o0] = channel(bias[o], mult[k], rshift[k], lo, hi, zp);
+  }
+  alignas(64) int32_t tile[R][T];
   for (int64_t n = 0; n < N; ++n) {
-    pack_pixels(x + n * plane, C, P, p0, np, C4, Pt, flip, g, In(p[22]), bufs.data(), xp.data());
-    for (int64_t pt = 0; pt < Pt; pt += 32) {
-      const int64_t valid = std::min<int64_t>(32, np - pt);
-      for (int64_t ob = o0; ob < o1; ob += 8) {
-        __m512i acc[8][2];
-#pragma GCC unroll 8
-        for (int r = 0; r < 8; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_si512();
-        const uint8_t* xb = xp.data() + pt * 4;
-        const int8_t* wb = w + ob * C4 * 4;     // rows padded to a multiple of 8 by the caller
-        for (int64_t c4 = 0; c4 < C4; ++c4) {
-          const __m512i a0 = _mm512_loadu_si512(xb + c4 * Pt * 4);
-          const __m512i a1 = _mm512_loadu_si512(xb + c4 * Pt * 4 + 64);
-#pragma GCC unroll 8
-          for (int r = 0; r < 8; ++r) {
-            int32_t wv;
-            std::memcpy(&wv, wb + (r * C4 + c4) * 4, 4);
-            const __m512i b = _mm512_set1_epi32(wv);
-            acc[r][0] = _mm512_dpbusd_epi32(acc[r][0], a0, b);
-            acc[r][1] = _mm512_dpbusd_epi32(acc[r][1], a1, b);
-          }
-        }
-        // every accumulator leaves its register once, by constant index (a runtime index would
-        // keep the whole array in memory, stored on every step of the loop above)
-#pragma GCC unroll 8
-        for (int r = 0; r < 8; ++r) {
-          _mm512_store_si512(tile[r], acc[r][0]);
-          _mm512_store_si512(tile[r] + 16, acc[r][1]);
-        }
-        const int64_t rows = std::min<int64_t>(8, o1 - ob);
+    pack_pixels(x + n * plane, Q, P, p0, np, groups, Pt, flip, g, In(p[22]), bufs.data(), xp.data());
+    for (int64_t pt = 0; pt < Pt; pt += T) {
+      const int64_t valid = std::min<int64_t>(T, np - pt);
+      for (int64_t ob = o0; ob < o1; ob += R) {     // o0 is a multiple of R (the split's grain)
+        gemm_tile(xp.data() + pt * G, Pt * G, w + ob / R * groups * R * G, groups, tile);
+        const int64_t rows = std::min<int64_t>(R, o1 - ob);
         for (int r = 0; r < rows; ++r) {
-          const int64_t o = ob + r, k = per_channel ? o : 0;
-          const Channel c = channel(bias[o], mult[k], rshift[k], lo, hi, zp);
+          const int64_t o = ob + r;
+          Out* dst = y + (n * O + o) * P + p0 + pt;
           if (exact32)
-            requant_exact32(tile[r], valid, int32_t(uint32_t(uint64_t(bias[o]))), c, y + (n * O + o) * P + p0 + pt);
+            requant_exact32(tile[r], valid, int32_t(uint32_t(uint64_t(bias[o]))), cs[o - o0], dst);
           else
-            requant_run(tile[r], valid, c, y + (n * O + o) * P + p0 + pt);
+            requant_run(tile[r], valid, cs[o - o0], dst);
         }
       }
     }
   }
 }
-#else
-constexpr bool kHaveVnni = false;
-#endif
 
 // Element-wise Add/Sub of two INT8 tensors of one shape: ((a - za) * ma + (b - zb) * mb) shifted
 // right by r with ties away from zero, then zero point and clamp. The caller keeps |ma|, |mb|
@@ -674,41 +974,44 @@ int tftpu_depthwise(const void* x, int in_kind, const int8_t* w, void* out, int 
   return status;
 }
 
-// Whether tftpu_gemm exists in this build (AVX-512 VNNI).
-int tftpu_has_gemm() { return kHaveVnni ? 1 : 0; }
+// Whether tftpu_gemm exists in this build: every build has one (the portable loops at least).
+int tftpu_has_gemm() { return 1; }
 
-// Returns 2 where the build has no GEMM kernel. Splits the pixels (32 a tile) or the output
-// channels (8 a block), whichever shares out more evenly.
-int tftpu_gemm(const void* x, int in_kind, const int8_t* w, const int64_t* bias, const int32_t* mult,
-                    const int32_t* rshift, void* out, int out_kind, const int64_t* params, int64_t p0, int64_t p1,
-                    int64_t o0, int64_t o1, int parts) {
-#if defined(__AVX512VNNI__) && defined(TFTPU_AVX512)
+// The bytes of an [O][Q] int8 weight packed for this build's GEMM, and the packing (once per op).
+int64_t tftpu_gemm_packed_size(int64_t O, int64_t Q) { return gemm_packed_bytes(O, Q); }
+
+void tftpu_gemm_pack(const int8_t* w, int64_t O, int64_t Q, void* out) {
+  gemm_pack(w, O, Q, static_cast<Gemm::Weight*>(out));
+}
+
+// w: packed by tftpu_gemm_pack. Splits the pixels (whole tiles) or the output channels (whole
+// tiles), whichever shares out more evenly; o0 must be 0 or a multiple of the tile's rows.
+int tftpu_gemm(const void* x, int in_kind, const void* w, const int64_t* bias, const int32_t* mult,
+               const int32_t* rshift, void* out, int out_kind, const int64_t* params, int64_t p0, int64_t p1,
+               int64_t o0, int64_t o1, int parts) {
+  constexpr int64_t R = Gemm::kRows, T = kGemmPixels;
+  const Gemm::Weight* wp = static_cast<const Gemm::Weight*>(w);
   int status = 0;
   status |= with_in(in_kind, [&](auto* in_tag) {
     using In = std::remove_pointer_t<decltype(in_tag)>;
     status |= with_out(out_kind, [&](auto* out_tag) {
       using Out = std::remove_pointer_t<decltype(out_tag)>;
       // the split that shares the work most evenly: pixel tiles (each thread packs only its own
-      // pixels) unless the output-channel blocks divide better
-      const int64_t tiles = (p1 - p0 + 31) / 32, blocks = (o1 - o0 + 7) / 8, k = std::max(parts, 1);
+      // pixels) unless the output-channel tiles divide better
+      const int64_t tiles = (p1 - p0 + T - 1) / T, blocks = (o1 - o0 + R - 1) / R, k = std::max(parts, 1);
       const double by_pixels = double((tiles + k - 1) / k) * k / double(tiles);
       const double by_outputs = double((blocks + k - 1) / k) * k / double(blocks);
-      if (p1 - p0 >= 64 && by_pixels <= by_outputs)
-        split_run(p0, p1, 32, parts, [&](int64_t a, int64_t b) {
-          gemm_impl(static_cast<const In*>(x), w, bias, mult, rshift, static_cast<Out*>(out), params, a, b,
-                         o0, o1);
+      if (p1 - p0 >= 2 * T && by_pixels <= by_outputs)
+        split_run(p0, p1, T, parts, [&](int64_t a, int64_t b) {
+          gemm_impl(static_cast<const In*>(x), wp, bias, mult, rshift, static_cast<Out*>(out), params, a, b, o0, o1);
         });
       else
-        split_run(o0, o1, 8, parts, [&](int64_t a, int64_t b) {
-          gemm_impl(static_cast<const In*>(x), w, bias, mult, rshift, static_cast<Out*>(out), params, p0, p1,
-                         a, b);
+        split_run(o0, o1, R, parts, [&](int64_t a, int64_t b) {
+          gemm_impl(static_cast<const In*>(x), wp, bias, mult, rshift, static_cast<Out*>(out), params, p0, p1, a, b);
         });
     });
   });
   return status;
-#else
-  return 2;
-#endif
 }
 
 int tftpu_add(const void* a, int a_kind, const void* b, int b_kind, void* out, int out_kind,

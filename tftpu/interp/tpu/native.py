@@ -11,6 +11,7 @@ calls share the library's own worker threads (as many as `requant.in_slabs` uses
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import math
@@ -32,11 +33,15 @@ _I = ctypes.c_int
 _L = ctypes.c_int64
 
 
+_VARIANT: str | None = None        # the build `using` selects; None: the one the loader chooses
+
+
 @functools.cache
-def library():
-    """The loaded kernel library, or None (logged once) where it cannot be built or is off."""
+def library(variant: str | None = None):
+    """The loaded kernel library, or None (logged once) where it cannot be built or is off;
+    `variant`: that instruction-set build (`tftpu.utils.isa`) instead of the chosen one."""
     try:
-        lib = native.load_library(SOURCE)
+        lib = native.load_library(SOURCE, variant)
     except native.NativeKernelError as exc:
         logging.info("tftpu: INT8 inference without native kernels (%s); numpy computes the same integers", exc)
         return None
@@ -44,6 +49,10 @@ def library():
     lib.tftpu_depthwise.argtypes = [_P, _I, _P, _P, _I, _P, _P, _P, _P, _L, _L, _I]
     lib.tftpu_add.argtypes = [_P, _I, _P, _I, _P, _I, _P, _L, _L, _I]
     lib.tftpu_gemm.argtypes = [_P, _I, _P, _P, _P, _P, _P, _I, _P, _L, _L, _L, _L, _I]
+    lib.tftpu_gemm_packed_size.argtypes = [_L, _L]
+    lib.tftpu_gemm_packed_size.restype = _L
+    lib.tftpu_gemm_pack.argtypes = [_P, _L, _L, _P]
+    lib.tftpu_gemm_pack.restype = None
     lib.tftpu_has_gemm.argtypes = []
     lib.tftpu_quantize.argtypes = [_P, ctypes.c_double, _P, _I, _P, _I]
     lib.tftpu_set_threads.argtypes = [_I]
@@ -53,6 +62,25 @@ def library():
         fn.restype = _I
     lib.tftpu_set_threads(requant._workers())
     return lib
+
+
+def _library():
+    """The library the entry points use: `library()`, or the build `using` selected."""
+    return library() if _VARIANT is None else library(_VARIANT)
+
+
+@contextlib.contextmanager
+def using(variant: str):
+    """Every entry point of this module on the `variant` build (one `tftpu.utils.isa.supported()`
+    names) within the block: the tests run each build this CPU can execute. A `Conv` keeps the
+    build it was prepared with (its weights are packed for it)."""
+    global _VARIANT
+    old = _VARIANT
+    _VARIANT = variant
+    try:
+        yield library(variant)
+    finally:
+        _VARIANT = old
 
 
 PARALLEL_MIN = 1 << 15      # work (elements, or MACs / 8) below which a call runs on one thread
@@ -88,7 +116,7 @@ class Requantizer:
         """`acc` (int32/int64, + `bias` per channel of `axis`), saturated to int32, requantized;
         None where the kernel does not apply. `exact32`: the caller proved every sum plus bias
         lies in int32 (then int32 arithmetic is exact: the fast form)."""
-        lib = library()
+        lib = _library()
         kind = ACC_KINDS.get(acc.dtype)
         if lib is None or kind is None or self.dtype not in OUT_KINDS or acc.ndim == 0:
             return None
@@ -122,7 +150,8 @@ class Conv:
     """One INT8 conv prepared for the kernels, its weights packed and its constants ready (built
     once per op; `__call__(x)` per run): a depthwise conv (one filter per channel, any kernel,
     stride, padding and dilation) whole, or an ungrouped conv as a GEMM over its input channels
-    (1x1, stride 1, unpadded) or its im2col rows (any other kernel; AVX-512 VNNI builds).
+    (1x1, stride 1, unpadded) or its im2col rows (any other kernel), in the library it was
+    prepared with (its weights packed for that build's GEMM).
     Input NCHW INT8/UINT8 with zero point `zx`, weight OIHW INT8, bias INT32 per output channel.
     `kind` is None where neither applies. Sums accumulate in int32 (each term is at most
     255 * 128 and the taps are bounded here); `exact32` holds where every sum plus its bias fits
@@ -134,7 +163,8 @@ class Conv:
         o, cg, kh, kw = w.shape
         b = np.zeros(o, np.int64) if bias is None else np.asarray(bias, np.int64).reshape(-1)
         self.kind, self.b32, self.exact32 = None, None, False
-        if library() is None or w.dtype != np.int8 or rq.dtype not in OUT_KINDS or b.size != o or \
+        self.lib = _library()
+        if self.lib is None or w.dtype != np.int8 or rq.dtype not in OUT_KINDS or b.size != o or \
                 (rq.per_channel and rq.mult.size != o) or (b.size and np.abs(b).max() >= 1 << 31):
             return
         self.exact32 = requant.sum_bound(w, b) < 1 << 31
@@ -142,9 +172,9 @@ class Conv:
         self._shape, self._params = None, None
         if attrs["group"] == o and cg == 1 and kh * kw * 255 * 128 < 1 << 31:
             self.kind = "depthwise"
-        elif attrs["group"] == 1 and cg * kh * kw * 255 * 128 < 1 << 31 and has_gemm():
+        elif attrs["group"] == 1 and cg * kh * kw * 255 * 128 < 1 << 31 and self.lib.tftpu_has_gemm():
             self.kind = "gemm"
-            self.wpack, wsum = pack_gemm(w)
+            self.wpack, wsum = pack_gemm(w, self.lib)
             self.b64 = {flip: np.ascontiguousarray(b - (self.zx + (128 if flip else 0)) * wsum)
                         for flip in (False, True)}
 
@@ -163,7 +193,7 @@ class Conv:
         return geometry.conv_out(h, kh, sh, dh, pt, pb), geometry.conv_out(wd, kw, sw, dw, pl, pr)
 
     def _depthwise(self, x, ikind):
-        rq, lib = self.rq, library()
+        rq, lib = self.rq, self.lib
         n, c, h, wd = x.shape
         kh, kw = self.w.shape[2:]
         if self._shape != x.shape:
@@ -182,7 +212,7 @@ class Conv:
         return out
 
     def _gemm(self, x, ikind):
-        rq, lib = self.rq, library()
+        rq, lib = self.rq, self.lib
         n, c, h, wd = x.shape
         o, kh, kw = self.w.shape[0], *self.w.shape[2:]
         flip = x.dtype == np.int8          # int8 data enters the unsigned operand as x + 128
@@ -192,7 +222,7 @@ class Conv:
                 return None
             direct = (kh, kw) == (1, 1) and self.strides == [1, 1] and not any(self.pads)
             (sh, sw), (dh, dw), (pt, pl, _, _) = self.strides, self.dilations, self.pads
-            self._params = np.array([n, c * kh * kw, oh * ow, o, self.wpack.shape[1] // 4, rq.lo, rq.hi, rq.zp, 0,
+            self._params = np.array([n, c * kh * kw, oh * ow, o, 0, rq.lo, rq.hi, rq.zp, 0,
                                      int(rq.per_channel), int(self.exact32), h, wd, 0 if direct else kh, kw,
                                      sh, sw, pt, pl, dh, dw, ow, self.zx], np.int64)
             self._shape, self._out = x.shape, (n, o, oh, ow)
@@ -205,21 +235,22 @@ class Conv:
         return out
 
 
-@functools.cache
 def has_gemm() -> bool:
-    """Whether this CPU's build has the INT8 GEMM of ungrouped convs (AVX-512 VNNI)."""
-    lib = library()
+    """Whether the library has the INT8 GEMM of ungrouped convs (every build has: the portable
+    loops at least; False only without a library)."""
+    lib = _library()
     return lib is not None and bool(lib.tftpu_has_gemm())
 
 
-def pack_gemm(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """An OIHW INT8 weight as the GEMM takes it: [O rounded up to 8][C*kh*kw rounded up to 4]
-    int8 (zeros added), and the sum of each output channel's weights (int64)."""
+def pack_gemm(w: np.ndarray, lib=None) -> tuple[np.ndarray, np.ndarray]:
+    """An OIHW INT8 weight as `lib`'s GEMM takes it (the build's own layout, packed by the
+    library), and the sum of each output channel's weights (int64)."""
+    lib = lib or _library()
     o = w.shape[0]
-    flat = w.reshape(o, -1)
+    flat = np.ascontiguousarray(w.reshape(o, -1), np.int8)
     q = flat.shape[1]
-    packed = np.zeros((-(-o // 8) * 8, -(-q // 4) * 4), np.int8)
-    packed[:o, :q] = flat
+    packed = np.empty(lib.tftpu_gemm_packed_size(o, q), np.uint8)
+    lib.tftpu_gemm_pack(flat.ctypes.data, o, q, packed.ctypes.data)
     return packed, flat.astype(np.int64).sum(axis=1)
 
 
@@ -228,7 +259,7 @@ def add(a: np.ndarray, b: np.ndarray, za: int, zb: int, ma: int, mb: int, r: int
     """`((a - za) * ma + (b - zb) * mb)` shifted right by `r` (ties away from zero), plus `zp`,
     clamped to [lo, hi], for INT8/UINT8 `a`, `b` of one shape; None where it does not apply.
     The caller keeps |ma|, |mb| < 2**15 (the sums then match the int32 reference)."""
-    lib = library()
+    lib = _library()
     dtype = np.dtype(dtype)
     ka, kb = IN_KINDS.get(a.dtype), IN_KINDS.get(b.dtype)
     if lib is None or ka is None or kb is None or a.shape != b.shape or dtype not in OUT_KINDS:
@@ -245,7 +276,7 @@ def add(a: np.ndarray, b: np.ndarray, za: int, zb: int, ma: int, mb: int, r: int
 def quantize(x: np.ndarray, scale: float, zp: int, dtype):
     """`tftpu.rounding.quantize` of float32 `x` (round half away from zero of x / scale in
     float64, plus `zp`, saturated to `dtype`), or None where it does not apply (a NaN included)."""
-    lib = library()
+    lib = _library()
     dtype = np.dtype(dtype)
     if lib is None or x.dtype != np.float32 or dtype not in OUT_KINDS or not (scale > 0 and math.isfinite(scale)):
         return None
