@@ -4,8 +4,11 @@ memory of `lanes` x `local_mem_per_lane` bytes, with the TPU kernels on whole sl
 Local memory holds tensors the chip's way: the lane axis (channels; a weight's first axis)
 spread over the lanes, channel c in lane c % lanes, every (outer, slot) plane padded to the EU
 width. A command whose local offset is not EU-aligned or whose data would pass the end of a
-lane, or a DDR access outside DDR, is a `SimulatorError` naming the command. INT8 results equal
-TPU-dialect inference bit for bit: a slice runs the same integer kernel on the same values.
+lane, or a DDR access outside DDR, is a `SimulatorError` naming the command. INT8, BF16 and F16
+results equal TPU-dialect inference bit for bit: a slice runs the same integer kernel on the same
+values, and a float window op makes each output row by the same call as TPU inference does
+(`tftpu.interp.tpu.float_rows`). In F32 modules TPU inference runs TOP's kernels on whole
+tensors, whose float32 sums a slice may order differently: there they agree to round-off.
 
 >>> outputs = Simulator(program).run({"input": x})       # doctest: +SKIP
 """

@@ -18,14 +18,28 @@ from tftpu.ir import tpu
 from tftpu.ir.base import value_name
 
 
+def module_mode(op) -> str | None:
+    """The mode ("INT8", "F16", ...) of the TPU module holding `op`, None outside one."""
+    parent = op.parent_op()
+    while parent is not None:
+        mode = parent.attributes.get("module.mode")
+        if mode is not None:
+            return mode.data
+        parent = parent.parent_op()
+    return None
+
+
 def kernel_of(op):
-    """A `(operands, attrs) -> results` callable for one TPU (or TOP) op, None if none exists."""
+    """A `(operands, attrs) -> results` callable for one TPU (or TOP) op, None if none exists.
+    Float window ops run by rows (bit-equal to the simulator's slices) except in F32 modules,
+    whose ops are the TOP kernels on whole tensors (bit-equal to TOP)."""
     if not isinstance(op, tpu.TpuOp):
         return KERNELS.get(op.name)
     info = OpInfo.of(op)
     fn = OWN.get(op.name)
     if fn is None:
-        fn = INT8.get(op.name) if op.quantized else float_kernels.float_kernel(op.TOP.name)
+        fn = INT8.get(op.name) if op.quantized else \
+            float_kernels.float_kernel(op.TOP.name, by_rows=module_mode(op) != "F32")
     if fn is None:
         return None
 
