@@ -412,16 +412,37 @@ def test_xla_option_same_outputs_and_off_with_fallbacks():
 def _optimized_op_types(ex, inputs):
     """Op types of the graph TF runs for `ex` after grappler and the oneDNN rewrites (reported
     when the function is first instantiated, i.e. on the first run)."""
+    return _graph_op_types(lambda: ex.run(inputs))
+
+
+def _graph_op_types(call):
+    """(`call()`, the op types of the graphs TF instantiates while it runs)."""
     from tensorflow.python.eager import context
 
     ctx = context.context()
     ctx.enable_run_metadata()
+    ctx.export_run_metadata()          # drop what earlier runs left (eager ops are recorded too)
     try:
-        out = ex.run(inputs)
+        out = call()
         md = ctx.export_run_metadata()
     finally:
         ctx.disable_run_metadata()
     return out, [n.op for fg in md.function_graphs for pg in fg.partition_graphs for n in pg.node]
+
+
+def _remapper_fuses_depthwise() -> bool:
+    """Whether TF's remapper fuses DepthwiseConv2dNative + BiasAdd + Relu6 on this CPU and TF
+    build, seen on a one-conv graph."""
+    import tensorflow as tf
+
+    w, b = tf.constant(rand(3, 3, 4, 1)), tf.constant(rand(4))
+
+    @tf.function
+    def block(x):
+        return tf.nn.relu6(tf.nn.bias_add(tf.nn.depthwise_conv2d(x, w, [1, 1, 1, 1], "VALID"), b))
+
+    _, types = _graph_op_types(lambda: block(tf.constant(rand(1, 6, 6, 4))))
+    return any("FusedDepthwiseConv2dNative" in t for t in types)
 
 
 def _inverted_residual(bias):
@@ -450,7 +471,16 @@ def _inverted_residual(bias):
 @pytest.mark.parametrize("bias", ["none", "zero", "random"])
 def test_conv_bias_relu6_fuse_even_with_zero_or_no_bias(bias):
     """Absent and all-zero conv biases still give Conv+BiasAdd+Relu6 (read from a zeros
-    Variable, which grappler cannot fold away), so each conv runs as one fused kernel."""
+    Variable, which grappler cannot fold away) where the remapper fuses the conv: Conv2D
+    always, DepthwiseConv2dNative only where TF runs oneDNN (by default only on CPUs with
+    AVX512_VNNI, AVX512_BF16, AVX_VNNI or AMX). That premise is probed on the CPU at hand (a
+    one-conv graph through the remapper) and must be what the lowering assumes (`onednn_fusions`);
+    the graph asserted is the one this CPU runs: where depthwise convs do not fuse, they get no
+    zero bias (a wasted pass) and keep their own BiasAdd and Relu6."""
+    from tftpu.interp.compiled.values import onednn_fusions
+
+    fuses_depthwise = _remapper_fuses_depthwise()
+    assert onednn_fusions() == fuses_depthwise
     model = _inverted_residual(bias)
     x = rand(1, 8, 9, 9)
     want = TopInterpreter(model).run({"x": x})
@@ -459,12 +489,14 @@ def test_conv_bias_relu6_fuse_even_with_zero_or_no_bias(bias):
     for k in want:
         np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=2e-5)
     assert ex.fallbacks == []
-    assert "Relu6" not in types and "BiasAdd" not in types, types
     fused = [o for o in types if "FusedConv2D" in o or "FusedDepthwiseConv2dNative" in o]
-    if any(o.startswith("_Mkl") for o in types):   # oneDNN: the depthwise convs fuse too
+    if fuses_depthwise:                            # all four convs, their relus and biases fused
+        assert "Relu6" not in types and "BiasAdd" not in types, types
         assert len(fused) == 4, types
-    else:
-        assert len(fused) == 2, types
+    else:                                          # the two Conv2Ds fused, the expand's Relu6 too
+        assert len(fused) == 2 and types.count("DepthwiseConv2dNative") == 2, types
+        assert types.count("Relu6") == 2, types
+        assert types.count("BiasAdd") == (2 if bias == "random" else 0), types
     jit = CompiledTop(model, jit_compile=True)     # a second trace reuses the zeros Variables
     for k, v in jit.run({"x": x}).items():
         np.testing.assert_allclose(v, want[k], rtol=1e-5, atol=2e-5)

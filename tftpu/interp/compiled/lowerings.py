@@ -3,7 +3,8 @@
 A lowering maps `(operand Vals, attrs, result shapes[, op_name]) -> [Val]` and raises
 `NotLowered` (with the reason) for what it does not take; the builder then runs the op's numpy
 kernel inside the graph instead and says so. Convs are emitted as Conv2D/DepthwiseConv2dNative +
-BiasAdd + activation, the pattern TF's remapper fuses into one oneDNN kernel.
+BiasAdd + activation, the pattern TF's remapper fuses into one kernel (Conv2D always, depthwise
+convs where TF runs oneDNN: `onednn_fusions`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import numpy as np
 from tftpu import geometry
 from tftpu.interp.compiled.values import (
     NHWC, NotLowered, Val, _channels_last_input, _compose, _ints, _inv, _nhwc_attr, _relu, _tf, const, conv_bias,
-    f32, fused_relu, logical, transposed)
+    f32, fused_relu, logical, onednn_fusions, transposed)
 
 POINTWISE_AS_MATMUL = False  # 1x1 convs as one [NHW, C] x [C, O] matmul (fuses nothing)
 LOWERINGS: dict = {}
@@ -68,7 +69,7 @@ def _conv(ins, attrs, out_shapes):
     xt = f32(xt)
     c = int(xt.shape[3])
     pads = _tf_padding([int(xt.shape[1]), int(xt.shape[2])], [kh, kw], s, d, p)
-    fusable = True  # the result is Conv2D / DepthwiseConv2dNative, which oneDNN fuses
+    fusable = True  # the result is Conv2D, which the remapper fuses with or without oneDNN
     if g == 1:
         if (kh, kw) == (1, 1) and s == [1, 1] and not any(p) and POINTWISE_AS_MATMUL:
             fusable = False
@@ -79,6 +80,7 @@ def _conv(ins, attrs, out_shapes):
             y = t.nn.conv2d(xt, const(np.ascontiguousarray(wn.transpose(2, 3, 1, 0))),
                             [1, *s, 1], pads, dilations=[1, *d, 1])
     elif g == c and ig == 1 and o % c == 0 and s[0] == s[1] and (s == [1, 1] or d == [1, 1]):
+        fusable = onednn_fusions()  # a zero bias costs a pass where depthwise convs do not fuse
         f = wn.reshape(c, o // c, kh, kw).transpose(2, 3, 0, 1)
         if not isinstance(pads, str):
             xt = t.pad(xt, pads)
@@ -94,7 +96,7 @@ def _conv(ins, attrs, out_shapes):
             for i in range(g)], axis=3)
     if b is not None and b.np is None:
         y = t.nn.bias_add(y, t.reshape(f32(logical(b)), [-1]))
-    elif b is not None or fusable:  # Conv+BiasAdd(+Relu6/Add) fuses, zeros or not
+    elif (b is not None and b.np.any()) or fusable:  # Conv+BiasAdd(+Relu6/Add) fuses, zeros or not
         y = t.nn.bias_add(y, conv_bias(int(y.shape[3]) if b is None
                                        else b.np.astype(np.float32).reshape(-1)))
     return [Val(_relu(y, fused_relu(attrs)), perm, out_shapes[0])]

@@ -101,11 +101,20 @@ def const(arr):
     return t.constant(arr)
 
 
+def onednn_fusions() -> bool:
+    """Whether TF runs its oneDNN ops here, and so its remapper fuses DepthwiseConv2dNative (not
+    only Conv2D) + BiasAdd + Relu6/Add: TF turns oneDNN on by default only on CPUs with AVX512_VNNI,
+    AVX512_BF16, AVX_VNNI or AMX (`TF_ENABLE_ONEDNN_OPTS` overrides); the remapper asks the same."""
+    from tensorflow.python.util import _pywrap_util_port
+
+    return bool(_pywrap_util_port.IsMklEnabled())
+
+
 def conv_bias(arr):
     """A conv's bias for `tf.nn.bias_add`. All zeros (or absent: `arr` an int length), it is
     read from a zeros Variable: grappler folds away a BiasAdd of constant zeros, and without
     it the remapper cannot fuse Conv2D/DepthwiseConv2dNative + BiasAdd + Relu6/Add into one
-    oneDNN kernel (MobileNetV2 with BN folded into zero biases: ~1.15x faster fused)."""
+    kernel (MobileNetV2 with BN folded into zero biases runs faster fused)."""
     t = _tf()
     if not isinstance(arr, (int, np.integer)) and arr.any():
         return const(arr)
