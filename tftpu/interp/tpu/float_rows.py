@@ -33,9 +33,11 @@ def _sliceable(x, attrs) -> bool:
 def by_image(kernel, operands: list, attrs: dict) -> list:
     """`kernel` on each image (N slice of one) of the first operand, results joined along N."""
     x = operands[0]
-    if not _sliceable(x, attrs) or x.shape[0] == 1:
-        return kernel([_copy(x)] + list(operands[1:]), attrs)
+    if not _sliceable(x, attrs):
+        return kernel(operands, attrs)
     parts = [kernel([_copy(x[n:n + 1])] + list(operands[1:]), attrs) for n in range(x.shape[0])]
+    if len(parts) == 1:
+        return parts[0]
     return [np.concatenate([p[i] for p in parts]) for i in range(len(parts[0]))]
 
 
@@ -43,7 +45,9 @@ def by_rows(kernel, operands: list, attrs: dict) -> list:
     """`kernel` once per (image, output row): the input rows under that row's window, with the
     window's pad rows as the call's own top/bottom pads; results joined along N and H."""
     x = operands[0]
-    if not _sliceable(x, attrs) or attrs.get("ceil_mode"):      # ceil-mode pools: whole images
+    if not _sliceable(x, attrs):
+        return kernel(operands, attrs)
+    if attrs.get("ceil_mode"):                  # layer groups slice ceil-mode pools by images only
         return by_image(kernel, operands, attrs)
     nsp = x.ndim - 2
     pads = list(attrs.get("pads") or [0] * (2 * nsp))
