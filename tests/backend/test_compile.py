@@ -183,7 +183,7 @@ def test_host_subnets_by_tac_pick(case, tmp_path, monkeypatch):
     from tftpu.pipelines.deploy_report import report_data
     assert "prob" in report_data(res)["host"]["host_ops"]
     # a host far faster than the chip takes the heavy ops, the pick no worse than all on chip
-    data = yaml.safe_load(config.DEFAULT_ROOT / "chips" / "npu1.yaml".read_text())
+    data = yaml.safe_load((config.DEFAULT_ROOT / "chips" / "npu1.yaml").read_text())
     data["name"], data["host"]["flops"], data["host"]["bandwidth"] = "slow_npu", 1.0e16, 1.0e13
     data["ddr_bandwidth"], data["frequency_hz"] = 1.0e13, 1.0e6          # a 1 MHz chip
     (tmp_path / "slow_npu.yaml").write_text(yaml.safe_dump(data))
