@@ -30,6 +30,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
 
@@ -56,6 +57,27 @@ namespace {
 
 constexpr int64_t kInt32Min = -(int64_t(1) << 31);
 constexpr int64_t kInt32Max = (int64_t(1) << 31) - 1;
+
+// Per-thread scratch memory kept from call to call (slot: one buffer per use within a call). A
+// fresh multi-megabyte std::vector on every call costs page faults and the kernel's zeroing of
+// every new page, more than filling it; and a vector zero-fills what the caller overwrites
+// anyway. Each thread keeps the largest size it has needed (a few megabytes for ResNet50).
+template <typename T>
+T* scratch(int slot, int64_t n) {
+  struct Buffer {
+    std::unique_ptr<unsigned char[]> data;
+    size_t size = 0;
+  };
+  thread_local Buffer buffers[4];
+  Buffer& b = buffers[slot];
+  const size_t bytes = size_t(std::max<int64_t>(n, 1)) * sizeof(T) + 64;
+  if (b.size < bytes) {
+    b.data.reset();
+    b.data.reset(new unsigned char[bytes]);
+    b.size = bytes;
+  }
+  return reinterpret_cast<T*>((reinterpret_cast<uintptr_t>(b.data.get()) + 63) & ~uintptr_t(63));
+}
 
 // The constants of one channel's requantization.
 struct Channel {
@@ -114,33 +136,40 @@ TFTPU_INLINE void requant_run(const Acc* __restrict__ acc, int64_t n, const Chan
 // bias leaves int32: int32 additions (which wrap) then give the exact value, nothing saturates,
 // and the bias may be passed wrapped to int32. One-byte outputs take 16 lanes at a time on
 // AVX-512 (Requant16), 8 on AVX2 (Requant8): the doubling high multiply as two 32x32->64
-// multiplies (vpmuldq, even and odd lanes) in int64, the rounding shift in int64, the clamp in
-// int32. Both hold the products in int64 without overflow: |t * m| < 2**62 and the added
-// constant is below 2**30 + 2**61 (the combined form: half * 2**31 with half <= 2**30), and the
-// shifted results fit int32 (t * m / 2**31 does), so the low half of each int64 lane is the
-// int32 answer.
+// multiplies (vpmuldq, even and odd lanes) in int64, then every shift, the rounding and the
+// clamp in int32. The products fit int64: |t * m| < 2**62 and the added constant is below
+// 2**30 + 2**61 (the combined form: half * 2**31 with half <= 2**30); and every shifted result
+// fits int32 (t * m / 2**31 does), so it is made from the int32 halves of the products.
 #ifdef TFTPU_AVX512
-// requant_exact32's arithmetic on 16 int32 lanes (sums plus bias already added).
+// requant_exact32's arithmetic on 16 int32 lanes (sums plus bias already added), each shift on
+// int32 lanes where its result fits int32 (Requant8 below argues each step; the same steps).
 struct Requant16 {
-  __m512i vm, vadd, vhalf, vlo, vhi, vzp;
-  __m128i vshift, vr;
-  bool round;
+  __m512i vm, vadd, vmask, vthr, vlo, vhi, vzp;
+  __m128i vr, vhigh;
+  bool round, high;
 
   explicit Requant16(const Channel& c)
       : vm(_mm512_set1_epi64(c.m)), vadd(_mm512_set1_epi64(c.combined ? c.add : int64_t(1) << 30)),
-        vhalf(_mm512_set1_epi64(c.half)), vlo(_mm512_set1_epi32(int32_t(c.lo))),
-        vhi(_mm512_set1_epi32(int32_t(c.hi))), vzp(_mm512_set1_epi32(int32_t(c.zp))),
-        vshift(_mm_cvtsi64_si128(c.combined ? c.shift : 31)), vr(_mm_cvtsi64_si128(c.r)),
-        round(!c.combined && c.r > 0) {}
+        vmask(_mm512_set1_epi32(int32_t((int64_t(1) << c.r) - 1))),
+        vthr(_mm512_set1_epi32(int32_t(((int64_t(1) << c.r) - 1) >> 1))), vlo(_mm512_set1_epi32(int32_t(c.lo))),
+        vhi(_mm512_set1_epi32(int32_t(c.hi))), vzp(_mm512_set1_epi32(int32_t(c.zp))), vr(_mm_cvtsi64_si128(c.r)),
+        vhigh(_mm_cvtsi64_si128(c.r - 1)), round(!c.combined && c.r > 0), high(c.combined && c.r > 0) {}
 
   TFTPU_INLINE __m128i operator()(__m512i t) const {
-    __m512i ev = _mm512_sra_epi64(_mm512_add_epi64(_mm512_mul_epi32(t, vm), vadd), vshift);
-    __m512i od = _mm512_sra_epi64(_mm512_add_epi64(_mm512_mul_epi32(_mm512_srli_epi64(t, 32), vm), vadd), vshift);
-    if (round) {
-      ev = _mm512_sra_epi64(_mm512_add_epi64(_mm512_add_epi64(ev, vhalf), _mm512_srai_epi64(ev, 63)), vr);
-      od = _mm512_sra_epi64(_mm512_add_epi64(_mm512_add_epi64(od, vhalf), _mm512_srai_epi64(od, 63)), vr);
+    const __m512i ev = _mm512_add_epi64(_mm512_mul_epi32(t, vm), vadd);
+    const __m512i od = _mm512_add_epi64(_mm512_mul_epi32(_mm512_srli_epi64(t, 32), vm), vadd);
+    const __mmask16 odd = 0xAAAA;
+    __m512i y;
+    if (high) {
+      y = _mm512_sra_epi32(_mm512_mask_blend_epi32(odd, _mm512_srli_epi64(ev, 32), od), vhigh);
+    } else {
+      y = _mm512_mask_blend_epi32(odd, _mm512_srli_epi64(ev, 31), _mm512_slli_epi64(od, 1));
+      if (round) {
+        const __m512i thr = _mm512_add_epi32(vthr, _mm512_srli_epi32(y, 31));
+        const __mmask16 up = _mm512_cmpgt_epi32_mask(_mm512_and_si512(y, vmask), thr);
+        y = _mm512_mask_add_epi32(_mm512_sra_epi32(y, vr), up, _mm512_sra_epi32(y, vr), _mm512_set1_epi32(1));
+      }
     }
-    __m512i y = _mm512_mask_blend_epi32(__mmask16(0xAAAA), ev, _mm512_slli_epi64(od, 32));
     y = _mm512_add_epi32(_mm512_min_epi32(_mm512_max_epi32(y, vlo), vhi), vzp);
     return _mm512_cvtepi32_epi8(y);
   }
@@ -148,42 +177,46 @@ struct Requant16 {
 #endif
 
 #ifdef TFTPU_AVX2
-// An arithmetic right shift of int64 lanes by s in 0..63 (AVX2 has only the logical one, vpsrlq;
-// vpsraq is AVX-512), with k = 2**(63 - s) in every lane. Exact for every x: the logical shift
-// leaves u = the top 64 - s bits of x, whose sign bit is bit 63 - s; (u ^ k) - k subtracts
-// 2**(64 - s) exactly when that bit is set, which is the sign extension of u from 64 - s bits:
-// for x >= 0, u ^ k = u + k; for x < 0, u ^ k = u - k, and u - 2k is x >> s (floor).
-TFTPU_INLINE __m256i sra64(__m256i x, __m128i s, __m256i k) {
-  return _mm256_sub_epi64(_mm256_xor_si256(_mm256_srl_epi64(x, s), k), k);
-}
-
-TFTPU_INLINE __m256i sign_bit_at(int s) { return _mm256_set1_epi64x(int64_t(uint64_t(1) << (63 - s))); }
-
-// Requant16's steps on 8 int32 lanes (sums plus bias already added) for AVX2 builds, the int64
-// arithmetic shifts made by sra64 and the sign of the rounding step (-1 where y < 0, y >> 63 in
-// Requant16) by a 64-bit compare. Returns the 8 low bytes of the results in the low half.
+// requant_exact32's arithmetic on 8 int32 lanes (sums plus bias already added) for AVX2 builds.
+// AVX2 has no 64-bit arithmetic shift (vpsraq is AVX-512), and the shifts are cheaper on int32
+// lanes anyway: every shift is made there, exactly, because each shifted result fits int32
+// (above):
+// - the products x = t * m + add are made in int64 (vpmuldq, even and odd lanes);
+// - a shift by 31 (the doubling high multiply, and the fused ReLU form with r = 0): the int32
+//   result x >> 31 is bits 31..62 of x, which a logical 64-bit shift by 31 (even lanes) or a
+//   left shift by 1 (odd lanes, into the high half) puts in place whatever x's sign;
+// - a shift by 31 + r with r >= 1 (the fused ReLU form): the low bits of x all fall off, so the
+//   result is x's high int32 half shifted right by r - 1 (vpsrad);
+// - the rounding shift of y by r (ties away from zero) in gemmlowp's form, which never leaves
+//   int32 (y + 2**(r-1) could): (y >> r) + ((y & mask) > (mask >> 1) + [y < 0]), mask = 2**r - 1,
+//   the mask and threshold both in [0, 2**31).
+// Returns the 8 low bytes of the results in the low half.
 struct Requant8 {
-  __m256i vm, vadd, vhalf, vlo, vhi, vzp, kshift, kr;
-  __m128i vshift, vr;
-  bool round;
+  __m256i vm, vadd, vmask, vthr, vlo, vhi, vzp;
+  __m128i vr, vhigh;
+  bool round, high;
 
   explicit Requant8(const Channel& c)
       : vm(_mm256_set1_epi64x(c.m)), vadd(_mm256_set1_epi64x(c.combined ? c.add : int64_t(1) << 30)),
-        vhalf(_mm256_set1_epi64x(c.half)), vlo(_mm256_set1_epi32(int32_t(c.lo))),
-        vhi(_mm256_set1_epi32(int32_t(c.hi))), vzp(_mm256_set1_epi32(int32_t(c.zp))),
-        kshift(sign_bit_at(c.combined ? c.shift : 31)), kr(sign_bit_at(c.r)),
-        vshift(_mm_cvtsi64_si128(c.combined ? c.shift : 31)), vr(_mm_cvtsi64_si128(c.r)),
-        round(!c.combined && c.r > 0) {}
+        vmask(_mm256_set1_epi32(int32_t((int64_t(1) << c.r) - 1))),
+        vthr(_mm256_set1_epi32(int32_t(((int64_t(1) << c.r) - 1) >> 1))), vlo(_mm256_set1_epi32(int32_t(c.lo))),
+        vhi(_mm256_set1_epi32(int32_t(c.hi))), vzp(_mm256_set1_epi32(int32_t(c.zp))), vr(_mm_cvtsi64_si128(c.r)),
+        vhigh(_mm_cvtsi64_si128(c.r - 1)), round(!c.combined && c.r > 0), high(c.combined && c.r > 0) {}
 
   TFTPU_INLINE __m128i operator()(__m256i t) const {
-    __m256i ev = sra64(_mm256_add_epi64(_mm256_mul_epi32(t, vm), vadd), vshift, kshift);
-    __m256i od = sra64(_mm256_add_epi64(_mm256_mul_epi32(_mm256_srli_epi64(t, 32), vm), vadd), vshift, kshift);
-    if (round) {
-      const __m256i zero = _mm256_setzero_si256();
-      ev = sra64(_mm256_add_epi64(_mm256_add_epi64(ev, vhalf), _mm256_cmpgt_epi64(zero, ev)), vr, kr);
-      od = sra64(_mm256_add_epi64(_mm256_add_epi64(od, vhalf), _mm256_cmpgt_epi64(zero, od)), vr, kr);
+    const __m256i ev = _mm256_add_epi64(_mm256_mul_epi32(t, vm), vadd);
+    const __m256i od = _mm256_add_epi64(_mm256_mul_epi32(_mm256_srli_epi64(t, 32), vm), vadd);
+    __m256i y;
+    if (high) {
+      y = _mm256_sra_epi32(_mm256_blend_epi32(_mm256_srli_epi64(ev, 32), od, 0xAA), vhigh);
+    } else {
+      y = _mm256_blend_epi32(_mm256_srli_epi64(ev, 31), _mm256_slli_epi64(od, 1), 0xAA);
+      if (round) {
+        const __m256i thr = _mm256_add_epi32(vthr, _mm256_srli_epi32(y, 31));
+        const __m256i up = _mm256_cmpgt_epi32(_mm256_and_si256(y, vmask), thr);    // -1 where rounding up
+        y = _mm256_sub_epi32(_mm256_sra_epi32(y, vr), up);
+      }
     }
-    __m256i y = _mm256_blend_epi32(ev, _mm256_slli_epi64(od, 32), 0xAA);
     y = _mm256_add_epi32(_mm256_min_epi32(_mm256_max_epi32(y, vlo), vhi), vzp);
     // the low byte of every lane (as Out(...) truncates): bytes 0, 4, 8, 12 of each 128-bit half
     // to its first four, then the two halves' first four side by side
@@ -365,10 +398,10 @@ TFTPU_INLINE void depthwise_impl(const In* x, const int8_t* w, Out* y, const int
   const int64_t L = (OH * Wq + kVector - 1) / kVector * kVector;
   const int64_t reach = ((kh - 1) * dh / sh) * Wq + (kw - 1) * dw / sw;
   const int64_t phase_size = std::max(Hq * Wq, reach + L);
-  std::vector<int16_t> phases(sh * sw * phase_size);
-  std::vector<int32_t> acc(kBlock);
-  std::vector<Out> out(L);
-  std::vector<int16_t> row(sw * Wq);
+  int16_t* const phases = scratch<int16_t>(0, sh * sw * phase_size);
+  int32_t* const acc = scratch<int32_t>(1, kBlock);
+  Out* const out = scratch<Out>(2, L);
+  int16_t* const row = scratch<int16_t>(3, sw * Wq);
   std::vector<int64_t> taps(kh * kw);        // where each tap reads, in the phases buffer
   for (int64_t ky = 0; ky < kh; ++ky)
     for (int64_t kx = 0; kx < kw; ++kx)
@@ -378,21 +411,23 @@ TFTPU_INLINE void depthwise_impl(const In* x, const int8_t* w, Out* y, const int
   std::vector<int32_t> wpair(pairs);      // (w[2j], w[2j + 1]) as int16 halves of one lane
   std::vector<int64_t> tap2(2 * pairs);   // where each tap of each pair reads
 #endif
+  // the padding is zero for every plane: filled once, and each plane overwrites only the rows
+  // it holds (for sw > 1 whole phase rows, zeros included)
+  std::fill(phases, phases + sh * sw * phase_size, int16_t(0));
   for (int64_t n = 0; n < N; ++n)
     for (int64_t ch = c0; ch < c1; ++ch) {
-      std::fill(phases.begin(), phases.end(), int16_t(0));
       const In* plane = x + (n * C + ch) * H * W;
       for (int64_t iy = 0; iy < H; ++iy) {
         const int64_t Y = iy + pt;
         const In* __restrict__ src = plane + iy * W;
-        int16_t* __restrict__ first = phases.data() + (Y % sh) * sw * phase_size + (Y / sh) * Wq;
+        int16_t* __restrict__ first = phases + (Y % sh) * sw * phase_size + (Y / sh) * Wq;
         if (sw == 1) {                       // the row itself, centred, at column pl
           int16_t* __restrict__ d = first + pl;
           for (int64_t ix = 0; ix < W; ++ix) d[ix] = int16_t(int32_t(src[ix]) - z);
           continue;
         }
         // the padded row centred (zeros around), then dealt out to the sw column phases
-        int16_t* __restrict__ r = row.data();
+        int16_t* __restrict__ r = row;
         std::fill(r, r + sw * Wq, int16_t(0));
         for (int64_t ix = 0; ix < W; ++ix) r[pl + ix] = int16_t(int32_t(src[ix]) - z);
         if (sw == 2) {
@@ -424,7 +459,7 @@ TFTPU_INLINE void depthwise_impl(const In* x, const int8_t* w, Out* y, const int
           }
           const typename DwVec::Requant rq(cq);
           const typename DwVec::V vb = DwVec::set1(int32_t(cq.bias));
-          const int16_t* ph = phases.data();
+          const int16_t* ph = phases;
           for (int64_t i = 0; i < L; i += DwVec::kStep) {
             typename DwVec::V lo = vb, hi = vb;     // the bias in every pixel's lane
             for (int64_t j = 0; j < pairs; ++j) {
@@ -433,17 +468,17 @@ TFTPU_INLINE void depthwise_impl(const In* x, const int8_t* w, Out* y, const int
               lo = DwVec::dot(lo, DwVec::lo(a, b), wj);
               hi = DwVec::dot(hi, DwVec::hi(a, b), wj);
             }
-            DwVec::store(out.data() + i, lo, hi, rq);
+            DwVec::store(out + i, lo, hi, rq);
           }
           Out* dst = y + (n * C + ch) * OH * OW;
-          for (int64_t oy = 0; oy < OH; ++oy) std::memcpy(dst + oy * OW, out.data() + oy * Wq, OW * sizeof(Out));
+          for (int64_t oy = 0; oy < OH; ++oy) std::memcpy(dst + oy * OW, out + oy * Wq, OW * sizeof(Out));
           continue;
         }
 #endif
       // blocks of kBlock outputs keep their sums in L1 while every tap adds to them
       for (int64_t i0 = 0; i0 < L; i0 += kBlock) {
         const int64_t nb = std::min(kBlock, L - i0);
-        int32_t* __restrict__ a = acc.data();
+        int32_t* __restrict__ a = acc;
         std::fill(a, a + nb, 0);
         for (int64_t ky = 0; ky < kh; ++ky)
           for (int64_t kx = 0; kx < kw; ++kx) {
@@ -451,16 +486,16 @@ TFTPU_INLINE void depthwise_impl(const In* x, const int8_t* w, Out* y, const int
             if (wv == 0) continue;
             const int64_t pa = ky * dh % sh, pb = kx * dw % sw;
             const int16_t* __restrict__ src =
-                phases.data() + (pa * sw + pb) * phase_size + (ky * dh / sh) * Wq + kx * dw / sw + i0;
+                phases + (pa * sw + pb) * phase_size + (ky * dh / sh) * Wq + kx * dw / sw + i0;
             for (int64_t i = 0; i < nb; ++i) a[i] += int32_t(src[i]) * wv;
           }
         if (exact32)
-          requant_exact32(a, nb, int32_t(cq.bias), cq, out.data() + i0);
+          requant_exact32(a, nb, int32_t(cq.bias), cq, out + i0);
         else
-          requant_run(a, nb, cq, out.data() + i0);
+          requant_run(a, nb, cq, out + i0);
       }
       Out* dst = y + (n * C + ch) * OH * OW;
-      for (int64_t oy = 0; oy < OH; ++oy) std::memcpy(dst + oy * OW, out.data() + oy * Wq, OW * sizeof(Out));
+      for (int64_t oy = 0; oy < OH; ++oy) std::memcpy(dst + oy * OW, out + oy * Wq, OW * sizeof(Out));
     }
 }
 
@@ -485,11 +520,12 @@ TFTPU_INLINE void depthwise_impl(const In* x, const int8_t* w, Out* y, const int
 // [O/R][Q/G][R][G]: per step, R consecutive groups of G weights, each broadcast to every lane.
 // A register tile is R output channels x T pixels whose sums stay in registers over all of Q,
 // then go to a small int32 tile that is requantized row by row straight to the output: 8 x 32
-// on zmm (16 accumulators of 32 registers), 4 x 24 with AVX-VNNI (12 accumulators, three input
-// vectors and the broadcast: all 16 ymm), 6 x 16 with AVX2 (12 accumulators, two inputs, the
-// broadcast and vpmaddwd's product: 16). Q is zero-padded to whole groups (zero rows and zero
-// weights), O to whole tiles (zero weights) and the pixels to whole tiles (zero inputs); the
-// padded results are dropped.
+// on zmm (16 accumulators of 32 registers), 5 x 16 on ymm (10 accumulators, two input vectors,
+// the broadcast and vpmaddwd's product: 14 of 16; GCC 12 spills accumulators of the fuller
+// 6 x 16 and 4 x 24 tiles into memory on every step, which costs more than their better ratio
+// of loads to multiplies gains). Q is zero-padded to whole groups (zero rows and zero weights),
+// O to whole tiles (zero weights) and the pixels to whole tiles (zero inputs); the padded
+// results are dropped.
 // gemm: [N, Q, P, O, -, lo, hi, zp, xor_sign, per_channel, exact32, H, W, kh, kw, sh, sw, pt, pl,
 //        dh, dw, OW, zx]: Q rows of the GEMM (C, or C*kh*kw for a KxK conv; kh = 0 for 1x1)
 #if defined(TFTPU_AVX512) && defined(__AVX512VNNI__)
@@ -509,7 +545,7 @@ struct Gemm {
   using Elem = uint8_t;
   using Weight = int8_t;
   using V = __m256i;
-  static constexpr int kGroup = 4, kRows = 4, kVecs = 3, kLanes = 8;
+  static constexpr int kGroup = 4, kRows = 5, kVecs = 2, kLanes = 8;
   static V zero() { return _mm256_setzero_si256(); }
   static V load(const Elem* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
   static V bcast(int32_t w) { return _mm256_set1_epi32(w); }
@@ -533,7 +569,7 @@ struct Gemm {
   using Elem = int16_t;
   using Weight = int16_t;
   using V = __m256i;
-  static constexpr int kGroup = 2, kRows = 6, kVecs = 2, kLanes = 8;
+  static constexpr int kGroup = 2, kRows = 5, kVecs = 2, kLanes = 8;
   static V zero() { return _mm256_setzero_si256(); }
   static V load(const Elem* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
   static V bcast(int32_t w) { return _mm256_set1_epi32(w); }
@@ -562,6 +598,7 @@ TFTPU_INLINE void gemm_tile(const Gemm::Elem* __restrict__ xb, int64_t xstep, co
   for (int r = 0; r < Gemm::kRows; ++r)
 #pragma GCC unroll 4
     for (int v = 0; v < Gemm::kVecs; ++v) acc[r][v] = Gemm::zero();
+#pragma GCC unroll 2
   for (int64_t g = 0; g < groups; ++g) {
     Gemm::V a[Gemm::kVecs];
 #pragma GCC unroll 4
@@ -727,8 +764,8 @@ TFTPU_INLINE void gemm_impl(const In* x, const Gemm::Weight* w, const int64_t* b
   if (np <= 0 || o1 <= o0) return;
   const int64_t* g = p + 11;
   const int64_t plane = g[2] == 0 ? Q * P : (Q / (g[2] * g[3])) * g[0] * g[1];   // one image's input
-  std::vector<Gemm::Elem> xp(groups * Pt * G);
-  std::vector<In> bufs(g[2] == 0 ? 0 : G * np);
+  Gemm::Elem* const xp = scratch<Gemm::Elem>(0, groups * Pt * G);
+  In* const bufs = scratch<In>(1, g[2] == 0 ? 0 : G * np);
   std::vector<Channel> cs(o1 - o0);
   for (int64_t o = o0; o < o1; ++o) {
     const int64_t k = per_channel ? o : 0;
@@ -736,11 +773,11 @@ TFTPU_INLINE void gemm_impl(const In* x, const Gemm::Weight* w, const int64_t* b
   }
   alignas(64) int32_t tile[R][T];
   for (int64_t n = 0; n < N; ++n) {
-    pack_pixels(x + n * plane, Q, P, p0, np, groups, Pt, flip, g, In(p[22]), bufs.data(), xp.data());
+    pack_pixels(x + n * plane, Q, P, p0, np, groups, Pt, flip, g, In(p[22]), bufs, xp);
     for (int64_t pt = 0; pt < Pt; pt += T) {
       const int64_t valid = std::min<int64_t>(T, np - pt);
       for (int64_t ob = o0; ob < o1; ob += R) {     // o0 is a multiple of R (the split's grain)
-        gemm_tile(xp.data() + pt * G, Pt * G, w + ob / R * groups * R * G, groups, tile);
+        gemm_tile(xp + pt * G, Pt * G, w + ob / R * groups * R * G, groups, tile);
         const int64_t rows = std::min<int64_t>(R, o1 - ob);
         for (int r = 0; r < rows; ++r) {
           const int64_t o = ob + r;
@@ -757,13 +794,34 @@ TFTPU_INLINE void gemm_impl(const In* x, const Gemm::Weight* w, const int64_t* b
 
 // Element-wise Add/Sub of two INT8 tensors of one shape: ((a - za) * ma + (b - zb) * mb) shifted
 // right by r with ties away from zero, then zero point and clamp. The caller keeps |ma|, |mb|
-// below 2**15, so the int64 sums equal the int32 ones of the reference.
+// below 2**15; with zero points within +-512 (every INT8/UINT8 one) |a - za| < 2**10, so
+// |s| < 2 * 2**10 * 2**15 = 2**26 and s + 2**(r-1) (r <= 31) stays below 2**31: int32
+// arithmetic is exact, and int32 lanes vectorise twice as wide as int64 ones. Other constants
+// take the int64 loop (the same integers).
 // add: [n, za, zb, ma, mb, r, lo, hi, zp]
 template <typename A, typename B, typename Out>
 TFTPU_INLINE void add_impl(const A* a, const B* b, Out* out, const int64_t* p, int64_t i0, int64_t i1) {
   const int64_t za = p[1], zb = p[2], ma = p[3], mb = p[4], lo = p[6] - p[8], hi = p[7] - p[8], zp = p[8];
   const int r = int(p[5]);
   const int64_t half = r > 0 ? int64_t(1) << (r - 1) : 0;
+  const auto within = [](int64_t v, int64_t bound) { return v > -bound && v < bound; };
+  if (within(za, 513) && within(zb, 513) && within(ma, 1 << 15) && within(mb, 1 << 15) && r >= 0 && r <= 31 &&
+      within(lo, 1 << 20) && within(hi, 1 << 20) && within(zp, 1 << 20)) {
+    const int32_t za32 = int32_t(za), zb32 = int32_t(zb), ma32 = int32_t(ma), mb32 = int32_t(mb),
+                  half32 = int32_t(half), lo32 = int32_t(lo), hi32 = int32_t(hi), zp32 = int32_t(zp);
+    if (r > 0)
+      for (int64_t i = i0; i < i1; ++i) {
+        int32_t s = (int32_t(a[i]) - za32) * ma32 + (int32_t(b[i]) - zb32) * mb32;
+        s = (s + half32 + (s >> 31)) >> r;         // s >> 31: -1 where s < 0 (an arithmetic shift)
+        out[i] = Out(std::min(std::max(s, lo32), hi32) + zp32);
+      }
+    else
+      for (int64_t i = i0; i < i1; ++i) {
+        const int32_t s = (int32_t(a[i]) - za32) * ma32 + (int32_t(b[i]) - zb32) * mb32;
+        out[i] = Out(std::min(std::max(s, lo32), hi32) + zp32);
+      }
+    return;
+  }
   for (int64_t i = i0; i < i1; ++i) {
     int64_t s = (int64_t(a[i]) - za) * ma + (int64_t(b[i]) - zb) * mb;
     if (r > 0) s = (s + half - (s >> 63 & 1)) >> r;
