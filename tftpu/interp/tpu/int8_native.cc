@@ -19,7 +19,8 @@
 // Built once per instruction-set variant (tftpu.utils.isa; the loader picks the best one the CPU
 // runs): the code is chosen by the compiler's predefined macros, never by -march=native. The GEMM
 // of ungrouped convs: vpdpbusd on zmm (AVX-512 VNNI) > vpdpbusd on ymm (AVX-VNNI) > vpmaddwd on
-// zmm (AVX-512BW) > vpmaddwd on ymm (AVX2) > portable C++ loops. Requantization: 16 lanes on
+// zmm (AVX-512BW) > vpmaddwd on ymm (AVX2) > vpmaddwd on xmm (SSE2, the generic x86-64 build)
+// > plain C++ loops (other CPUs). Requantization: 16 lanes on
 // AVX-512, 8 on AVX2, else scalar (written for the compiler to vectorise). The depthwise conv:
 // vpmaddwd (or vpdpwssd) on pairs of taps, 32 outputs a step on AVX-512, 16 on AVX2, else
 // scalar loops. Every form computes the same integers (tests/interp/test_int8_native.py runs
@@ -513,7 +514,8 @@ TFTPU_INLINE void depthwise_impl(const In* x, const int8_t* w, Out* y, const int
 //   pairs, adding each pair into an int32 lane (at most 2 * 255 * 128 in magnitude: exact; it
 //   saturates only -32768 * -32768 twice), and vpaddd accumulates. The pixels are packed
 //   [Q/2][pixels][2] int16: the same byte values, so the caller's bias is the same.
-// - The portable build runs the int16 pairs through plain int32 loops.
+// - The generic x86-64 build does the same with SSE2's pmaddwd on xmm, other CPUs in plain
+//   int32 loops over the int16 pairs.
 // Accumulating lanes wrap (vpaddd, vpdpbusd) or never overflow (the portable loops: every
 // partial sum is bounded as the whole), so the sums are exact either way.
 // The weights are packed by the library itself (tftpu_gemm_pack, once per op) to
@@ -523,7 +525,7 @@ TFTPU_INLINE void depthwise_impl(const In* x, const int8_t* w, Out* y, const int
 // on zmm (16 accumulators of 32 registers), 5 x 16 on ymm (10 accumulators, two input vectors,
 // the broadcast and vpmaddwd's product: 14 of 16; GCC 12 spills accumulators of the fuller
 // 6 x 16 and 4 x 24 tiles into memory on every step, which costs more than their better ratio
-// of loads to multiplies gains). Q is zero-padded to whole groups (zero rows and zero weights),
+// of loads to multiplies gains), 4 x 8 on xmm. Q is zero-padded to whole groups (zero rows and zero weights),
 // O to whole tiles (zero weights) and the pixels to whole tiles (zero inputs); the padded
 // results are dropped.
 // gemm: [N, Q, P, O, -, lo, hi, zp, xor_sign, per_channel, exact32, H, W, kh, kw, sh, sw, pt, pl,
@@ -576,7 +578,22 @@ struct Gemm {
   static V dot(V acc, V a, V b) { return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b)); }
   static void store(int32_t* p, V v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v); }
 };
+#elif defined(__SSE2__) && !defined(TFTPU_PLAIN_CPP)
+// the generic x86-64 build: SSE2 is in every x86-64 CPU, and pmaddwd is SSE2
+struct Gemm {
+  using Elem = int16_t;
+  using Weight = int16_t;
+  using V = __m128i;
+  static constexpr int kGroup = 2, kRows = 4, kVecs = 2, kLanes = 4;
+  static V zero() { return _mm_setzero_si128(); }
+  static V load(const Elem* p) { return _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)); }
+  static V bcast(int32_t w) { return _mm_set1_epi32(w); }
+  static V dot(V acc, V a, V b) { return _mm_add_epi32(acc, _mm_madd_epi16(a, b)); }
+  static void store(int32_t* p, V v) { _mm_storeu_si128(reinterpret_cast<__m128i*>(p), v); }
+};
 #else
+// other CPUs (aarch64...): plain loops for the compiler to vectorise (-DTFTPU_PLAIN_CPP builds
+// them on x86-64 too, to test them)
 #define TFTPU_GEMM_PORTABLE 1
 struct Gemm {
   using Elem = int16_t;
