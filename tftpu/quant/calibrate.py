@@ -2,12 +2,21 @@
 
 One streaming pass over the samples (`TopInterpreter.run(..., observe=...)`, so no sample's
 tensors are all kept): per float tensor the min, the max and a signed histogram on a grid
-anchored at 0 whose range doubles (adjacent bins merged, exactly) whenever a sample reaches past
-it, so the first sample's range needs no second pass. Exact zeros (ReLU's, padding's) quantize
-without error and would swamp the first bin, so they are left out, as TPU-MLIR also does. The
-grid has 2 x `bins` bins a side, so every tensor gets more than `bins` bins over [0, largest |x|]
-(the two-pass `calibrate_two_pass` had exactly `bins`). A method (`tftpu.quant.thresholds`)
-then picks the threshold, and with `asymmetric=True` also a clipped [min, max].
+anchored at 0 whose range (a power of two) doubles (adjacent bins merged, exactly) whenever a
+sample reaches past it, so the first sample's range needs no second pass. Exact zeros (ReLU's,
+padding's) quantize without error and would swamp the first bin, so they are left out, as
+TPU-MLIR also does. The grid has 2 x `bins` bins a side, so every tensor gets more than `bins`
+bins over [0, largest |x|] (the two-pass `calibrate_two_pass` had exactly `bins`). A method
+(`tftpu.quant.thresholds`) then picks the threshold, and with `asymmetric=True` also a clipped
+[min, max].
+
+The table does not depend on the CPU's float kernels, which round activations differently in
+the last bits (oneDNN, MLAS and Eigen pick code paths per ISA): every number written lies on a
+grid (`TensorStatistics`): min and max rounded outward to 1/256 of the tensor's power-of-two
+range, thresholds chosen among values of 8 significant bits by bin counts on exact dyadic bins.
+Such noise changes a table only where it moves a value across a grid point, or tips a near tie
+between candidates (kl's local minima can; `tests/foundation/test_golden.py` checks mse tables
+of real models with weights a few ulps off, and with oneDNN held to AVX2).
 
 `method="auto"` judges each tensor's candidates (every method's threshold or range) by what the
 tensor feeds, as TPU-MLIR's auto-tune does: on the first `tune_num` samples it fake-quantizes the
@@ -30,24 +39,64 @@ from tftpu.errors import InputError, InternalError, KernelError, TftpuError, Usa
 from tftpu.interp.top_interpreter import TopInterpreter
 from tftpu.quant.simulation import fake_quant, fake_quant_asymmetric
 from tftpu.quant.table import CalibrationTable
-from tftpu.quant.thresholds import METHODS, asymmetric_range, threshold
+from tftpu.quant.thresholds import METHODS, asymmetric_range, mse, threshold
 from tftpu.utils.progress import progress
 
 __all__ = ["calibrate", "calibrate_two_pass", "TensorStatistics", "BINS", "TUNE_NUM", "AUTO_CANDIDATES",
            "CALIBRATION_METHODS"]
 
 BINS = 2048
+# Every number in a table lies on a grid that last-bit float noise does not move (TensorStatistics):
+# min and max rounded outward to 1/EXTREME_STEPS of the tensor's power-of-two range (half an INT8
+# level), thresholds chosen among the floats of SIGNIFICANT_BITS significant bits (neighbours under
+# 0.8% apart, so within 0.4% of the method's own optimum).
+EXTREME_STEPS = 256
+SIGNIFICANT_BITS = 8
 TUNE_NUM = 5
 # The candidates `auto` weighs, in the order that breaks ties (equal thresholds count for the first).
 AUTO_CANDIDATES = ("mse", "kl", "percentile", "aciq_gauss", "aciq_laplace", "minmax")
 CALIBRATION_METHODS = (*METHODS, "auto")
 
 
+def _power_of_two_at_least(x: float) -> float:
+    """The smallest power of two >= x > 0 (exact: from the float's exponent)."""
+    m, e = math.frexp(x)
+    return math.ldexp(1.0, e - 1 if m == 0.5 else e)
+
+
+def significant(x: float, up: bool = False) -> float:
+    """`x` rounded (to nearest, or `up` in magnitude) to SIGNIFICANT_BITS significant bits, exactly."""
+    if x == 0 or not math.isfinite(x):
+        return float(x)
+    _, e = math.frexp(abs(x))
+    k = math.ldexp(abs(x), SIGNIFICANT_BITS - e)        # in [2^(bits-1), 2^bits): exact
+    k = math.ceil(k) if up else round(k)
+    return math.copysign(math.ldexp(k, e - SIGNIFICANT_BITS), x) + 0.0
+
+
+def _short_edges(m: int) -> np.ndarray:
+    """Which of the bin edges 1..m (in bins) have at most SIGNIFICANT_BITS significant bits."""
+    j = np.arange(1, m + 1)
+    drop = np.maximum(np.frexp(j.astype(np.float64))[1] - SIGNIFICANT_BITS, 0)
+    return j % (1 << drop) == 0
+
+
 class TensorStatistics:
     """One tensor's streaming min, max and signed histogram (zeros left out) on a doubling grid.
 
     Bin k of the 2 x `half` bins covers [(k - half) w, (k - half + 1) w) with w = range / half;
-    when a sample reaches past `range`, pairs of bins merge and the range doubles.
+    `range` is a power of two (the smallest at or above the first sample's largest |x|), and
+    when a sample reaches past it, pairs of bins merge and the range doubles. With `half` a power
+    of two (the default), every bin edge is an exact dyadic number and a value's bin is exact
+    (x * half / range scales by a power of two, then floor).
+
+    The float kernels of different CPUs round activations differently in the last bits, so
+    nothing written in a table is a raw float: `lo`/`hi` are the observed min/max rounded
+    outward to multiples of `step` (range / EXTREME_STEPS), and a threshold is chosen among the
+    values of SIGNIFICANT_BITS significant bits (mse searches only those bin edges; percentile
+    rounds up to one, kl, ACIQ and the asymmetric ranges to the nearest). Noise then changes a
+    table only where it moves a value across one of those grid points, or tips a near tie
+    between candidates that lie 2^-8 apart.
     """
 
     __slots__ = ("half", "vmin", "vmax", "range", "hist")
@@ -71,15 +120,20 @@ class TensorStatistics:
             return
         n = self.half
         if self.hist is None:
-            self.range, self.hist = absmax, np.zeros(2 * n, np.int64)
+            self.range, self.hist = _power_of_two_at_least(absmax), np.zeros(2 * n, np.int64)
         while absmax > self.range:
             merged = self.hist.reshape(n, 2).sum(1)
             self.hist = np.zeros(2 * n, np.int64)
             self.hist[n // 2:n // 2 + n] = merged
             self.range *= 2.0
-        t = a * a.dtype.type(n / self.range)   # bin index + half, in the tensor's own precision
-        t += n
-        counts = np.bincount(t.astype(np.intp), minlength=2 * n)
+        scale = n / self.range                  # a power of two: x * scale is exact
+        if a.dtype == np.float32 and not scale < 2.0 ** 127:
+            a = a.astype(np.float64)
+        t = a * a.dtype.type(scale)
+        np.floor(t, out=t)                      # the signed bin index, exact
+        idx = t.astype(np.intp)
+        idx += n
+        counts = np.bincount(idx, minlength=2 * n)
         counts[n] -= a.size - np.count_nonzero(a)   # the exact zeros
         counts[2 * n - 1] += counts[2 * n:].sum()    # x == +range
         self.hist += counts[:2 * n]
@@ -89,29 +143,65 @@ class TensorStatistics:
         return self.range / self.half
 
     @property
+    def step(self) -> float:
+        """The grid of the extremes: 1/256 of the range (a whole number of bins)."""
+        return max(1, self.half // EXTREME_STEPS) * self.width
+
+    @property
+    def lo(self) -> float:
+        """The observed min rounded down to the grid of the extremes (0 stays 0)."""
+        if self.hist is None:
+            return min(self.vmin, 0.0) + 0.0
+        return math.floor(self.vmin / self.step) * self.step + 0.0
+
+    @property
+    def hi(self) -> float:
+        """The observed max rounded up to the grid of the extremes."""
+        if self.hist is None:
+            return max(self.vmax, 0.0) + 0.0
+        return math.ceil(self.vmax / self.step) * self.step + 0.0
+
+    @property
     def absmax(self) -> float:
-        return max(-self.vmin, self.vmax, 0.0)
+        """The largest |x| rounded up to the grid of the extremes."""
+        return max(-self.lo, self.hi, 0.0)
 
     def magnitudes(self) -> tuple[np.ndarray, float]:
-        """(|x| histogram over [0, m w], m w) with m w the first bin edge at or past the largest |x|."""
+        """(|x| histogram over [0, m w], m w) with m w = `absmax`, the largest |x| rounded up."""
         if self.hist is None:
             return np.zeros(1, np.int64), 0.0
         n = self.half
-        m = min(n, max(1, math.ceil(self.absmax / self.width)))
-        return (self.hist[n:] + self.hist[n - 1::-1])[:m], m * self.width
+        m = min(n, max(1, round(self.absmax / self.width)))
+        return self._signed(0, m) + self.hist[n - 1::-1][:m], m * self.width
+
+    def _signed(self, k0: int, k1: int) -> np.ndarray:
+        """The signed bins k0 .. k1 - 1, with the values exactly at k1 w counted in the last (the
+        max rounded up to the grid is often the max itself: 6 for ReLU6, 1 for a sigmoid)."""
+        n = self.half
+        h = self.hist[n + k0:n + k1].copy()
+        if 0 < k1 < n:
+            h[-1] += self.hist[n + k1]
+        return h
 
     def threshold(self, method: str) -> float:
         hist, extent = self.magnitudes()
-        return min(threshold(method, hist, extent), self.absmax)
+        if method == "mse":
+            t = mse(hist, extent, candidates=_short_edges(len(hist)))
+        else:
+            t = significant(threshold(method, hist, extent), up=method == "percentile")
+        return min(t, extent)
 
     def range_of(self, method: str) -> tuple[float, float]:
-        """The asymmetric [min, max] of `method` on the signed histogram."""
+        """The asymmetric [min, max] of `method` on the signed histogram, SIGNIFICANT_BITS bits each."""
+        lo, hi = self.lo, self.hi
         if self.hist is None:
-            return self.vmin, self.vmax
+            return lo, hi
         n, w = self.half, self.width
-        k0 = min(0, math.floor(self.vmin / w))
-        k1 = max(0, math.ceil(self.vmax / w))
-        return asymmetric_range(method, self.hist[n + k0:n + k1], k0 * w, w, self.vmin, self.vmax)
+        k0 = min(0, round(lo / w))
+        k1 = max(0, round(hi / w))
+        a, b = asymmetric_range(method, self._signed(k0, k1), k0 * w, w, lo, hi)
+        a, b = max(significant(a), lo), min(significant(b), hi)
+        return (a, b) if a <= 0 <= b and a < b else (min(lo, 0.0), max(hi, 0.0))
 
 
 def _check(method: str, samples, bins: int) -> None:
@@ -166,7 +256,7 @@ def calibrate(model, samples: list[dict], method: str = "mse", bins: int = BINS,
     entries = {}
     for name, st in progress(list(stats.items()), desc=f"{method} thresholds", unit="tensor"):
         m = chosen.get(name, method)
-        lo, hi = st.range_of(m) if asymmetric else (st.vmin, st.vmax)
+        lo, hi = st.range_of(m) if asymmetric else (st.lo, st.hi)
         entries[name] = (st.threshold(m), lo, hi)
     return CalibrationTable(entries, method, len(samples), bins, asymmetric=asymmetric, chosen=chosen)
 

@@ -86,7 +86,8 @@ def kl(hist: np.ndarray, absmax: float) -> float:
     return float((i + 0.5) * absmax / n) if i < n else float(absmax)
 
 
-def mse(hist: np.ndarray, absmax: float) -> float:
+def mse(hist: np.ndarray, absmax: float, candidates: np.ndarray | None = None) -> float:
+    """`candidates`, if given, masks the bins' upper edges it may pick (the last must be allowed)."""
     n = len(hist)
     if absmax == 0 or hist.sum() == 0:
         return float(absmax)
@@ -100,6 +101,8 @@ def mse(hist: np.ndarray, absmax: float) -> float:
     s2 = np.concatenate([np.cumsum((h * centre ** 2)[::-1])[::-1][1:], [0.0]])
     inside = h.sum() - s0
     err = inside * (t / QMAX) ** 2 / 12.0 + s2 - 2.0 * t * s1 + t * t * s0
+    if candidates is not None:
+        err = np.where(candidates, err, np.inf)
     return float(t[int(np.argmin(err))])
 
 
