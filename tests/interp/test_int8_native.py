@@ -713,7 +713,8 @@ def requant_params(rng, o, dtype, mode):
 def gemm_cases():
     """Ungrouped convs on the edges of every build's GEMM: channel counts that leave a partial
     group of 4 or 2 rows (Q = 1, 3, 5, 27, 147...), output channels around tiles of 4, 5 and 8
-    rows, pixel counts around tiles of 16 and 32, all-extreme inputs and weights with
+    rows, pixel counts around tiles of 16 and 32, more pixels than one chunk (the packed input a
+    thread holds at a time: about 256 KiB) in two images, all-extreme inputs and weights with
     biases that put every sum plus bias exactly at the int32 edges (exact32 on), biases that
     saturate (exact32 off), zero points at their extremes, int8 and uint8 data.
     Yields (what, x, zx, w, bias, attrs, requant params)."""
@@ -721,7 +722,7 @@ def gemm_cases():
     # 1x1 convs: (n, c, o, h, w)
     shapes = [(1, 1, 1, 1, 1), (1, 3, 5, 3, 5), (2, 5, 7, 1, 17), (1, 7, 9, 5, 5), (1, 33, 13, 7, 5),
               (1, 2, 6, 4, 6), (2, 6, 12, 1, 24), (1, 9, 17, 1, 33), (1, 70, 25, 7, 7), (1, 4, 8, 8, 8),
-              (1, 13, 31, 1, 47), (1, 64, 64, 9, 11)]
+              (1, 13, 31, 1, 47), (1, 64, 64, 9, 11), (2, 520, 11, 3, 200)]     # the last: several chunks
     for i, (n, c, o, h, wd) in enumerate(shapes):
         for xtype in (np.uint8, np.int8):
             info = np.iinfo(xtype)
@@ -752,7 +753,8 @@ def gemm_cases():
     kxk = [(3, 8, 7, 7, 20, 19, [2, 2], [3, 3, 2, 2], [1, 1]), (3, 5, 3, 3, 9, 9, [1, 1], [1, 1, 1, 1], [1, 1]),
            (5, 13, 1, 3, 6, 11, [1, 2], [0, 1, 0, 1], [1, 1]), (4, 17, 3, 3, 12, 10, [2, 2], [1, 1, 1, 1], [1, 1]),
            (2, 7, 5, 5, 11, 12, [1, 1], [2, 2, 2, 2], [2, 1]), (16, 24, 3, 3, 8, 8, [1, 1], [1, 1, 1, 1], [1, 1]),
-           (1, 9, 2, 2, 7, 7, [1, 1], [0, 0, 1, 1], [1, 1]), (8, 6, 1, 1, 9, 9, [2, 2], [0, 0, 0, 0], [1, 1])]
+           (1, 9, 2, 2, 7, 7, [1, 1], [0, 0, 1, 1], [1, 1]), (8, 6, 1, 1, 9, 9, [2, 2], [0, 0, 0, 0], [1, 1]),
+           (64, 9, 3, 3, 24, 23, [1, 1], [1, 1, 1, 1], [1, 1])]        # several chunks of pixels in every build
     for i, (c, o, kh, kw, h, wd, strides, pads, dilations) in enumerate(kxk):
         for xtype in (np.int8, np.uint8):
             info = np.iinfo(xtype)

@@ -32,6 +32,7 @@
 #include <condition_variable>
 #include <functional>
 #include <memory>
+#include <new>
 #include <mutex>
 #include <thread>
 
@@ -234,12 +235,24 @@ TFTPU_INLINE __m256i first_lanes(int64_t n) {
 }
 #endif
 
+// The vector requantizer of this build (constants in registers, built once per channel and
+// applied to many runs of its sums), or a placeholder where the build has none.
+#if defined(TFTPU_AVX512)
+using RequantV = Requant16;
+#elif defined(TFTPU_AVX2)
+using RequantV = Requant8;
+#else
+struct RequantV {
+  explicit RequantV(const Channel&) {}
+};
+#endif
+
+// requant_exact32 with the channel's vector requantizer already built (rq = RequantV(c)).
 template <typename Out>
 TFTPU_INLINE void requant_exact32(const int32_t* __restrict__ acc, int64_t n, int32_t bias, const Channel& c,
-                                  Out* __restrict__ out) {
+                                  [[maybe_unused]] const RequantV& rq, Out* __restrict__ out) {
 #if defined(TFTPU_AVX512)
   if constexpr (sizeof(Out) == 1) {
-    const Requant16 rq(c);
     const __m512i vb = _mm512_set1_epi32(bias);
     for (int64_t i = 0; i < n; i += 16) {
       const __mmask16 k = n - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - i)) - 1);
@@ -249,7 +262,6 @@ TFTPU_INLINE void requant_exact32(const int32_t* __restrict__ acc, int64_t n, in
   }
 #elif defined(TFTPU_AVX2)
   if constexpr (sizeof(Out) == 1) {
-    const Requant8 rq(c);
     const __m256i vb = _mm256_set1_epi32(bias);
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
@@ -274,6 +286,12 @@ TFTPU_INLINE void requant_exact32(const int32_t* __restrict__ acc, int64_t n, in
     for (int64_t j = 0; j < k; ++j) t[j] = int32_t(uint32_t(acc[i + j]) + uint32_t(bias));
     requant_run(t, k, c0, out + i);
   }
+}
+
+template <typename Out>
+TFTPU_INLINE void requant_exact32(const int32_t* __restrict__ acc, int64_t n, int32_t bias, const Channel& c,
+                                  Out* __restrict__ out) {
+  requant_exact32(acc, n, bias, c, RequantV(c), out);
 }
 
 // Parameters shared by the entry points, passed as one int64 array (one ctypes argument).
@@ -770,6 +788,13 @@ TFTPU_INLINE void pack_pixels(const In* x, int64_t Q, int64_t P, int64_t p0, int
   }
 }
 
+// The pixels a thread packs and computes at a time: as many whole tiles as keep the packed input
+// within kChunkBytes (L2-resident), at least four (packing im2col rows a few pixels at a time
+// costs more than the cache misses of a larger chunk), so that each output channel's weights
+// and requantizer serve all of the chunk's tiles (small Q: many tiles) while the chunk's input
+// stays in cache for every output tile.
+constexpr int64_t kChunkBytes = 256 << 10;
+
 template <typename In, typename Out>
 TFTPU_INLINE void gemm_impl(const In* x, const Gemm::Weight* w, const int64_t* bias, const int32_t* mult,
                             const int32_t* rshift, Out* y, const int64_t* p, int64_t p0, int64_t p1, int64_t o0,
@@ -777,68 +802,84 @@ TFTPU_INLINE void gemm_impl(const In* x, const Gemm::Weight* w, const int64_t* b
   constexpr int64_t G = Gemm::kGroup, R = Gemm::kRows, T = kGemmPixels;
   const int64_t N = p[0], Q = p[1], P = p[2], O = p[3], lo = p[5], hi = p[6], zp = p[7];
   const bool flip = p[8] != 0, per_channel = p[9] != 0, exact32 = p[10] != 0;
-  const int64_t np = p1 - p0, Pt = (np + T - 1) / T * T, groups = gemm_groups(Q);
+  const int64_t np = p1 - p0, groups = gemm_groups(Q);
   if (np <= 0 || o1 <= o0) return;
+  const int64_t tile_bytes = groups * G * T * int64_t(sizeof(Gemm::Elem));
+  const int64_t chunk = std::min(std::max<int64_t>(4, kChunkBytes / tile_bytes) * T, (np + T - 1) / T * T);
   const int64_t* g = p + 11;
   const int64_t plane = g[2] == 0 ? Q * P : (Q / (g[2] * g[3])) * g[0] * g[1];   // one image's input
-  Gemm::Elem* const xp = scratch<Gemm::Elem>(0, groups * Pt * G);
-  In* const bufs = scratch<In>(1, g[2] == 0 ? 0 : G * np);
-  std::vector<Channel> cs(o1 - o0);
-  for (int64_t o = o0; o < o1; ++o) {
-    const int64_t k = per_channel ? o : 0;
-    cs[o - o0] = channel(bias[o], mult[k], rshift[k], lo, hi, zp);
-  }
+  Gemm::Elem* const xp = scratch<Gemm::Elem>(0, groups * chunk * G);
+  In* const bufs = scratch<In>(1, g[2] == 0 ? 0 : G * chunk);
   alignas(64) int32_t tile[R][T];
-  for (int64_t n = 0; n < N; ++n) {
-    pack_pixels(x + n * plane, Q, P, p0, np, groups, Pt, flip, g, In(p[22]), bufs, xp);
-    for (int64_t pt = 0; pt < Pt; pt += T) {
-      const int64_t valid = std::min<int64_t>(T, np - pt);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t c0 = 0; c0 < np; c0 += chunk) {
+      const int64_t nc = std::min(chunk, np - c0), Pt = (nc + T - 1) / T * T;
+      pack_pixels(x + n * plane, Q, P, p0 + c0, nc, groups, Pt, flip, g, In(p[22]), bufs, xp);
       for (int64_t ob = o0; ob < o1; ob += R) {     // o0 is a multiple of R (the split's grain)
-        gemm_tile(xp + pt * G, Pt * G, w + ob / R * groups * R * G, groups, tile);
-        const int64_t rows = std::min<int64_t>(R, o1 - ob);
+        const int rows = int(std::min<int64_t>(R, o1 - ob));
+        Channel cs[R];
+        int32_t b32[R];
         for (int r = 0; r < rows; ++r) {
-          const int64_t o = ob + r;
-          Out* dst = y + (n * O + o) * P + p0 + pt;
-          if (exact32)
-            requant_exact32(tile[r], valid, int32_t(uint32_t(uint64_t(bias[o]))), cs[o - o0], dst);
-          else
-            requant_run(tile[r], valid, cs[o - o0], dst);
+          const int64_t o = ob + r, k = per_channel ? o : 0;
+          cs[r] = channel(bias[o], mult[k], rshift[k], lo, hi, zp);
+          b32[r] = int32_t(uint32_t(uint64_t(bias[o])));
+        }
+        alignas(64) unsigned char rq_bytes[R][sizeof(RequantV)];  // built only for the rows used
+        RequantV* const rqs = reinterpret_cast<RequantV*>(rq_bytes);
+        if (exact32)
+          for (int r = 0; r < rows; ++r) new (rqs + r) RequantV(cs[r]);
+        const Gemm::Weight* wb = w + ob / R * groups * R * G;
+        for (int64_t pt = 0; pt < Pt; pt += T) {
+          gemm_tile(xp + pt * G, Pt * G, wb, groups, tile);
+          const int64_t valid = std::min<int64_t>(T, nc - pt);
+          for (int r = 0; r < rows; ++r) {
+            Out* dst = y + (n * O + ob + r) * P + p0 + c0 + pt;
+            if (exact32)
+              requant_exact32(tile[r], valid, b32[r], cs[r], rqs[r], dst);
+            else
+              requant_run(tile[r], valid, cs[r], dst);
+          }
         }
       }
     }
-  }
 }
 
 // Element-wise Add/Sub of two INT8 tensors of one shape: ((a - za) * ma + (b - zb) * mb) shifted
 // right by r with ties away from zero, then zero point and clamp. The caller keeps |ma|, |mb|
-// below 2**15; with zero points within +-512 (every INT8/UINT8 one) |a - za| < 2**10, so
-// |s| < 2 * 2**10 * 2**15 = 2**26 and s + 2**(r-1) (r <= 31) stays below 2**31: int32
+// within +-2**15; with zero points within +-512 (every INT8/UINT8 one) |a - za| < 2**10, so
+// |s| <= 2 * 2**10 * 2**15 = 2**26 and s + 2**(r-1) (r <= 31) stays below 2**31: int32
 // arithmetic is exact, and int32 lanes vectorise twice as wide as int64 ones. Other constants
 // take the int64 loop (the same integers).
 // add: [n, za, zb, ma, mb, r, lo, hi, zp]
 template <typename A, typename B, typename Out>
+void add32(const A* __restrict__ a, const B* __restrict__ b, Out* __restrict__ out, int64_t n, int32_t za, int32_t zb,
+           int32_t ma, int32_t mb, int r, int32_t lo, int32_t hi, int32_t zp) {
+  const int32_t half = r > 0 ? int32_t(1) << (r - 1) : 0;
+  if (r > 0)
+    for (int64_t i = 0; i < n; ++i) {
+      int32_t s = (int32_t(a[i]) - za) * ma + (int32_t(b[i]) - zb) * mb;
+      s = (s + half + (s >> 31)) >> r;         // s >> 31: -1 where s < 0 (an arithmetic shift)
+      out[i] = Out(std::min(std::max(s, lo), hi) + zp);
+    }
+  else
+    for (int64_t i = 0; i < n; ++i) {
+      const int32_t s = (int32_t(a[i]) - za) * ma + (int32_t(b[i]) - zb) * mb;
+      out[i] = Out(std::min(std::max(s, lo), hi) + zp);
+    }
+}
+
+template <typename A, typename B, typename Out>
 TFTPU_INLINE void add_impl(const A* a, const B* b, Out* out, const int64_t* p, int64_t i0, int64_t i1) {
   const int64_t za = p[1], zb = p[2], ma = p[3], mb = p[4], lo = p[6] - p[8], hi = p[7] - p[8], zp = p[8];
   const int r = int(p[5]);
-  const int64_t half = r > 0 ? int64_t(1) << (r - 1) : 0;
-  const auto within = [](int64_t v, int64_t bound) { return v > -bound && v < bound; };
-  if (within(za, 513) && within(zb, 513) && within(ma, 1 << 15) && within(mb, 1 << 15) && r >= 0 && r <= 31 &&
+  const auto within = [](int64_t v, int64_t bound) { return v >= -bound && v <= bound; };
+  if (within(za, 512) && within(zb, 512) && within(ma, 1 << 15) && within(mb, 1 << 15) && r >= 0 && r <= 31 &&
       within(lo, 1 << 20) && within(hi, 1 << 20) && within(zp, 1 << 20)) {
-    const int32_t za32 = int32_t(za), zb32 = int32_t(zb), ma32 = int32_t(ma), mb32 = int32_t(mb),
-                  half32 = int32_t(half), lo32 = int32_t(lo), hi32 = int32_t(hi), zp32 = int32_t(zp);
-    if (r > 0)
-      for (int64_t i = i0; i < i1; ++i) {
-        int32_t s = (int32_t(a[i]) - za32) * ma32 + (int32_t(b[i]) - zb32) * mb32;
-        s = (s + half32 + (s >> 31)) >> r;         // s >> 31: -1 where s < 0 (an arithmetic shift)
-        out[i] = Out(std::min(std::max(s, lo32), hi32) + zp32);
-      }
-    else
-      for (int64_t i = i0; i < i1; ++i) {
-        const int32_t s = (int32_t(a[i]) - za32) * ma32 + (int32_t(b[i]) - zb32) * mb32;
-        out[i] = Out(std::min(std::max(s, lo32), hi32) + zp32);
-      }
+    add32(a + i0, b + i0, out + i0, i1 - i0, int32_t(za), int32_t(zb), int32_t(ma), int32_t(mb), r, int32_t(lo),
+          int32_t(hi), int32_t(zp));
     return;
   }
+  const int64_t half = r > 0 ? int64_t(1) << (r - 1) : 0;
   for (int64_t i = i0; i < i1; ++i) {
     int64_t s = (int64_t(a[i]) - za) * ma + (int64_t(b[i]) - zb) * mb;
     if (r > 0) s = (s + half - (s >> 63 & 1)) >> r;
