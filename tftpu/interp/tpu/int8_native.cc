@@ -622,22 +622,25 @@ struct Gemm {
 constexpr int64_t kGemmPixels = Gemm::kVecs * Gemm::kLanes;
 static_assert(Gemm::kGroup * sizeof(Gemm::Weight) == 4, "a group of weights fills one int32 lane");
 
-// One register tile: the sums of kRows output channels over kGemmPixels pixels, into `tile`.
-// xb: the tile's first pixel in the packed input, xstep elements from one group of rows to the
-// next; wb: the tile's output channels in the packed weight.
+// One register tile: the sums of kRows output channels over NV vectors of pixels (kVecs: the
+// whole tile; 1: the last few pixels of a chunk, which would waste most of a full tile: 49
+// pixels are 3 tiles of 16 and 8 more, not 4 tiles), into `tile`. xb: the tile's first pixel in
+// the packed input, xstep elements from one group of rows to the next; wb: the tile's output
+// channels in the packed weight.
+template <int NV = Gemm::kVecs>
 TFTPU_INLINE void gemm_tile(const Gemm::Elem* __restrict__ xb, int64_t xstep, const Gemm::Weight* __restrict__ wb,
                             int64_t groups, int32_t (*tile)[kGemmPixels]) {
 #ifndef TFTPU_GEMM_PORTABLE
-  Gemm::V acc[Gemm::kRows][Gemm::kVecs];
+  Gemm::V acc[Gemm::kRows][NV];
 #pragma GCC unroll 8
   for (int r = 0; r < Gemm::kRows; ++r)
 #pragma GCC unroll 4
-    for (int v = 0; v < Gemm::kVecs; ++v) acc[r][v] = Gemm::zero();
+    for (int v = 0; v < NV; ++v) acc[r][v] = Gemm::zero();
 #pragma GCC unroll 2
   for (int64_t g = 0; g < groups; ++g) {
-    Gemm::V a[Gemm::kVecs];
+    Gemm::V a[NV];
 #pragma GCC unroll 4
-    for (int v = 0; v < Gemm::kVecs; ++v) a[v] = Gemm::load(xb + g * xstep + v * Gemm::kLanes * Gemm::kGroup);
+    for (int v = 0; v < NV; ++v) a[v] = Gemm::load(xb + g * xstep + v * Gemm::kLanes * Gemm::kGroup);
     const Gemm::Weight* wg = wb + g * Gemm::kRows * Gemm::kGroup;
 #pragma GCC unroll 8
     for (int r = 0; r < Gemm::kRows; ++r) {
@@ -645,7 +648,7 @@ TFTPU_INLINE void gemm_tile(const Gemm::Elem* __restrict__ xb, int64_t xstep, co
       std::memcpy(&wv, wg + r * Gemm::kGroup, 4);
       const Gemm::V b = Gemm::bcast(wv);
 #pragma GCC unroll 4
-      for (int v = 0; v < Gemm::kVecs; ++v) acc[r][v] = Gemm::dot(acc[r][v], a[v], b);
+      for (int v = 0; v < NV; ++v) acc[r][v] = Gemm::dot(acc[r][v], a[v], b);
     }
   }
   // every accumulator leaves its register once, by constant index (a runtime index would keep
@@ -653,7 +656,7 @@ TFTPU_INLINE void gemm_tile(const Gemm::Elem* __restrict__ xb, int64_t xstep, co
 #pragma GCC unroll 8
   for (int r = 0; r < Gemm::kRows; ++r)
 #pragma GCC unroll 4
-    for (int v = 0; v < Gemm::kVecs; ++v) Gemm::store(tile[r] + v * Gemm::kLanes, acc[r][v]);
+    for (int v = 0; v < NV; ++v) Gemm::store(tile[r] + v * Gemm::kLanes, acc[r][v]);
 #else
   int32_t acc[Gemm::kRows][kGemmPixels] = {};
   for (int64_t g = 0; g < groups; ++g) {
@@ -830,8 +833,11 @@ TFTPU_INLINE void gemm_impl(const In* x, const Gemm::Weight* w, const int64_t* b
           for (int r = 0; r < rows; ++r) new (rqs + r) RequantV(cs[r]);
         const Gemm::Weight* wb = w + ob / R * groups * R * G;
         for (int64_t pt = 0; pt < Pt; pt += T) {
-          gemm_tile(xp + pt * G, Pt * G, wb, groups, tile);
           const int64_t valid = std::min<int64_t>(T, nc - pt);
+          if (Gemm::kVecs > 1 && valid <= Gemm::kLanes)
+            gemm_tile<1>(xp + pt * G, Pt * G, wb, groups, tile);
+          else
+            gemm_tile(xp + pt * G, Pt * G, wb, groups, tile);
           for (int r = 0; r < rows; ++r) {
             Out* dst = y + (n * O + ob + r) * P + p0 + c0 + pt;
             if (exact32)
