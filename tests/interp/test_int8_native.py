@@ -749,8 +749,9 @@ def gemm_cases():
                 dtype = (np.int8, np.uint8)[i % 2]
                 params = requant_params(rng, o, dtype, ("full", "relu", "narrow")[(i + len(case)) % 3])
                 yield f"1x1 {case} n={n} c={c} o={o} {h}x{wd} {np.dtype(xtype)}", x, zx, w, bias, ATTRS_1X1, params
-    # KxK convs through im2col: (c, o, kh, kw, h, w, strides, pads, dilations)
-    kxk = [(3, 8, 7, 7, 20, 19, [2, 2], [3, 3, 2, 2], [1, 1]), (3, 5, 3, 3, 9, 9, [1, 1], [1, 1, 1, 1], [1, 1]),
+    # KxK convs through im2col (the first two: stride-2 rows wide enough for the 16-byte gather):
+    # (c, o, kh, kw, h, w, strides, pads, dilations)
+    kxk = [(3, 8, 7, 7, 20, 71, [2, 2], [3, 3, 2, 2], [1, 1]), (5, 7, 1, 1, 5, 45, [2, 2], [0, 0, 0, 0], [1, 1]), (3, 5, 3, 3, 9, 9, [1, 1], [1, 1, 1, 1], [1, 1]),
            (5, 13, 1, 3, 6, 11, [1, 2], [0, 1, 0, 1], [1, 1]), (4, 17, 3, 3, 12, 10, [2, 2], [1, 1, 1, 1], [1, 1]),
            (2, 7, 5, 5, 11, 12, [1, 1], [2, 2, 2, 2], [2, 1]), (16, 24, 3, 3, 8, 8, [1, 1], [1, 1, 1, 1], [1, 1]),
            (1, 9, 2, 2, 7, 7, [1, 1], [0, 0, 1, 1], [1, 1]), (8, 6, 1, 1, 9, 9, [2, 2], [0, 0, 0, 0], [1, 1]),

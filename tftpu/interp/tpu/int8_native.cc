@@ -741,6 +741,22 @@ void gemm_pack(const int8_t* w, int64_t O, int64_t Q, Gemm::Weight* out) {
     for (int k = 0; k < 2; ++k) dst[p * 2 + k] = (rows[k] && p < np) ? int16_t(uint8_t(rows[k][p] ^ s)) : 0;
 }
 
+// dst[i] = src[2 * i] for i < n (a stride-2 conv's row): 16 at a time by keeping the low byte of
+// each 16-bit pair; the vector loop reads up to src[2 * i + 31], so it stops while that is at
+// most src[2 * (n - 1)], the last byte the row holds.
+TFTPU_INLINE void every_other(const uint8_t* __restrict__ src, int64_t n, uint8_t* __restrict__ dst) {
+  int64_t i = 0;
+#if defined(__SSE2__)
+  const __m128i low = _mm_set1_epi16(0x00FF);
+  for (; i + 16 < n; i += 16) {
+    const __m128i a = _mm_and_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 2 * i)), low);
+    const __m128i b = _mm_and_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 2 * i + 16)), low);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), _mm_packus_epi16(a, b));
+  }
+#endif
+  for (; i < n; ++i) dst[i] = src[2 * i];
+}
+
 // The GEMM's input rows: channel c of NCHW data over pixels [p0, p0 + np) (a 1x1 conv), or for a
 // KxK conv the im2col row q = (c, ky, kx) (OIHW order), gathered into `buf` with the zero point
 // where the window reaches past the input (it then adds (zx - zx) * w = 0).
@@ -768,6 +784,8 @@ TFTPU_INLINE const uint8_t* gemm_row(const In* x, int64_t P, int64_t q, int64_t 
       for (int64_t ox = ox0; ox < lo; ++ox) d[ox] = zx;
       if (sw == 1)
         for (int64_t ox = lo; ox < hi; ++ox) d[ox] = r[ox + off];
+      else if (sw == 2)
+        every_other(reinterpret_cast<const uint8_t*>(r + lo * 2 + off), hi - lo, reinterpret_cast<uint8_t*>(d + lo));
       else
         for (int64_t ox = lo; ox < hi; ++ox) d[ox] = r[ox * sw + off];
       for (int64_t ox = hi; ox < ox1; ++ox) d[ox] = zx;
