@@ -23,11 +23,14 @@ STEPS, BATCH = 240, 64
 
 @pytest.fixture
 def float64():
-    """Keras layers, optimizer and metrics built in float64 for the test, float32 again after it."""
-    before = keras.config.floatx()
+    """Keras layers, optimizer and metrics built in float64 for the test, float32 again after it.
+    The global dtype policy is set too: an earlier test that set one would override floatx."""
+    before, policy = keras.config.floatx(), keras.config.dtype_policy()
     keras.config.set_floatx("float64")
+    keras.config.set_dtype_policy("float64")
     yield "float64"
     keras.config.set_floatx(before)
+    keras.config.set_dtype_policy(policy)
 
 
 def _cnn():
