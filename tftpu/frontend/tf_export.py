@@ -12,6 +12,7 @@ import io
 import logging
 import os
 import struct
+import tempfile
 from pathlib import Path
 
 from tftpu import geometry
@@ -224,14 +225,29 @@ def tflite_to_onnx(path, opset: int = DEFAULT_OPSET):
         version = 3
     if version != 3:
         raise ModelFileError(path, f"unsupported TFLite schema version {version} (tftpu reads version 3)")
-    try:
-        with _quiet():
-            proto, _ = tf2onnx.convert.from_tflite(str(path), opset=_check_opset(opset))
-    except Exception as e:  # tf2onnx raises bare exceptions on malformed flatbuffers
-        raise ModelFileError(path, f"tf2onnx cannot read it: {' '.join(str(e).split())[:200]}") from None
+    source = path
+    with contextlib.ExitStack() as stack:
+        if _has_sparse_tensors(data):   # tf2onnx reads sparse buffers as dense: densify first
+            from tftpu.frontend.tflite_densify import densify_model
+            data = densify_model(data, str(path))
+            source = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="tftpu-densified-"))) / path.name
+            source.write_bytes(data)
+        try:
+            with _quiet():
+                proto, _ = tf2onnx.convert.from_tflite(str(source), opset=_check_opset(opset))
+        except Exception as e:  # tf2onnx raises bare exceptions on malformed flatbuffers
+            raise ModelFileError(path, f"tf2onnx cannot read it: {' '.join(str(e).split())[:200]}") from None
     _lower_transpose_conv_bias(proto, data)
     _stable_names(proto)
     return _check_unconverted(proto, str(path))
+
+
+def _has_sparse_tensors(data: bytes) -> bool:
+    from tftpu.frontend.tflite_densify import has_sparse_tensors
+    try:
+        return has_sparse_tensors(data)
+    except (IndexError, ValueError, TypeError, struct.error):  # too broken to tell: tf2onnx names it
+        return False
 
 
 def _custom_ops(data: bytes) -> dict[str, tuple[str, bytes]]:
