@@ -365,6 +365,9 @@ def reference_of(name, a, ins, out, args, check_params=True):
         if src.quant:
             return round_float(dequantize(x, src.scale, src.zp), out.dtype), problems
         return round_float(np.asarray(x).astype(np.float32), out.dtype), problems
+    if name in MORE:                 # Deconv, Scale, Softmax (below)
+        y = MORE[name](a, ins, out, args, problems, check_requant)
+        return clamp(y, out.dtype, out.zp, **relu), problems
     return None, problems
 
 
@@ -433,3 +436,68 @@ def check_model(tpu_model, dump: dict, inputs: dict | None = None) -> dict:
                                    f"got {got[tuple(bad[0])]}, want {want[tuple(bad[0])]}")
         seen[op.name] = seen.get(op.name, 0) + 1
     return seen
+
+
+# ---------------------------------------------------------------- Deconv, Scale, Softmax
+
+def deconv_nchw(x, w, strides, pads, dil, group, output_padding):
+    """Exact int64 transposed conv (ONNX ConvTranspose) of centred NC* `x` (1-D or 2-D) by
+    filter [I, O/g, *k], as the conv of the zero-inserted input (stride - 1 zeros between
+    pixels), padded by `dil * (k - 1) - pad` (the end also by `output_padding`, cropped where
+    negative), with the filter flipped and each group's [I/g, O/g] swapped."""
+    x, w = np.asarray(x, np.int64), np.asarray(w, np.int64)
+    nsp = x.ndim - 2
+    k = w.shape[2:]
+    n, c = x.shape[:2]
+    sp = x.shape[2:]
+    xd = np.zeros((n, c, *[(sp[i] - 1) * strides[i] + 1 for i in range(nsp)]), np.int64)
+    xd[(slice(None), slice(None), *[slice(None, None, strides[i]) for i in range(nsp)])] = x
+    for i in range(nsp):
+        before = dil[i] * (k[i] - 1) - pads[i]
+        after = dil[i] * (k[i] - 1) - pads[i + nsp] + output_padding[i]
+        ax = 2 + i
+        if before < 0:
+            xd = np.take(xd, range(-before, xd.shape[ax]), axis=ax)
+        if after < 0:
+            xd = np.take(xd, range(0, xd.shape[ax] + after), axis=ax)
+        widths = [(0, 0)] * xd.ndim
+        widths[ax] = (max(before, 0), max(after, 0))
+        xd = np.pad(xd, widths)
+    cg, og = c // group, w.shape[1]
+    flipped = w[(slice(None), slice(None), *[slice(None, None, -1)] * nsp)]
+    wc = np.concatenate([np.swapaxes(flipped[g * cg:(g + 1) * cg], 0, 1) for g in range(group)], axis=0)
+    return conv_nchw(xd, wc, [1] * nsp, [0] * (2 * nsp), list(dil), group)
+
+
+def _deconv_ref(a, ins, out, args, problems, check_requant):
+    x, w, b = args
+    xi, wi = ins[0], ins[1]
+    nhwc = a["layout"] == "NHWC"
+    xc = np.asarray(x, np.int64) - xi.zp
+    if nhwc:
+        xc = np.moveaxis(xc, -1, 1)
+    nsp = xc.ndim - 2
+    g = a["group"]
+    acc = deconv_nchw(xc, w, list(a["strides"]), list(a["pads"]), list(a["dilations"]), g,
+                      list(a.get("output_padding") or [0] * nsp))
+    if b is not None:
+        acc = acc + np.asarray(b, np.int64).reshape(-1, *[1] * nsp)
+    if nhwc:
+        acc = np.moveaxis(acc, 1, -1)
+    axis = acc.ndim - 1 if nhwc else 1
+    # the scale of each output channel g * O/g + j, from the filter's per-axis type
+    scales = np.asarray(wi.scales, np.float64)
+    cg = np.asarray(w).shape[0] // g
+    if wi.axis == 1:
+        wscales = np.tile(scales, g)
+    else:
+        wscales = scales[::cg]
+        if not np.array_equal(np.repeat(wscales, cg), scales):
+            problems.append("tpu.Deconv: filter scales along axis 0 differ within a group")
+    check_requant(xi.scale * wscales / out.scale)
+    if b is not None and not np.array_equal(np.asarray(ins[2].scales, np.float64), xi.scale * wscales):
+        problems.append("tpu.Deconv: bias scales != input*weight scales")
+    return requant(acc, a["multiplier"], a["rshift"], axis, out.zp)
+
+
+MORE = {"tpu.Deconv": _deconv_ref}

@@ -1,0 +1,133 @@
+"""INT8 Deconv, Scale and Softmax: bit-exact against the independent integer reference
+(`int8_reference.py`), driven through the real lowering, and close to the float op they replace.
+A Softmax that feeds a DFL box expectation stays float, with the reason the report prints."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
+
+from tests.interp import int8_reference as R
+from tests.interp.test_tpu_int8_exact import FEW, SWEEP, W, feeds, make_model, run_exact, table_for
+from tftpu import geometry
+from tftpu.interp.top_interpreter import TopInterpreter
+from tftpu.interp.tpu import TpuInterpreter
+from tftpu.transforms.lowering import lower
+
+
+def sqnr_db(want, got) -> float:
+    want, got = np.asarray(want, np.float64).ravel(), np.asarray(got, np.float64).ravel()
+    noise = float(np.sum((want - got) ** 2))
+    return float("inf") if noise == 0 else 10 * np.log10(float(np.sum(want ** 2)) / noise)
+
+
+def close_to_float(model, inputs, table, asymmetric=False):
+    """(INT8 output dequantized, the TOP float output) of a one-output model."""
+    tm, report = lower(model, "npu1", "INT8", table, asymmetric=asymmetric)
+    got = TpuInterpreter(tm).run(inputs)
+    want = TopInterpreter(model).run(inputs)
+    name = model.output_names[0]
+    return np.asarray(got[name], np.float64), np.asarray(want[name], np.float64), report
+
+
+# ---------------------------------------------------------------- Deconv
+
+def _deconv_case(d):
+    nsp = d(st.sampled_from([1, 2]), "spatial dims")
+    kind = d(st.sampled_from(["plain", "grouped", "depthwise"]))
+    g = 1 if kind == "plain" else d(st.integers(2, 3))
+    cg = 1 if kind == "depthwise" else d(st.integers(1, 3))
+    og = 1 if kind == "depthwise" else d(st.integers(1, 3))
+    k = [d(st.integers(1, 4)) for _ in range(nsp)]
+    s = [d(st.integers(1, 3)) for _ in range(nsp)]
+    dil = [d(st.integers(1, 2)) for _ in range(nsp)]
+    pads = [d(st.integers(0, 2)) for _ in range(2 * nsp)]
+    opad = [d(st.integers(0, max(s[i], dil[i]) - 1)) for i in range(nsp)]
+    size = [d(st.integers(1, 6)) for _ in range(nsp)]
+    for i in range(nsp):
+        assume(geometry.deconv_out(size[i], k[i], s[i], dil[i], pads[i], pads[i + nsp], opad[i]) >= 1)
+    nhwc = d(st.booleans(), "NHWC")
+    attrs = {"kernel_shape": k, "strides": s, "dilations": dil, "pads": pads, "output_padding": opad,
+             "group": g, "do_relu": d(st.booleans()), "relu_limit": d(st.sampled_from([-1.0, 0.5, 3.0])),
+             "layout": "NHWC" if nhwc else "NCHW"}
+    n = d(st.integers(1, 2))
+    xshape = (n, *size, g * cg) if nhwc else (n, g * cg, *size)
+    return attrs, xshape, (g * cg, og, *k), g * og
+
+
+def _deconv_model(attrs, xshape, wshape, o, rng, has_bias):
+    w = W(rng, *wshape) * rng.uniform(0.2, 3, (1, wshape[1]) + (1,) * (len(wshape) - 2)).astype(np.float32)
+
+    def body(b, xs):
+        bias = b.weight("b", W(rng, o)) if has_bias else b.none()
+        return b.op("Deconv", [xs[0], b.weight("w", w), bias], attrs, "y")
+
+    return make_model({"x": xshape}, body)
+
+
+@SWEEP
+@given(st.data())
+def test_deconv_exact(data):
+    d = data.draw
+    attrs, xshape, wshape, o = _deconv_case(d)
+    has_bias, asym = d(st.booleans()), d(st.booleans(), "asymmetric")
+    seed = d(st.integers(0, 2 ** 16))
+    rng = np.random.default_rng(seed)
+    model = _deconv_model(attrs, xshape, wshape, o, rng, has_bias)
+    inputs = feeds({"x": xshape}, seed)
+    tm, report, _, seen = run_exact(model, inputs, table_for(model, inputs, seed), asymmetric=asym)
+    assert not report.fallbacks, str(report)
+    assert seen.get("tpu.Deconv") == 1
+
+
+@FEW
+@given(st.data())
+def test_deconv_close_to_float(data):
+    """On a table that holds the real ranges, the INT8 deconv is within a few output steps of
+    the float one (input and weight rounding, one requantization)."""
+    d = data.draw
+    attrs, xshape, wshape, o = _deconv_case(d)
+    attrs = {**attrs, "do_relu": False}
+    seed = d(st.integers(0, 2 ** 16))
+    rng = np.random.default_rng(seed)
+    model = _deconv_model(attrs, xshape, wshape, o, rng, True)
+    inputs = feeds({"x": xshape}, seed)
+    got, want, _ = close_to_float(model, inputs, table_for(model, inputs, seed, spread=(1.0, 1.0)))
+    step = (np.abs(want).max() + 0.05) / 127
+    assert np.abs(got - want).max() <= 4 * step + 1e-6
+    if np.abs(want).max() > 0.1 and want.size >= 8:
+        assert sqnr_db(want, got) > 25
+
+
+def test_deconv_reference_is_onnx_conv_transpose():
+    """The integer reference itself against onnxruntime's ConvTranspose (integer data, float
+    arithmetic exact at these sizes), including groups, dilations and output padding."""
+    from tests.interp.onnx_ref import run_node
+
+    rng = np.random.default_rng(1)
+    for g, cg, og, k, s, dil, pads, opad in [(1, 3, 2, (3, 3), (2, 2), (1, 1), (1, 1, 1, 1), (1, 1)),
+                                             (2, 2, 3, (2, 3), (3, 1), (2, 1), (0, 2, 1, 0), (1, 0)),
+                                             (4, 1, 1, (4, 4), (2, 2), (1, 1), (1, 1, 1, 1), (0, 0))]:
+        x = rng.integers(-128, 128, (1, g * cg, 4, 5))
+        w = rng.integers(-127, 128, (g * cg, og, *k))
+        want = run_node("ConvTranspose", [x.astype(np.float32), w.astype(np.float32)],
+                        dict(strides=list(s), pads=list(pads), dilations=list(dil), group=g,
+                             output_padding=list(opad)))[0]
+        got = R.deconv_nchw(x, w, s, pads, dil, g, opad)
+        np.testing.assert_array_equal(got, want.astype(np.int64))
+
+
+def test_deconv_grouped_weights_keep_one_scale_per_output_channel():
+    """Depthwise deconvs quantize per channel (along the filter's input axis, one scale per
+    group); plain ones along the output axis."""
+    from tftpu.transforms.lowering.int8_deconv import deconv_weights
+
+    rng = np.random.default_rng(2)
+    w = W(rng, 4, 1, 3, 3) * np.array([0.1, 1, 10, 100], np.float32).reshape(4, 1, 1, 1)
+    q, axis, scales, out = deconv_weights(w, 4)
+    assert axis == 0 and np.allclose(out, np.abs(w).reshape(4, -1).max(axis=1) / 127)
+    assert np.abs(q).reshape(4, -1).max(axis=1).tolist() == [127] * 4
+    q, axis, scales, out = deconv_weights(W(rng, 3, 5, 2, 2), 1)
+    assert axis == 1 and scales.shape == (5,) and out.shape == (5,)

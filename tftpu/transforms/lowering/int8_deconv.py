@@ -1,0 +1,61 @@
+"""INT8 transposed convolutions (`top.Deconv`): the requantization of `top.Conv` (symmetric INT8
+weights per output channel, an INT32 bias at `scale_in * scale_w`, INT32 sums, per-channel
+multiplier and right shift); the kernel scatters each input pixel's products exactly."""
+
+from __future__ import annotations
+
+import numpy as np
+from xdsl.dialects.builtin import TensorType
+
+from tftpu import rounding
+from tftpu.ir import quant
+from tftpu.quant import params as P
+from tftpu.transforms.lowering.int8_conv import _calibrated
+from tftpu.transforms.lowering.registry import int8
+
+
+def deconv_weights(w: np.ndarray, group: int) -> tuple[np.ndarray, int, np.ndarray, np.ndarray]:
+    """(int8 weights, quantized axis, that axis's scales, scale per output channel) of a Deconv
+    filter [I, O/g, *k]. Output channel `g * O/g + j` reads the filter's column j of group g's
+    rows, so one scale per output channel is per-axis along axis 1 without groups, along axis 0
+    (constant within a group) with one output channel per group, and otherwise per column j,
+    shared by the groups."""
+    w = np.asarray(w, np.float64)
+    cg, og = w.shape[0] // group, w.shape[1]
+    if group > 1 and og == 1:
+        amax = np.abs(w.reshape(group, -1)).max(axis=1)
+        per_group = np.where(amax > 0, amax / P.QMAX, 1.0)
+        scales = np.repeat(per_group, cg)
+        shape = (-1,) + (1,) * (w.ndim - 1)
+        q = np.clip(rounding.round_half_away(w / scales.reshape(shape)), -P.QMAX, P.QMAX).astype(np.int8)
+        return q, 0, scales, per_group
+    q, scales = P.weights_per_channel(w, 1)
+    return q, 1, scales, np.tile(scales, group)
+
+
+@int8("top.Deconv")
+def deconv(ctx, op):
+    x, w, b = op.operands
+    if not ctx.is_weight(w):
+        return "its filter is not a constant"
+    if b is not None and not ctx.is_weight(b) and hasattr(b.type, "get_shape"):
+        return "its bias is not a constant"
+    if len(x.type.get_shape()) not in (3, 4):
+        return "3-D transposed convolutions run in float"
+    (xq, oq), why = _calibrated(ctx, op, x, op.results[0])
+    if why:
+        return why
+    group = op.attrs()["group"]
+    wq, axis, wscales, out_scales = deconv_weights(ctx.weight_array(w), group)
+    acc_scales = xq.scale * out_scales
+    ms, rs = P.requant(acc_scales / oq.scale)
+    operands = [ctx.quantized(x, xq), ctx.weight(w.owner.key, wq, quant.per_axis("i8", axis, wscales))]
+    if ctx.is_weight(b):
+        bq = P.bias(ctx.weight_array(b), acc_scales)
+        operands.append(ctx.weight(b.owner.key, bq, quant.per_axis("i32", 0, acc_scales)))
+    else:
+        operands.append(ctx.none())
+    out = TensorType(ctx.qtype(oq), op.results[0].type.get_shape())
+    new = ctx.emit("tpu.Deconv", operands, ctx.attributes(op, "tpu.Deconv", multiplier=ms, rshift=rs), op.loc, [out])
+    ctx.values[op.results[0]] = new.results[0]
+    return None
