@@ -179,6 +179,54 @@ def window_reduce(x, kernel, strides, pads, fill, reduce, ceil_mode=False):
     return y
 
 
+# ---------------------------------------------------------------- linear resize
+
+RESIZE_BITS = 10           # fraction bits of a source coordinate (TFLite's quantized ResizeBilinear)
+
+
+def resize_source(o: int, n_in: int, n_out: int, mode: str) -> Fraction:
+    """The exact source coordinate of output index `o` (ONNX Resize's coordinate modes)."""
+    o, L, N = Fraction(o), Fraction(n_in), Fraction(n_out)
+    if mode == "half_pixel" or mode == "pytorch_half_pixel" and n_out > 1:
+        return (o + Fraction(1, 2)) * L / N - Fraction(1, 2)
+    if mode == "pytorch_half_pixel" or mode == "align_corners" and n_out == 1:
+        return Fraction(0)
+    if mode == "align_corners":
+        return o * (L - 1) / (N - 1)
+    if mode == "asymmetric":
+        return o * L / N
+    if mode == "tf_half_pixel_for_nn":
+        return (o + Fraction(1, 2)) * L / N
+    raise ValueError(mode)
+
+
+def resize_weights(n_in: int, n_out: int, mode: str) -> np.ndarray:
+    """[n_out, n_in] int64: row o holds the two weights (in 2**RESIZE_BITS) of output o: the
+    coordinate clamped to [0, n_in - 1], rounded half up to RESIZE_BITS bits, split into floor
+    and fraction."""
+    one = 1 << RESIZE_BITS
+    m = np.zeros((n_out, n_in), np.int64)
+    for o in range(n_out):
+        c = min(max(resize_source(o, n_in, n_out, mode), Fraction(0)), Fraction(n_in - 1))
+        fixed = math.floor(c * one + Fraction(1, 2))
+        i0, frac = divmod(fixed, one)
+        m[o, i0] += one - frac
+        m[o, min(i0 + 1, n_in - 1)] += frac
+    return m
+
+
+def resize_linear(xc, a) -> np.ndarray:
+    """Linear resize of centred int64 `xc`: each spatial axis times its weight matrix (exact
+    integers), then / 2**(RESIZE_BITS * axes) rounded half away from zero."""
+    nhwc = a.get("layout") == "NHWC"
+    axes = list(range(1, xc.ndim - 1)) if nhwc else list(range(2, xc.ndim))
+    acc = np.asarray(xc, np.int64)
+    for ax, n in zip(axes, a["target_shape"]):
+        m = resize_weights(acc.shape[ax], int(n), a["coord_mode"])
+        acc = np.moveaxis(np.tensordot(np.moveaxis(acc, ax, -1), m.T, axes=([-1], [0])), -1, ax)
+    return _vec(lambda v: rdbpot(v, RESIZE_BITS * len(axes)), acc)
+
+
 # ---------------------------------------------------------------- the per-op reference
 
 class Info:
@@ -353,6 +401,17 @@ def reference_of(name, a, ins, out, args, check_params=True):
         else:
             y = np.pad(x, widths, mode={"reflect": "reflect", "edge": "edge"}[a["mode"]])
         return y.astype(NP[out.dtype]), problems
+    if name == "tpu.Resize":
+        if (ins[0].dtype, ins[0].scales, ins[0].zps) != (out.dtype, out.scales, out.zps):
+            problems.append(f"{name}: output grid differs from input's")
+        x = np.asarray(args[0], np.int64)
+        if a["mode"] == "nearest":
+            # a data move: which element each output takes is the op's meaning (the TOP kernel's
+            # onnxruntime picks), applied to the integers
+            from tftpu.interp.kernels.resize import resize as top_resize
+            return np.asarray(top_resize([x], a)[0]).astype(NP[out.dtype]), problems
+        y = resize_linear(x - ins[0].zp, a) + out.zp
+        return clamp(y, out.dtype, out.zp), problems
     if name == "tpu.Cast":
         x = args[0]
         src = ins[0]

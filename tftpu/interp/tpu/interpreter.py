@@ -11,7 +11,7 @@ import numpy as np
 
 from tftpu.interp.kernels import KERNELS
 from tftpu.interp.top_interpreter import TopInterpreter
-from tftpu.interp.tpu import float_kernels, int8_kernels  # noqa: F401  (registers the kernels)
+from tftpu.interp.tpu import float_kernels, int8_kernels, int8_resize  # noqa: F401  (registers the kernels)
 from tftpu.interp.tpu.info import OpInfo, info_of
 from tftpu.interp.tpu.registry import INT8, OWN
 from tftpu.ir import tpu

@@ -19,7 +19,7 @@ from tftpu.errors import UsageError
 from tftpu.ir import attrs as A
 from tftpu.ir import top, tpu
 from tftpu.ir.base import set_loc, loc_names, value_name
-from tftpu.transforms.lowering import int8_conv, int8_elementwise, int8_movement, int8_pool  # noqa: F401
+from tftpu.transforms.lowering import int8_conv, int8_elementwise, int8_movement, int8_pool, int8_resize  # noqa: F401
 from tftpu.transforms.lowering.context import Decision, Lowering, float_dtype
 from tftpu.transforms.lowering.float_ops import lower_float
 from tftpu.transforms.lowering.registry import INT8
@@ -29,6 +29,11 @@ __all__ = ["lower", "LoweringReport", "float_mode_of"]
 # cheap ops that follow their input's mode rather than cast it back to INT8
 _FOLLOWERS = set(int8_movement.MOVEMENT) | {"top.Pad", "top.Gather", "top.MaxPool", "top.GlobalMaxPool",
                                              "top.Concat"}
+
+
+def _follower(op) -> bool:
+    """Whether `op` is a cheap data move that follows its input's mode (nearest Resize too)."""
+    return op.name in _FOLLOWERS or op.name == "top.Resize" and int8_resize.is_data_move(op)
 
 
 def float_mode_of(chip) -> str:
@@ -135,7 +140,7 @@ def _lower_op(ctx, op, want: str, fallback: str, pinned: bool) -> None:
         raise UsageError(f"{op.name} at {op.loc!r} has no TPU op")
     if want == "INT8":
         reason = None
-        follows_float = op.name in _FOLLOWERS and _float_input(ctx, op)
+        follows_float = _follower(op) and _float_input(ctx, op)
         rule = INT8.get(op.name)
         if follows_float:
             reason = "follows its float input (a data move costs nothing to keep in float)"
