@@ -559,4 +559,21 @@ def _deconv_ref(a, ins, out, args, problems, check_requant):
     return requant(acc, a["multiplier"], a["rshift"], axis, out.zp)
 
 
-MORE = {"tpu.Deconv": _deconv_ref}
+def _scale_ref(a, ins, out, args, problems, check_requant):
+    """y = (x - zp) * s + b per channel (int64, saturated to int32), requantized per channel."""
+    x, s, b = (np.asarray(v, np.int64) if v is not None else None for v in args)
+    axis = x.ndim - 1 if a.get("layout") == "NHWC" else 1
+    shape = [1] * x.ndim
+    shape[axis] = -1
+    acc = (x - ins[0].zp) * s.reshape(shape)
+    if b is not None:
+        acc = acc + b.reshape(shape)
+    sscales = np.broadcast_to(np.asarray(ins[1].scales, np.float64), (s.size,))
+    check_requant(ins[0].scale * sscales / out.scale)
+    if b is not None and not np.array_equal(np.broadcast_to(np.asarray(ins[2].scales, np.float64), (s.size,)),
+                                            ins[0].scale * sscales):
+        problems.append("tpu.Scale: bias scales != input*scale scales")
+    return requant(acc, a["multiplier"], a["rshift"], axis, out.zp)
+
+
+MORE = {"tpu.Deconv": _deconv_ref, "tpu.Scale": _scale_ref}

@@ -131,3 +131,76 @@ def test_deconv_grouped_weights_keep_one_scale_per_output_channel():
     assert np.abs(q).reshape(4, -1).max(axis=1).tolist() == [127] * 4
     q, axis, scales, out = deconv_weights(W(rng, 3, 5, 2, 2), 1)
     assert axis == 1 and scales.shape == (5,) and out.shape == (5,)
+
+
+# ---------------------------------------------------------------- Scale
+
+def _scale_model(d, rng):
+    rank = d(st.sampled_from([2, 3, 4]))
+    nhwc = rank > 2 and d(st.booleans(), "NHWC")
+    c = d(st.integers(1, 5))
+    rest = [d(st.integers(1, 4)) for _ in range(rank - 2)]
+    xshape = (d(st.integers(1, 2)), *rest, c) if nhwc else (d(st.integers(1, 2)), c, *rest)
+    pshape = d(st.sampled_from([(c,), (1, c) + (1,) * (rank - 2) if not nhwc else (c,)]))
+    s = W(rng, c, scale=1.0) * rng.choice([0.01, 1.0, 10.0], c).astype(np.float32)
+    s[rng.random(c) < 0.15] = 0.0
+    bias = W(rng, c, scale=1.0)
+    attrs = {"do_relu": d(st.booleans()), "relu_limit": d(st.sampled_from([-1.0, 1.0])),
+             "layout": "NHWC" if nhwc else "NCHW"}
+
+    def body(b, xs):
+        return b.op("Scale", [xs[0], b.weight("s", s.reshape(pshape)), b.weight("t", bias.reshape(pshape))],
+                    attrs, "y")
+
+    return make_model({"x": xshape}, body), xshape
+
+
+@SWEEP
+@given(st.data())
+def test_scale_exact(data):
+    d = data.draw
+    asym = d(st.booleans(), "asymmetric")
+    seed = d(st.integers(0, 2 ** 16))
+    rng = np.random.default_rng(seed)
+    model, xshape = _scale_model(d, rng)
+    inputs = feeds({"x": xshape}, seed)
+    tm, report, _, seen = run_exact(model, inputs, table_for(model, inputs, seed), asymmetric=asym)
+    assert not report.fallbacks, str(report)
+    assert seen.get("tpu.Scale") == 1
+
+
+@FEW
+@given(st.data())
+def test_scale_close_to_float(data):
+    """Each channel's multiplier is exact (+-127 steps of |s| / 127): the INT8 Scale is within
+    an output step (plus the input's rounding times |s|) of the float one."""
+    d = data.draw
+    seed = d(st.integers(0, 2 ** 16))
+    rng = np.random.default_rng(seed)
+    model, xshape = _scale_model(d, rng)
+    inputs = feeds({"x": xshape}, seed)
+    table = table_for(model, inputs, seed, spread=(1.0, 1.0))
+    got, want, _ = close_to_float(model, inputs, table)
+    s = np.abs(np.asarray(model.weights["s"], np.float64)).max()
+    step_out = table.entries["y"][0] / 127
+    step_in = table.entries["x"][0] / 127
+    assert np.abs(got - want).max() <= 1.01 * step_out + s * step_in / 2 + 1e-6
+
+
+def test_scale_with_a_negligible_multiplier_keeps_its_bias():
+    """A channel whose scale is tiny beside its bias: the bias grid widens (no int32
+    saturation), so the output is the bias, as in float."""
+    from tftpu.transforms.lowering.int8_scale import scale_weights
+
+    q, scales, bq = scale_weights(np.array([1e-12, 2.0]), np.array([3.0, -1.0]), 0.01)
+    assert q.tolist() == [0, 127] and abs(bq[0] * 0.01 * scales[0] - 3.0) < 1e-6 and abs(bq[0]) <= 1 << 30
+    s = np.array([1e-12, 2.0], np.float32)
+
+    def body(b, xs):
+        return b.op("Scale", [xs[0], b.weight("s", s), b.weight("t", np.array([3.0, -1.0], np.float32))], {}, "y")
+
+    model = make_model({"x": (1, 2, 3, 3)}, body)
+    inputs = feeds({"x": (1, 2, 3, 3)}, 4)
+    tm, report, dump, seen = run_exact(model, inputs, table_for(model, inputs, 4, spread=(1.0, 1.0)))
+    got, want, _ = close_to_float(model, inputs, table_for(model, inputs, 4, spread=(1.0, 1.0)))
+    assert np.abs(got[:, 0] - 3.0).max() < 0.05

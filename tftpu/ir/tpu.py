@@ -111,7 +111,7 @@ def _is_weight(v) -> bool:
 
 
 # ops whose INT8 kernel requantizes an accumulator with `multiplier` / `rshift`
-_REQUANTIZING = ("tpu.Conv", "tpu.Deconv", "tpu.MatMul", "tpu.Mul", "tpu.AvgPool", "tpu.GlobalAvgPool")
+_REQUANTIZING = ("tpu.Conv", "tpu.Deconv", "tpu.Scale", "tpu.MatMul", "tpu.Mul", "tpu.AvgPool", "tpu.GlobalAvgPool")
 _ADD_LIKE = ("tpu.Add", "tpu.Sub")     # one int16 multiplier per input, one shared rshift
 
 
@@ -241,7 +241,7 @@ def _last_channels(self, attrs) -> int:
 
 
 for _cls in MIRRORED:                # per-channel requantization: Conv's channels, MatMul's last axis
-    if _cls.name in ("tpu.Conv", "tpu.Deconv"):
+    if _cls.name in ("tpu.Conv", "tpu.Deconv", "tpu.Scale"):
         _cls.requant_channels = _conv_channels
     elif _cls.name == "tpu.MatMul":
         _cls.requant_channels = _last_channels
