@@ -1,12 +1,14 @@
 """INT8 element-wise ops: Add/Sub with one int16 multiplier per input and a shared right shift
-(TPU-MLIR's rule), Mul with one requantization, and every unary activation as a 256-entry
-table computed from the TOP kernel on the input grid (exact whatever the function)."""
+(TPU-MLIR's rule), Mul with one requantization (Div by a constant: a Mul by its reciprocal),
+and every unary activation as a 256-entry table computed from the TOP kernel on the input grid
+(exact whatever the function)."""
 
 from __future__ import annotations
 
 import numpy as np
 from xdsl.dialects.builtin import StringAttr, TensorType
 
+from tftpu.errors import UsageError
 from tftpu.interp.kernels import KERNELS
 from tftpu.ir import quant
 from tftpu.ir.base import value_name
@@ -35,12 +37,14 @@ def _binary(ctx, op, rule):
     extra = rule(p0, p1, po)
     if isinstance(extra, str):
         return extra
-    tpu_name = "tpu." + op.name[4:]
-    out = TensorType(ctx.qtype(po), op.results[0].type.get_shape())
-    new = ctx.emit(tpu_name, [ctx.quantized(x0, p0), ctx.quantized(x1, p1)],
-                   ctx.attributes(op, tpu_name, **extra), op.loc, [out])
-    ctx.values[op.results[0]] = new.results[0]
+    _emit(ctx, op, "tpu." + op.name[4:], [ctx.quantized(x0, p0), ctx.quantized(x1, p1)], po, extra)
     return None
+
+
+def _emit(ctx, op, tpu_name: str, operands: list, po, extra: dict) -> None:
+    out = TensorType(ctx.qtype(po), op.results[0].type.get_shape())
+    new = ctx.emit(tpu_name, operands, ctx.attributes(op, tpu_name, **extra), op.loc, [out])
+    ctx.values[op.results[0]] = new.results[0]
 
 
 def _add_rule(p0, p1, po):
@@ -56,13 +60,42 @@ def add_sub(ctx, op):
     return _binary(ctx, op, _add_rule)
 
 
+def _mul_rule(p0, p1, po):
+    try:
+        ms, rs = P.requant([p0.scale * p1.scale / po.scale])
+    except UsageError as e:         # a product scale too large for one multiplier
+        return str(e)
+    return {"multiplier": ms, "rshift": rs}
+
+
 @int8("top.Mul")
 def mul(ctx, op):
-    def rule(p0, p1, po):
-        ms, rs = P.requant([p0.scale * p1.scale / po.scale])
-        return {"multiplier": ms, "rshift": rs}
+    return _binary(ctx, op, _mul_rule)
 
-    return _binary(ctx, op, rule)
+
+@int8("top.Div")
+def div(ctx, op):
+    """x / c, c a constant: an INT8 Mul by 1/c, the reciprocal on its own per-tensor grid
+    (exact for a scalar: 1/c is +-127 levels of |1/c| / 127)."""
+    x, c = op.operands
+    if not ctx.is_weight(c):
+        return "its divisor is not a constant (only division by a constant runs in INT8, as a Mul)"
+    if ctx.weight_array(c).dtype.kind != "f" and ctx.weight_array(c).dtype.name != "bfloat16":
+        return "its divisor is an integer constant"
+    arr = np.asarray(ctx.weight_array(c), np.float64)
+    if arr.size == 0 or not np.all(np.isfinite(arr)) or (arr == 0).any():
+        return "its constant divisor has a zero or a non-finite element"
+    px, po = _grid(ctx, x), ctx.qparams(op.results[0])
+    if px is None or po is None:
+        return f"no calibration entry for {value_name(x if px is None else op.results[0])!r}"
+    q, scale = P.weights_per_tensor(1.0 / arr)
+    pr = P.QParams(scale)
+    extra = _mul_rule(px, pr, po)
+    if isinstance(extra, str):
+        return extra
+    recip = ctx.weight(f"{c.owner.key}_reciprocal", q, ctx.qtype(pr))
+    _emit(ctx, op, "tpu.Mul", [ctx.quantized(x, px), recip], po, extra)
+    return None
 
 
 ACTIVATIONS = ("top.Relu", "top.Clip", "top.LeakyRelu", "top.Sigmoid", "top.HardSigmoid", "top.HardSwish",
