@@ -376,44 +376,135 @@ def _scalar(w: Weights, value):
     return float(arr.reshape(()))
 
 
+def _plain(op) -> bool:
+    """A Mul/Add/Div with no fused ReLU."""
+    return not op.attrs().get("do_relu", False)
+
+
+def _product(w: Weights, op):
+    """(factors, k): `op`, a plain Mul or a Div by a scalar constant, as k times the product of
+    the values `factors`, looking through single-use plain Mul and Div-by-constant operands
+    (so every grouping and order exporters write); None where it is no such product."""
+    factors, k = [], [1.0]
+
+    def expand(o) -> bool:
+        if isinstance(o, top.Mul) and _plain(o):
+            return visit(o.input) and visit(o.other)
+        if isinstance(o, top.Div):
+            d = _scalar(w, o.other)
+            if not d:
+                return False
+            k[0] /= d
+            return visit(o.input)
+        return False
+
+    def visit(v) -> bool:
+        c = _scalar(w, v)
+        if c is not None:
+            k[0] *= c
+            return True
+        if isinstance(v.owner, (top.Mul, top.Div)) and _single_use(v) and len(factors) < 3 and expand(v.owner):
+            return True
+        factors.append(v)
+        return len(factors) <= 3
+
+    return (factors, k[0]) if expand(op) else None
+
+
+def _clipped(v, limit: float):
+    """The plain Add under min(max(., 0), limit) computing `v` (a ReLU fused into the Add, or a
+    Relu / Clip(0, limit) of a single-use plain Add), else None."""
+    op = v.owner
+    if isinstance(op, top.Add):
+        a = op.attrs()
+        return op if a["do_relu"] and _near(a["relu_limit"], limit) else None
+    if isinstance(op, top.Relu) and _near(op.attrs()["relu_limit"], limit) or \
+            isinstance(op, top.Clip) and op.attrs()["min"] == 0.0 and _near(op.attrs()["max"], limit):
+        add = op.input.owner
+        if isinstance(add, top.Add) and _plain(add) and _single_use(op.input):
+            return add
+    return None
+
+
+def _relu6_of_x_plus_3(w: Weights, v):
+    """x when `v` computes min(max(x + 3, 0), 6) (x not broadcast), else None."""
+    add = _clipped(v, 6.0)
+    if add is None:
+        return None
+    x, three = _const_operand(w, add)
+    if x is None or not _near(three, 3.0) or A.shape_of(x.type) != A.shape_of(add.output.type):
+        return None
+    return x
+
+
+def _clip01_affine(w: Weights, v):
+    """(x, alpha, beta) when `v` computes min(max(alpha * x + beta, 0), 1) with scalar constants,
+    alpha * x a single-use plain Mul (or x / d a Div), else None."""
+    add = _clipped(v, 1.0)
+    if add is None:
+        return None
+    t, beta = _const_operand(w, add)
+    if t is None or not _single_use(t):
+        return None
+    x, alpha, scaled = None, None, t.owner
+    if isinstance(scaled, top.Mul) and _plain(scaled):
+        x, alpha = _const_operand(w, scaled)
+    elif isinstance(scaled, top.Div) and _scalar(w, scaled.other):
+        x, alpha = scaled.input, 1.0 / _scalar(w, scaled.other)
+    if x is None or A.shape_of(x.type) != A.shape_of(add.output.type):
+        return None
+    return x, alpha, beta
+
+
+def _is_hard_sigmoid_of(v, x) -> bool:
+    """Whether `v` is HardSigmoid(x, 1/6, 1/2) (HardSwish's factor)."""
+    hs = v.owner
+    return isinstance(hs, top.HardSigmoid) and hs.input is x and _near(hs.attrs()["alpha"], 1.0 / 6.0) and \
+        _near(hs.attrs()["beta"], 0.5)
+
+
 class FuseHardSigmoid(TopPattern):
-    """relu6(x + 3) * (1/6) (or / 6), as tf2onnx writes Keras hard_sigmoid -> HardSigmoid(x, 1/6, 0.5)."""
+    """relu6(x + 3) / 6 (or * (1/6), any grouping: Keras via tf2onnx, PyTorch) ->
+    HardSigmoid(x, 1/6, 0.5); clip(alpha * x + beta, 0, 1) (Paddle's decomposed hardsigmoid,
+    Clip(0, 1) turned into a ReLU fused into the Add) -> HardSigmoid(x, alpha, beta)."""
 
     NAME = "fuse-hardsigmoid"
 
     @op_type_rewrite_pattern
-    def match_and_rewrite(self, op: top.Mul | top.Div, rewriter: PatternRewriter) -> None:
-        if isinstance(op, top.Mul) and op.attrs()["do_relu"]:
+    def match_and_rewrite(self, op: top.Mul | top.Div | top.Add | top.Relu | top.Clip,
+                          rewriter: PatternRewriter) -> None:
+        found = None
+        if isinstance(op, (top.Mul, top.Div)):
+            product = _product(self.w, op)
+            if product is not None and len(product[0]) == 1 and _near(product[1], 1.0 / 6.0):
+                x = _relu6_of_x_plus_3(self.w, product[0][0])
+                found = None if x is None else (x, 1.0 / 6.0, 0.5)
+        if found is None and not isinstance(op, (top.Mul, top.Div)):
+            found = _clip01_affine(self.w, op.results[0])
+        if found is None or A.shape_of(found[0].type) != A.shape_of(op.results[0].type):
             return
-        pairs = commuted(op)
-        for add_v, k_v in pairs:
-            k = _scalar(self.w, k_v)
-            add = add_v.owner
-            if k is None or not isinstance(add, top.Add) or not _single_use(add_v):
-                continue
-            scale = 1.0 / k if isinstance(op, top.Div) else k
-            a = add.attrs()
-            if not (a["do_relu"] and a["relu_limit"] == 6.0 and abs(scale * 6.0 - 1.0) < 1e-6):
-                continue
-            for x, three in ((add.input, add.other), (add.other, add.input)):
-                if _scalar(self.w, three) == 3.0 and A.shape_of(x.type) == A.shape_of(op.output.type):
-                    _replace(rewriter, op, make_op("HardSigmoid", [x], {"alpha": 1.0 / 6.0, "beta": 0.5}, op.loc))
-                    self.fired()
-                    return
+        x, alpha, beta = found
+        _replace(rewriter, op, make_op("HardSigmoid", [x], {"alpha": float(alpha), "beta": float(beta)}, op.loc))
+        self.fired()
 
 
 class FuseHardSwish(TopPattern):
-    """x * HardSigmoid(x, 1/6, 0.5) -> HardSwish(x)."""
+    """x * HardSigmoid(x, 1/6, 0.5), x * relu6(x + 3) / 6, x * relu6(x + 3) * (1/6), in any
+    order and grouping (PyTorch, Paddle, Keras exports) -> HardSwish(x)."""
 
     NAME = "fuse-hardswish"
 
     @op_type_rewrite_pattern
-    def match_and_rewrite(self, op: top.Mul, rewriter: PatternRewriter) -> None:
-        for x, h in _mul_operands(op.results[0]):
-            hs = h.owner
-            if isinstance(hs, top.HardSigmoid) and hs.input is x and \
-                    abs(hs.attrs()["alpha"] * 6.0 - 1.0) < 1e-6 and hs.attrs()["beta"] == 0.5 and \
-                    A.shape_of(x.type) == A.shape_of(op.output.type):
+    def match_and_rewrite(self, op: top.Mul | top.Div, rewriter: PatternRewriter) -> None:
+        product = _product(self.w, op)
+        if product is None or len(product[0]) != 2:
+            return
+        (a, b), k = product
+        for x, g in ((a, b), (b, a)):
+            if A.shape_of(x.type) != A.shape_of(op.output.type):
+                continue
+            if _near(k, 1.0) and _is_hard_sigmoid_of(g, x) or \
+                    _near(k, 1.0 / 6.0) and _relu6_of_x_plus_3(self.w, g) is x:
                 _replace(rewriter, op, make_op("HardSwish", [x], {}, op.loc))
                 self.fired()
                 return
