@@ -100,6 +100,51 @@ def test_mediapipe_tflite(name, size):
     assert ir.TopModel(ir.parse_module(text), top.weights).text() == text
 
 
+
+def detector_input(name):
+    """A real photo as each detector's own preprocessing makes it: the document models read
+    BGR NCHW (layout: (x-127.5)/127.5 on `page.png`; text: ImageNet mean/std on `text.png`),
+    mediapipe's palm detector NHWC in 0..1 and its face detector NHWC in -1..1 (`astronaut.png`)."""
+    if name == "layout_cdla.onnx":
+        img = material.image("page.png", (800, 608))[..., ::-1].astype(np.float32)
+        return ((img / 127.5 - 1.0).transpose(2, 0, 1)[None]).astype(np.float32), None
+    if name == "PP-OCRv6_det_small.onnx":
+        img = material.image("text.png", (640, 640))[..., ::-1].astype(np.float32) / 255.0
+        img = (img - np.array([0.485, 0.456, 0.406], np.float32)) / np.array([0.229, 0.224, 0.225], np.float32)
+        return img.transpose(2, 0, 1)[None].astype(np.float32), [[1, 3, 640, 640]]
+    if name == "palm_detection_lite.tflite":
+        return (material.image("astronaut.png", (192, 192)).astype(np.float32) / 255.0)[None], None
+    return photo(192), None
+
+
+DETECTORS = [
+    pytest.param("layout_cdla.onnx", 8, marks=pytest.mark.slow),
+    pytest.param("PP-OCRv6_det_small.onnx", 1, marks=pytest.mark.slow),
+    pytest.param("palm_detection_lite.tflite", 2),
+    pytest.param("face_detection_full_range_sparse.tflite", 2, marks=pytest.mark.slow),  # densified on import
+]
+
+
+@pytest.mark.parametrize("name,outputs", DETECTORS)
+def test_real_detectors(name, outputs):
+    """The issue-22 detectors import to TOP, and on a real photo every tensor TOP shares with
+    onnxruntime matches it and the outputs match the float source (onnxruntime / TFLite)."""
+    from tftpu.frontend.check import onnx_tensors
+    path = material.get(name)
+    x, shapes = detector_input(name)
+    proto = frontend.to_onnx(path)
+    top = frontend.load(path, input_shapes=shapes)
+    assert len(top.output_names) == outputs
+    feeds = {top.input_names[0]: x}
+    if name.endswith(".onnx"):
+        ref = onnx_tensors(proto, feeds, all_tensors=False)
+        src = [ref[n] for n in top.output_names]
+    else:
+        ref = tf_outputs(path, "tflite", feeds, [o.name for o in proto.graph.output])
+        src = [ref[n] for n in top.output_names]
+    check(proto, top, feeds, src, min_shared=50)
+    assert all(np.count_nonzero(s) for s in src) and max(np.abs(s).max() for s in src) > 0.3   # a real run
+
 def small_keras():
     import keras
     from keras import layers as L
