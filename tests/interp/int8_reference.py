@@ -576,4 +576,25 @@ def _scale_ref(a, ins, out, args, problems, check_requant):
     return requant(acc, a["multiplier"], a["rshift"], axis, out.zp)
 
 
-MORE = {"tpu.Deconv": _deconv_ref, "tpu.Scale": _scale_ref}
+def _softmax_ref(a, ins, out, args, problems, check_requant):
+    """Per row: e_i = table[max - x_i], S = sum e, y_i = e_i * 256 / S rounded half away from
+    zero (Python fractions), on the grid 1/256 with zero point -128. The table is checked to
+    be exp(-d * scale_in) * 2**16 for d = 0..255 within its rounding."""
+    x, table = np.asarray(args[0], np.int64), [int(v) for v in np.asarray(args[1]).ravel()]
+    if (out.scales, out.zps) != ((1.0 / 256,), (-128,)):
+        problems.append(f"tpu.Softmax: output grid {out.scales} / {out.zps} is not 1/256, -128")
+    sx = ins[0].scale
+    if len(table) != 256 or table[0] != 1 << 16 or \
+            any(abs(t - math.exp(-d * sx) * 65536) > 0.5 + 1e-6 for d, t in enumerate(table)):
+        problems.append("tpu.Softmax: the table is not exp(-d * scale_in) * 2**16")
+    rows = np.moveaxis(x, a["axis"] % x.ndim, -1)
+    y = np.zeros(rows.shape, np.int64)
+    for idx in np.ndindex(*rows.shape[:-1]):
+        row = [int(v) for v in rows[idx]]
+        e = [table[max(row) - v] for v in row]
+        total = sum(e)
+        y[idx] = [half_away(Fraction(v * 256, total)) - 128 for v in e]
+    return np.moveaxis(y, -1, a["axis"] % x.ndim)
+
+
+MORE = {"tpu.Deconv": _deconv_ref, "tpu.Scale": _scale_ref, "tpu.Softmax": _softmax_ref}

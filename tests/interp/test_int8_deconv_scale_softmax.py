@@ -204,3 +204,104 @@ def test_scale_with_a_negligible_multiplier_keeps_its_bias():
     tm, report, dump, seen = run_exact(model, inputs, table_for(model, inputs, 4, spread=(1.0, 1.0)))
     got, want, _ = close_to_float(model, inputs, table_for(model, inputs, 4, spread=(1.0, 1.0)))
     assert np.abs(got[:, 0] - 3.0).max() < 0.05
+
+
+# ---------------------------------------------------------------- Softmax
+
+def _softmax_f64(x, axis):
+    z = np.asarray(x, np.float64)
+    e = np.exp(z - z.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+@SWEEP
+@given(st.data())
+def test_softmax_exact(data):
+    d = data.draw
+    rank = d(st.integers(1, 4))
+    shape = tuple(d(st.integers(1, 6)) for _ in range(rank))
+    axis = d(st.integers(-rank, rank - 1))
+    asym = d(st.booleans(), "asymmetric")
+    spread = d(st.sampled_from([0.5, 3.0, 20.0]), "logit range")
+    seed = d(st.integers(0, 2 ** 16))
+    model = make_model({"x": shape}, lambda b, xs: b.op("Softmax", [xs[0]], {"axis": axis}, "y"))
+    inputs = feeds({"x": shape}, seed, scale=spread)
+    tm, report, _, seen = run_exact(model, inputs, table_for(model, inputs, seed), asymmetric=asym)
+    assert not report.fallbacks, str(report)
+    assert seen.get("tpu.Softmax") == 1
+
+
+@FEW
+@given(st.data())
+def test_softmax_close_to_float(data):
+    """Against the float softmax of the very INT8 logits it reads, the INT8 softmax is off by at
+    most half an output step plus the table's rounding (1/256 grid; 1 - 1/256 at most); against
+    the float softmax of the float logits, close."""
+    d = data.draw
+    shape = (d(st.integers(1, 3)), d(st.integers(2, 40)))
+    spread = d(st.sampled_from([0.5, 3.0, 20.0]))
+    seed = d(st.integers(0, 2 ** 16))
+    model = make_model({"x": shape}, lambda b, xs: b.op("Softmax", [xs[0]], {"axis": -1}, "y"))
+    inputs = feeds({"x": shape}, seed, scale=spread)
+    table = table_for(model, inputs, seed, spread=(1.0, 1.0))
+    tm, _ = lower(model, "npu1", "INT8", table)
+    dump = TpuInterpreter(tm).run(inputs, dump_all=True)
+    sm = next(op for op in tm.ops if op.name == "tpu.Softmax")
+    xi = R.Info.of(sm.operands[0])
+    from tftpu.ir.base import value_name
+    logits = R.dequantize(dump[value_name(sm.operands[0])], xi.scale, xi.zp).astype(np.float64)
+    got = (np.asarray(dump[value_name(sm.results[0])], np.float64) + 128) / 256
+    want = np.minimum(_softmax_f64(logits, -1), 255 / 256)
+    assert np.abs(got - want).max() <= 0.5 / 256 + shape[1] * 2.0 ** -17 + 1e-9
+    assert np.abs(got - _softmax_f64(inputs["x"], -1)).max() <= 1.5 / 256 + xi.scale
+
+
+@pytest.mark.parametrize("form", ["matmul", "matmul_t", "conv", "mul", "conv_scaled"])
+def test_softmax_feeding_a_dfl_projection_stays_float_with_its_reason(form):
+    """DFL box decode: a softmax over N bins times the constant 0..N-1 (PicoDet / YOLOv8 heads)
+    stays float, and the report says why."""
+    n = 8
+    proj = np.arange(n, dtype=np.float32) * (2.0 if form == "conv_scaled" else 1.0)
+
+    def body(b, xs):
+        if form.startswith("conv"):
+            sm = b.op("Softmax", [xs[0]], {"axis": 1}, "sm")                  # [1, n, 4, 5]
+            return b.op("Conv", [sm, b.weight("proj", proj.reshape(1, n, 1, 1)), b.none()],
+                        {"kernel_shape": [1, 1]}, "box")
+        sm = b.op("Softmax", [xs[0]], {"axis": -1}, "sm")                     # [1, 4, 5, n]
+        r = b.op("Reshape", [sm], {"shape": [20, n]}, "r")
+        if form == "matmul":
+            return b.op("MatMul", [r, b.weight("proj", proj.reshape(n, 1)), b.none()], {}, "box")
+        if form == "matmul_t":
+            return b.op("MatMul", [r, b.weight("proj", proj.reshape(1, n)), b.none()],
+                        {"right_transpose": True}, "box")
+        return b.op("Mul", [r, b.weight("proj", proj)], {}, "box")
+
+    shape = (1, n, 4, 5) if form.startswith("conv") else (1, 4, 5, n)
+    model = make_model({"x": shape}, body)
+    inputs = feeds({"x": shape}, 0)
+    tm, report, _, _ = run_exact(model, inputs, table_for(model, inputs, 0))
+    why = {d.name: d.reason for d in report.fallbacks}
+    assert "DFL box expectation" in why["sm"] and "0..7" in why["sm"] and "by design" in why["sm"]
+    assert "sm" in str(report) and why["sm"] in str(report)
+
+
+def test_softmax_feeding_other_constants_runs_in_int8():
+    """A classifier's softmax followed by a learned MatMul is not box decode: INT8."""
+    rng = np.random.default_rng(5)
+
+    def body(b, xs):
+        sm = b.op("Softmax", [xs[0]], {"axis": -1}, "sm")
+        return b.op("MatMul", [sm, b.weight("w", W(rng, 8, 3)), b.none()], {}, "fc")
+
+    model = make_model({"x": (2, 8)}, body)
+    inputs = feeds({"x": (2, 8)}, 5)
+    tm, report, _, seen = run_exact(model, inputs, table_for(model, inputs, 5))
+    assert not report.fallbacks and seen["tpu.Softmax"] == 1 and seen["tpu.MatMul"] == 1
+
+
+def test_log_softmax_stays_float_with_its_reason():
+    model = make_model({"x": (2, 5)}, lambda b, xs: b.op("Softmax", [xs[0]], {"axis": -1, "log": True}, "y"))
+    inputs = feeds({"x": (2, 5)}, 1)
+    _, report, _, _ = run_exact(model, inputs, table_for(model, inputs, 1))
+    assert [d.name for d in report.fallbacks] == ["y"] and "log-softmax" in report.fallbacks[0].reason

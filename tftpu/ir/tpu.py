@@ -23,7 +23,8 @@ from typing import ClassVar
 
 from xdsl.dialects.builtin import TensorType
 from xdsl.ir import Dialect
-from xdsl.irdl import VarOperandDef, VarResultDef, operand_def, result_def, var_operand_def, var_result_def
+from xdsl.irdl import (VarOperandDef, VarResultDef, operand_def, opt_operand_def, result_def, var_operand_def,
+                        var_result_def)
 
 from tftpu.ir import attrs as A
 from tftpu.ir import quant, top
@@ -228,7 +229,28 @@ def _mirror(top_cls) -> type[TpuOp]:
 # TOP ops with no TPU counterpart: graph plumbing stays `top.*` (as in TPU-MLIR), and `top.Cast`
 # (a dtype change) lowers to `tpu.Cast`
 _NOT_MIRRORED = ("top.Input", "top.Weight", "top.None", "top.Cast")
-MIRRORED = [_mirror(cls) for cls in top.TOP_OPS if cls.name not in _NOT_MIRRORED]
+_WRITTEN_OUT = ("top.Softmax",)      # TPU ops with operands of their own (below)
+MIRRORED = [_mirror(cls) for cls in top.TOP_OPS if cls.name not in _NOT_MIRRORED + _WRITTEN_OUT]
+
+
+@define_op
+class Softmax(TpuOp):
+    """top.Softmax on the chip, in one mode. INT8 (`tftpu.transforms.lowering.int8_softmax`):
+    `table` holds exp(-d * scale_in) in units of 2**-16 for d = row max - x in 0..255 (the exp
+    on the input grid), the sum and the normalisation are integers and the result lies on a
+    fixed 1/256 grid; the float modes have no table."""
+
+    name = "tpu.Softmax"
+    TOP: ClassVar[type] = top.Softmax
+    input = operand_def()
+    table = opt_operand_def()
+    output = result_def(TensorType)
+    ATTRS: ClassVar[dict] = {**top.Softmax.ATTRS, **_REQUANT}
+    OPTIONAL_OPERANDS: ClassVar[tuple] = top.Softmax.OPTIONAL_OPERANDS
+    TRAITS: ClassVar[tuple] = tuple(top.Softmax.TRAITS) if top.Softmax.TRAITS else (Pure(),)
+
+
+MIRRORED.append(Softmax)
 
 
 def _conv_channels(self, attrs) -> int:

@@ -4,6 +4,6 @@
 from tftpu.transforms.lowering.context import Decision
 from tftpu.transforms.lowering.lower import LoweringReport, float_mode_of, lower
 from tftpu.transforms.lowering.registry import INT8
-from tftpu.transforms.lowering import int8_deconv, int8_scale  # noqa: F401,E402  (registers INT8 lowerings)
+from tftpu.transforms.lowering import int8_deconv, int8_scale, int8_softmax  # noqa: F401,E402  (registers INT8 lowerings)
 
 __all__ = ["lower", "LoweringReport", "Decision", "INT8", "float_mode_of"]
