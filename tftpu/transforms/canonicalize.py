@@ -2,7 +2,8 @@
 
 Folds BatchNorm into the preceding Conv/Deconv (else into Scale) and Scale into Conv, turns
 Clip(0, m) into Relu, fuses Relu into its producer (`do_relu`, `relu_limit`), fuses
-x * sigmoid(x) into SiLU, 0.5 * x * (1 + erf(x / sqrt 2)) into GELU and Keras' decomposed
+x * sigmoid(x) into SiLU, hard sigmoid / hard swish as exporters decompose them into
+HardSigmoid / HardSwish, 0.5 * x * (1 + erf(x / sqrt 2)) into GELU and Keras' decomposed
 layer normalization into LayerNorm, turns Dense layers on feature maps into 1x1 Convs, folds
 ops on constants, drops no-op Reshape/Permute/Cast/..., merges consecutive Permutes and
 Reshapes, and removes dead code. A fused op takes the
