@@ -16,12 +16,14 @@ each DENSIFY op, now a copy of a constant, is dropped (its output tensor takes t
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 
 from tftpu.errors import ModelFileError
 
 DENSE, SPARSE_CSR = 0, 1
+_FLATBUFFER_LIMIT = (1 << 31) - 1   # bytes: what one flatbuffer can address
 _DTYPES = {"float32": np.float32, "float16": np.float16, "float64": np.float64, "int8": np.int8,
            "uint8": np.uint8, "int16": np.int16, "uint16": np.uint16, "int32": np.int32,
            "uint32": np.uint32, "int64": np.int64, "uint64": np.uint64, "bool": np.bool_}
@@ -171,9 +173,10 @@ def has_sparse_tensors(data: bytes) -> bool:
     """Whether any tensor of the `.tflite` bytes carries sparsity parameters (cheap: no unpacking)."""
     from tftpu.tac.schema import schema
     model = schema().Model.GetRootAsModel(data, 0)
-    for s in range(model.SubgraphsLength()):
+    subgraphs = model.SubgraphsLength()
+    for s in range(min(subgraphs, len(data) // 4)):   # a corrupt length is not walked past the file
         sg = model.Subgraphs(s)
-        if any(sg.Tensors(t).Sparsity() is not None for t in range(sg.TensorsLength())):
+        if any(sg.Tensors(t).Sparsity() is not None for t in range(min(sg.TensorsLength(), len(data) // 4))):
             return True
     return False
 
@@ -191,6 +194,7 @@ def densify_model(src, label: str | None = None) -> bytes:
     types = tensor_type_names()
     densify_code = builtin_codes()["DENSIFY"]
     codes = [max(c.builtinCode, c.deprecatedBuiltinCode) for c in model.operatorCodes or []]
+    total = sum(len(b.data) for b in model.buffers or [] if b.data is not None)
     for sg in model.subgraphs:
         tensors = sg.tensors or []
         for tensor in tensors:
@@ -207,7 +211,11 @@ def densify_model(src, label: str | None = None) -> bytes:
             if len(raw) % np.dtype(dtype).itemsize:
                 raise ModelFileError(label, f"sparse tensor {name!r}: {len(raw)} bytes is not a whole number "
                                             f"of {np.dtype(dtype).name} values")
-            shape = tensor.shape if tensor.shape is not None else []
+            shape = [int(d) for d in tensor.shape] if tensor.shape is not None else []
+            total += max(math.prod(shape), 0) * np.dtype(dtype).itemsize
+            if total > _FLATBUFFER_LIMIT:   # checked before allocating anything that large
+                raise ModelFileError(label, f"sparse tensor {name!r} of shape {shape}: densified, the weights "
+                                            "would pass the 2 GB a TFLite flatbuffer holds")
             stored = np.frombuffer(raw, np.dtype(dtype).newbyteorder("<"))   # flatbuffers are little-endian
             dense = densify(stored, shape, sparsity_of(tensor.sparsity), name, label)
             buffer = fb.BufferT()
@@ -216,7 +224,8 @@ def densify_model(src, label: str | None = None) -> bytes:
             tensor.buffer, tensor.sparsity = len(model.buffers) - 1, None
         kept = []
         for op in sg.operators or []:
-            if codes[op.opcodeIndex] == densify_code and len(op.inputs) == 1 and len(op.outputs) == 1:
+            if codes[op.opcodeIndex] == densify_code and op.inputs is not None and op.outputs is not None \
+                    and len(op.inputs) == 1 and len(op.outputs) == 1 and min(op.inputs[0], op.outputs[0]) >= 0:
                 source, out = tensors[op.inputs[0]], tensors[op.outputs[0]]
                 if source.buffer > 0 and source.sparsity is None and model.buffers[source.buffer].data is not None:
                     out.buffer = source.buffer   # DENSIFY of a dense constant: the constant itself
