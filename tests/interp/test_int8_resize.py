@@ -106,19 +106,22 @@ def test_linear_rounding_of_known_values():
 
 
 def test_resize_follows_a_float_input_when_nearest():
-    """A nearest Resize after an op that stays float stays float (a data move); a linear one
+    """A nearest Resize after an op that runs in float stays float (a data move); a linear one
     runs in INT8."""
+    from tftpu.transforms.lowering import lower
+
     shape = (1, 2, 3, 4)
 
     def body(b, xs):
-        s = b.op("Softmax", [xs[0]], {"axis": -1}, "s")               # no INT8 Softmax
+        s = b.op("Tanh", [xs[0]], {}, "s")
         near = b.op("Resize", [s], {"mode": "nearest", "target_shape": [6, 8]}, "near")
         lin = b.op("Resize", [s], {"mode": "linear", "target_shape": [6, 8]}, "lin")
         return [near, lin]
 
     model = make_model({"x": shape}, body)
     inputs = feeds({"x": shape}, 1)
-    _, report, _, seen = run_exact(model, inputs, table_for(model, inputs, 1))
+    tm, report = lower(model, "npu1", "INT8", table_for(model, inputs, 1), qtable={"s": "F32"})
     modes = {d.name: (d.mode, d.reason) for d in report.decisions}
     assert modes["near"][0] == "F32" and "follows its float input" in modes["near"][1]
-    assert modes["lin"][0] == "INT8" and seen["tpu.Resize"] == 1
+    assert modes["lin"][0] == "INT8"
+    R.check_model(tm, TpuInterpreter(tm).run(inputs, dump_all=True))
