@@ -329,3 +329,38 @@ def test_models_without_sparse_tensors_are_left_alone():
 
     data = material.get("face_detection_short_range.tflite").read_bytes()
     assert not has_sparse_tensors(data)
+
+
+def test_tf_converter_sparse_model(tmp_path):
+    """TensorFlow's own converter (EXPERIMENTAL_SPARSITY) stores a pruned conv and FC as sparse
+    tensors; imported, TOP computes what LiteRT computes, and the rewrite is LiteRT-exact."""
+    import tensorflow as tf
+
+    from tests.tac.models import convert
+    from tftpu import frontend
+    from tftpu.interp.top_interpreter import run
+
+    rng = np.random.default_rng(3)
+    k = (rng.standard_normal((3, 3, 8, 16)) * (rng.random((3, 3, 8, 16)) < 0.2)).astype(np.float32)
+    w = (rng.standard_normal((64, 32)) * (rng.random((64, 32)) < 0.2)).astype(np.float32)
+
+    def fn(x):
+        y = tf.nn.relu(tf.nn.conv2d(x, k, 1, "SAME"))
+        return tf.matmul(tf.reshape(y, [1, -1])[:, :64], w)
+
+    data = convert(fn, [(1, 8, 8, 8)], quant="sparse")
+    assert has_sparse_tensors(data)
+    x = rng.standard_normal((1, 8, 8, 8)).astype(np.float32)
+    np.testing.assert_array_equal(litert_run(densify_model(data), x), litert_run(data, x))
+    path = tmp_path / "pruned.tflite"
+    path.write_bytes(data)
+    top = frontend.load(path)
+    np.testing.assert_allclose(run(top, {"x": x})[top.output_names[0]], litert_run(data, x), rtol=1e-5, atol=1e-5)
+
+
+def test_densified_model_past_two_gigabytes_is_refused():
+    """A sparse shape that would densify past what a flatbuffer holds fails before allocating it."""
+    sp = Sparsity((0, 1), (), (Dim(DENSE, 3), csr([0, 2, 2, 3], [0, 3, 1])))
+    data = sparse_model((3, 1 << 28), sp, np.ones(3, np.float32), name="huge")
+    with pytest.raises(ModelFileError, match=r"sparse tensor 'huge' of shape \[3, 268435456\]: .*2 GB"):
+        densify_model(data)
