@@ -125,3 +125,28 @@ def test_resize_follows_a_float_input_when_nearest():
     assert modes["near"][0] == "F32" and "follows its float input" in modes["near"][1]
     assert modes["lin"][0] == "INT8"
     R.check_model(tm, TpuInterpreter(tm).run(inputs, dump_all=True))
+
+
+def test_resize_and_div_on_the_simulated_chip_bit_equal():
+    """The program (layer groups, DDR, commands) runs INT8 Resize (both modes) and Div by a
+    constant to the same integers as TPU inference."""
+    from tftpu.backend.codegen import generate
+    from tftpu.backend.simulator import Simulator
+    from tftpu.transforms.lowering import lower
+
+    shape = (1, 4, 6, 5)
+
+    def body(b, xs):
+        t = b.op("Tanh", [xs[0]], {}, "t")
+        lin = b.op("Resize", [t], {"mode": "linear", "target_shape": [11, 13]}, "lin")
+        near = b.op("Resize", [t], {"mode": "nearest", "coord_mode": "asymmetric", "nearest_mode": "floor",
+                                    "target_shape": [11, 13]}, "near")
+        return b.op("Div", [b.op("Add", [lin, near], {}, "a"), b.weight("six", np.float32(6.0))], {}, "y")
+
+    model = make_model({"x": shape}, body)
+    inputs = feeds({"x": shape}, 2)
+    tm, report = lower(model, "npu1", "INT8", table_for(model, inputs, 2))
+    assert not report.fallbacks, str(report)
+    got = Simulator(generate(tm, "npu1")).run(inputs)
+    want = TpuInterpreter(tm).run(inputs)
+    assert all(np.array_equal(got[k], want[k]) for k in want)
