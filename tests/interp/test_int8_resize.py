@@ -150,3 +150,17 @@ def test_resize_and_div_on_the_simulated_chip_bit_equal():
     got = Simulator(generate(tm, "npu1")).run(inputs)
     want = TpuInterpreter(tm).run(inputs)
     assert all(np.array_equal(got[k], want[k]) for k in want)
+
+
+def test_a_mode_without_an_integer_rule_declines_with_its_reason():
+    """The TOP op knows nearest and linear only; any other mode (a module from elsewhere) stays
+    float, saying why."""
+    from tftpu.transforms.lowering import int8_resize
+
+    class Cubic:
+        name = "top.Resize"
+
+        def attrs(self):
+            return {"mode": "cubic"}
+
+    assert int8_resize.resize(None, Cubic()) == "cubic resize has no INT8 rule (nearest and linear do)"
