@@ -364,3 +364,13 @@ def test_densified_model_past_two_gigabytes_is_refused():
     data = sparse_model((3, 1 << 28), sp, np.ones(3, np.float32), name="huge")
     with pytest.raises(ModelFileError, match=r"sparse tensor 'huge' of shape \[3, 268435456\]: .*2 GB"):
         densify_model(data)
+
+
+def test_corrupt_sparse_model_file_is_named(tmp_path):
+    data = bytearray(sparse_model((3, 4), _GOOD, np.ones(3, np.float32)))
+    data[-40:] = b"\xff" * 40
+    path = tmp_path / "cut.tflite"
+    path.write_bytes(bytes(data))
+    with pytest.raises(ModelFileError, match=r"^.*cut.tflite: ") as e:
+        densify_model(path)
+    assert "<tflite bytes>" not in str(e.value) and "\n" not in str(e.value)

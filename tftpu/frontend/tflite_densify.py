@@ -189,7 +189,10 @@ def densify_model(src, label: str | None = None) -> bytes:
 
     data, read_label = tflite_io.load_bytes(src)
     label = label or read_label
-    model = tflite_io.read(data)
+    try:
+        model = tflite_io.read(data)
+    except ModelFileError as e:   # named by the file, not "<tflite bytes>"
+        raise ModelFileError(label, e.reason) from None
     fb = schema()
     types = tensor_type_names()
     densify_code = builtin_codes()["DENSIFY"]
