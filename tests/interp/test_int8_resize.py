@@ -7,7 +7,7 @@ both layouts and every coordinate / nearest mode."""
 from __future__ import annotations
 
 import numpy as np
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.interp import int8_reference as R
@@ -18,6 +18,7 @@ from tftpu.quant import CalibrationTable
 
 COORD_MODES = ["half_pixel", "align_corners", "asymmetric", "pytorch_half_pixel", "tf_half_pixel_for_nn"]
 NEAREST_MODES = ["round_prefer_floor", "round_prefer_ceil", "floor", "ceil"]
+MANY = settings(SWEEP, max_examples=80)        # modes x layouts x axes: more cases, ~2 s
 
 
 def _resize_case(d):
@@ -38,7 +39,7 @@ def _grid_of(tm, op_name):
     return R.Info.of(op.operands[0]), R.Info.of(op.results[0])
 
 
-@SWEEP
+@MANY
 @given(st.data())
 def test_resize_exact(data):
     d = data.draw
@@ -59,7 +60,7 @@ def test_resize_exact(data):
     assert (xi.scales, xi.zps) == (yi.scales, yi.zps)      # the input's grid
 
 
-@SWEEP
+@MANY
 @given(st.data())
 def test_resize_close_to_float(data):
     """Linear: within one output level of the float Resize of the dequantized int8 input (0.5
