@@ -81,6 +81,8 @@ def resize(operands, attrs, info):
     if attrs["mode"] != "linear":
         raise ValueError(f"INT8 Resize: mode {attrs['mode']!r} has no integer rule")
     axes = spatial_axes(x.ndim, attrs)
+    if len(axes) * FRACTION_BITS + 9 > 63:
+        raise ValueError(f"INT8 linear Resize of {len(axes)} axes: its sums would overflow int64")
     # |x - zp| <= 255: two axes of 10 bits stay under 2**28 (int32), three need int64
     dtype = np.int32 if len(axes) * FRACTION_BITS + 9 <= 31 else np.int64
     t = x.astype(dtype) - dtype(info.ins[0].zp)

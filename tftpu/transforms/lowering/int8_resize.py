@@ -22,4 +22,6 @@ def resize(ctx, op):
     mode = op.attrs()["mode"]
     if mode not in MODES:
         return f"{mode} resize has no INT8 rule (nearest and linear do)"
+    if mode == "linear" and len(op.attrs()["target_shape"]) > 3:
+        return "a linear resize of more than 3 axes runs in float (its integer sums would pass 2**40)"
     return same_grid(ctx, op)
