@@ -407,12 +407,21 @@ def draw_bias(draw, rng, o):
 
 
 def draw_input(draw, rng, shape):
+    """Data over its type's range, or (a third of the draws) over 128 values [base, base + 127]
+    with the zero point mostly at base (a ReLU's output: the GEMM's narrow kernel takes it where
+    the build has one, NARROW_BUILDS)."""
     xtype = draw(st.sampled_from([np.int8, np.uint8]))
     info = np.iinfo(xtype)
-    zx = draw(st.one_of(st.sampled_from([int(info.min), int(info.max), 0]), st.integers(int(info.min), int(info.max))))
-    x = rng.integers(int(info.min), int(info.max) + 1, shape).astype(xtype)
+    lo, hi = int(info.min), int(info.max)
+    zx = draw(st.one_of(st.sampled_from([lo, hi, 0]), st.integers(lo, hi)))
+    if draw(st.sampled_from(["full", "full", "narrow"])) == "narrow":
+        lo = draw(st.sampled_from([0, int(info.min), int(info.max) - 127, "any"]))
+        lo = int(rng.integers(int(info.min), int(info.max) - 126)) if lo == "any" else lo
+        hi = lo + 127
+        zx = lo if draw(st.integers(0, 3)) else zx
+    x = rng.integers(lo, hi + 1, shape).astype(xtype)
     if draw(st.booleans()):                              # some extreme planes
-        x.reshape(-1)[: x.size // 3] = info.min if draw(st.booleans()) else info.max
+        x.reshape(-1)[: x.size // 3] = lo if draw(st.booleans()) else hi
     return x, zx
 
 
@@ -845,6 +854,105 @@ def test_every_variant_conv(kind):
             return got
 
         each_variant(run)
+
+
+NARROW_BUILDS = {"avx2", "avx512"}       # the builds whose GEMM has the vpmaddubsw kernel
+
+
+def narrow_cases():
+    """Ungrouped convs whose input (with the zero point, where padding holds it) spans at most 128
+    values, which the narrow kernel (vpmaddubsw) of NARROW_BUILDS takes, and just wider ones,
+    which it must not: ReLU outputs in [0, 127] with zero point 0, int8 and uint8; the pairs
+    vpmaddubsw adds at their extremes (u = 127 against weights -128, 127 and a mixed pair:
+    -32512, 32258 and -127); a range at the top of uint8 (offset 128) and at the bottom of int8
+    (-128: an asymmetric ReLU), one across zero ([-100, 27]); 129 values (the data, or data of
+    128 values and a zero point outside them that the padding reads); 1x1 and padded KxK convs,
+    partial groups of 4 channels, a bias that saturates. Yields (what, x, zx, w, bias, attrs,
+    requant params, narrow)."""
+    rng = np.random.default_rng(321)
+    pad3 = {"strides": [1, 1], "pads": [1, 1, 1, 1], "dilations": [1, 1], "group": 1}
+    s2 = {"strides": [2, 2], "pads": [3, 2, 3, 2], "dilations": [1, 1], "group": 1}
+    # (what, xtype, data lo, data hi, zx, weights, c, o, kernel, attrs, narrow)
+    cases = [
+        ("relu int8", np.int8, 0, 127, 0, "random", 13, 11, 1, ATTRS_1X1, True),
+        ("relu int8 3x3", np.int8, 0, 127, 0, "random", 13, 11, 3, pad3, True),
+        ("relu uint8 7x7 s2", np.uint8, 0, 127, 0, "random", 3, 9, 7, s2, True),
+        ("u=127, w=-128", np.int8, 127, 127, 0, -128, 9, 6, 3, pad3, True),
+        ("u=127, w=127", np.int8, 127, 127, 0, 127, 9, 6, 3, pad3, True),
+        ("u=127, w=-128/127 pairs", np.int8, 127, 127, 0, "pairs", 8, 6, 3, pad3, True),
+        ("u=127, w=-128 1x1", np.uint8, 0, 127, 0, -128, 70, 7, 1, ATTRS_1X1, True),
+        ("uint8 [128, 255]", np.uint8, 128, 255, 128, "random", 6, 5, 3, pad3, True),
+        ("int8 [-128, -1]", np.int8, -128, -1, -128, "random", 6, 5, 3, pad3, True),
+        ("int8 [-100, 27] w=-128", np.int8, -100, 27, -100, -128, 5, 5, 3, pad3, True),
+        ("int8 [-100, 27] 1x1, zx outside", np.int8, -100, 27, 100, "random", 5, 5, 1, ATTRS_1X1, True),
+        ("int8 [-1, 127]", np.int8, -1, 127, 0, "random", 6, 5, 3, pad3, False),
+        ("uint8 [0, 128]", np.uint8, 0, 128, 0, "random", 6, 5, 1, ATTRS_1X1, False),
+        ("int8 [0, 127], zx -1 padded", np.int8, 0, 127, -1, "random", 6, 5, 3, pad3, False),
+        ("int8 full", np.int8, -128, 127, 0, "random", 6, 5, 3, pad3, False),
+    ]
+    for what, xtype, lo, hi, zx, wkind, c, o, k, attrs, narrow in cases:
+        for n, h, wd in ((1, 5, 7), (2, 23, 19)):
+            x = rng.integers(lo, hi + 1, (n, c, h, wd)).astype(xtype)
+            if lo == hi:                 # all 127 but one 0: the offset 0, every other u = 127
+                x[0, 0, 0, 0] = 0
+            else:
+                x.reshape(-1)[::4], x.reshape(-1)[1::7] = hi, lo
+            if wkind == "random":
+                w = rng.integers(-128, 128, (o, c, k, k)).astype(np.int8)
+                w.reshape(-1)[::3] = -128
+                w.reshape(-1)[1::5] = 127
+            elif wkind == "pairs":
+                w = np.where(np.arange(c * k * k).reshape(c, k, k) % 2, 127, -128).astype(np.int8)[None].repeat(o, 0)
+            else:
+                w = np.full((o, c, k, k), wkind, np.int8)
+            bias = rng.integers(-(1 << 16), 1 << 16, o)
+            bias[::3] = np.where(np.arange(len(bias[::3])) % 2, INT32_MAX, INT32_MIN + 1)   # some saturate
+            params = requant_params(rng, o, (np.int8, np.uint8)[n % 2], ("full", "relu", "narrow")[c % 3])
+            yield f"{what} n={n} {h}x{wd}", x, zx, w, bias.astype(np.int32), attrs, params, narrow
+
+
+def test_every_variant_gemm_narrow(monkeypatch):
+    """The GEMM's narrow kernel (vpmaddubsw where its pairs are exact) and the wide one on the same
+    inputs, under every build this CPU runs: the narrow kernel runs exactly where the input spans
+    at most 128 values and the build has it, TFTPU_GEMM_NARROW=0 turns it off, and both give the
+    reference's integers, whole and split among threads."""
+    need_library()
+    for what, x, zx, w, bias, attrs, params, narrow in narrow_cases():
+        sums = ref_conv_sums(x, w, bias, zx, attrs["strides"], attrs["pads"], attrs["dilations"], 1)
+        want = ref_requant(sums, *params[:2], 1, *params[2:])
+
+        def run(variant):
+            conv = native.Conv(native.Requantizer(*params), w, bias, zx, attrs)
+            assert conv.kind == "gemm", what
+            for allow in ("1", "0"):
+                monkeypatch.setenv("TFTPU_GEMM_NARROW", allow)
+                kernel = "narrow" if narrow and allow == "1" and variant in NARROW_BUILDS else "wide"
+                assert conv.gemm_kernel(x) == kernel, f"{variant}: {what}"
+                check_equal(both(lambda: conv(x)), want, f"{variant}: {what} ({kernel})")
+            monkeypatch.delenv("TFTPU_GEMM_NARROW")
+            return want
+
+        each_variant(run)
+
+
+def test_gemm_narrow_large_threaded(build):
+    """A ReLU-output conv above the real threading threshold through the narrow kernel where the
+    build has it (threads as in production: pixels split, then output channels split), and the same
+    conv on signed data (the wide kernel)."""
+    need_library()
+    rng = np.random.default_rng(12)
+    for c, o, h, k in ((64, 72, 30, 3), (512, 96, 7, 1)):
+        w = rng.integers(-128, 128, (o, c, k, k)).astype(np.int8)
+        bias = rng.integers(-5000, 5000, o).astype(np.int32)
+        params = (rng.integers(1 << 29, 1 << 31, o).tolist(), rng.integers(10, 16, o).tolist(), 0, 127, 0, np.int8)
+        attrs = {"strides": [1, 1], "pads": [k // 2] * 4, "dilations": [1, 1], "group": 1}
+        conv = native.Conv(native.Requantizer(*params), w, bias, 0, attrs)
+        assert o * h * h * c * k * k // 8 >= native.PARALLEL_MIN
+        for lo, narrow in ((0, True), (-128, False)):
+            x = rng.integers(lo, 128, (1, c, h, h)).astype(np.int8)
+            sums = ref_conv_sums(x, w, bias, 0, [1, 1], attrs["pads"], [1, 1], 1)
+            check_equal(conv(x), ref_requant(sums, *params[:2], 1, *params[2:]), f"{build} large c={c} lo={lo}")
+            assert conv.gemm_kernel(x) == ("narrow" if narrow and build in NARROW_BUILDS else "wide")
 
 
 def test_every_variant_exact_edges():

@@ -520,10 +520,11 @@ TFTPU_INLINE void depthwise_impl(const In* x, const int8_t* w, Out* y, const int
 
 // An ungrouped conv of NCHW data as an INT8 GEMM: out[o][p] = sum_q w[o][q] * (row_q[p] - zx) +
 // bias[o], requantized, where the rows are the input channels (1x1, stride 1, unpadded) or the
-// im2col rows (c, ky, kx) of any other kernel. The input enters as unsigned bytes (x ^ 0x80 =
-// x + 128 for int8 data, x itself for uint8) and the caller folds -(zx + offset) * sum_q w[o][q]
-// into the int64 bias, so every kernel multiplies bytes in [0, 255] by weights in [-128, 127],
-// and the caller bounds Q * 255 * 128 below 2**31, so the int32 sums are exact:
+// im2col rows (c, ky, kx) of any other kernel. The input enters as unsigned bytes u = x - s
+// (gemm_offset: x + 128 = x ^ 0x80 for int8 data and x itself for uint8, or x - min(x) where the
+// input spans at most 128 values) and (s - zx) * sum_q w[o][q] is folded into the int64 bias, so
+// every kernel multiplies bytes in [0, 255] by weights in [-128, 127], and the caller bounds
+// Q * 255 * 128 below 2**31, so the int32 sums are exact:
 // - VNNI (vpdpbusd, on zmm with AVX-512 VNNI, on ymm with AVX-VNNI) multiplies unsigned by signed
 //   bytes and adds each group of four products to an int32 lane without saturating. The pixels
 //   are packed [Q/4][pixels][4] bytes (four rows of one pixel per int32 lane).
@@ -532,6 +533,12 @@ TFTPU_INLINE void depthwise_impl(const In* x, const int8_t* w, Out* y, const int
 //   pairs, adding each pair into an int32 lane (at most 2 * 255 * 128 in magnitude: exact; it
 //   saturates only -32768 * -32768 twice), and vpaddd accumulates. The pixels are packed
 //   [Q/2][pixels][2] int16: the same byte values, so the caller's bias is the same.
+// - The narrow kernel of those builds (GemmNarrow), for inputs whose u lies in [0, 127]
+//   (gemm_offset): vpmaddubsw multiplies unsigned by signed bytes and adds each pair into a
+//   saturating int16 lane, exact here (|pair| <= 2 * 127 * 128 = 32512 < 2**15); vpmaddwd by
+//   ones adds the int16 pairs into int32 lanes (exact), and vpaddd accumulates: 4 input channels
+//   a lane in 3 instructions as against 2 in 2, and the pixels packed as for VNNI, bytes, half
+//   the memory of the int16 packing. Most convs read ReLU outputs, which take it.
 // - The generic x86-64 build does the same with SSE2's pmaddwd on xmm, other CPUs in plain
 //   int32 loops over the int16 pairs.
 // Accumulating lanes wrap (vpaddd, vpdpbusd) or never overflow (the portable loops: every
@@ -546,8 +553,9 @@ TFTPU_INLINE void depthwise_impl(const In* x, const int8_t* w, Out* y, const int
 // of loads to multiplies gains), 4 x 8 on xmm. Q is zero-padded to whole groups (zero rows and zero weights),
 // O to whole tiles (zero weights) and the pixels to whole tiles (zero inputs); the padded
 // results are dropped.
-// gemm: [N, Q, P, O, -, lo, hi, zp, xor_sign, per_channel, exact32, H, W, kh, kw, sh, sw, pt, pl,
-//        dh, dw, OW, zx]: Q rows of the GEMM (C, or C*kh*kw for a KxK conv; kh = 0 for 1x1)
+// gemm: [N, Q, P, O, narrow, lo, hi, zp, -, per_channel, exact32, H, W, kh, kw, sh, sw, pt, pl,
+//        dh, dw, OW, zx]: Q rows of the GEMM (C, or C*kh*kw for a KxK conv; kh = 0 for 1x1);
+//        narrow: 1 lets the narrow kernel run where it is exact (gemm_offset)
 #if defined(TFTPU_AVX512) && defined(__AVX512VNNI__)
 struct Gemm {
   using Elem = uint8_t;
@@ -584,6 +592,20 @@ struct Gemm {
   static V dot(V acc, V a, V b) { return _mm512_add_epi32(acc, _mm512_madd_epi16(a, b)); }
   static void store(int32_t* p, V v) { _mm512_storeu_si512(p, v); }
 };
+#define TFTPU_GEMM_NARROW 1
+struct GemmNarrow {
+  using Elem = uint8_t;
+  using Weight = int8_t;
+  using V = __m512i;
+  static constexpr int kGroup = 4, kRows = 8, kVecs = 2, kLanes = 16;
+  static V zero() { return _mm512_setzero_si512(); }
+  static V load(const Elem* p) { return _mm512_loadu_si512(p); }
+  static V bcast(int32_t w) { return _mm512_set1_epi32(w); }
+  static V dot(V acc, V a, V b) {
+    return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(a, b), _mm512_set1_epi16(1)));
+  }
+  static void store(int32_t* p, V v) { _mm512_storeu_si512(p, v); }
+};
 #elif defined(TFTPU_AVX2)
 struct Gemm {
   using Elem = int16_t;
@@ -594,6 +616,20 @@ struct Gemm {
   static V load(const Elem* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
   static V bcast(int32_t w) { return _mm256_set1_epi32(w); }
   static V dot(V acc, V a, V b) { return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b)); }
+  static void store(int32_t* p, V v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v); }
+};
+#define TFTPU_GEMM_NARROW 1
+struct GemmNarrow {
+  using Elem = uint8_t;
+  using Weight = int8_t;
+  using V = __m256i;
+  static constexpr int kGroup = 4, kRows = 5, kVecs = 2, kLanes = 8;
+  static V zero() { return _mm256_setzero_si256(); }
+  static V load(const Elem* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+  static V bcast(int32_t w) { return _mm256_set1_epi32(w); }
+  static V dot(V acc, V a, V b) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), _mm256_set1_epi16(1)));
+  }
   static void store(int32_t* p, V v) { _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v); }
 };
 #elif defined(__SSE2__) && !defined(TFTPU_PLAIN_CPP)
@@ -619,87 +655,110 @@ struct Gemm {
   static constexpr int kGroup = 2, kRows = 4, kVecs = 1, kLanes = 16;
 };
 #endif
-constexpr int64_t kGemmPixels = Gemm::kVecs * Gemm::kLanes;
 static_assert(Gemm::kGroup * sizeof(Gemm::Weight) == 4, "a group of weights fills one int32 lane");
+#ifdef TFTPU_GEMM_NARROW
+static_assert(GemmNarrow::kGroup * sizeof(GemmNarrow::Weight) == 4, "a group of weights fills one int32 lane");
+#endif
+// The pixels of a register tile of kernel K.
+template <typename K>
+constexpr int64_t kTilePixels = K::kVecs * K::kLanes;
 
 // One register tile: the sums of kRows output channels over NV vectors of pixels (kVecs: the
 // whole tile; 1: the last few pixels of a chunk, which would waste most of a full tile: 49
 // pixels are 3 tiles of 16 and 8 more, not 4 tiles), into `tile`. xb: the tile's first pixel in
 // the packed input, xstep elements from one group of rows to the next; wb: the tile's output
 // channels in the packed weight.
-template <int NV = Gemm::kVecs>
-TFTPU_INLINE void gemm_tile(const Gemm::Elem* __restrict__ xb, int64_t xstep, const Gemm::Weight* __restrict__ wb,
-                            int64_t groups, int32_t (*tile)[kGemmPixels]) {
+template <typename K, int NV = K::kVecs>
+TFTPU_INLINE void gemm_tile(const typename K::Elem* __restrict__ xb, int64_t xstep,
+                            const typename K::Weight* __restrict__ wb, int64_t groups, int32_t (*tile)[kTilePixels<K>]) {
 #ifndef TFTPU_GEMM_PORTABLE
-  Gemm::V acc[Gemm::kRows][NV];
+  typename K::V acc[K::kRows][NV];
 #pragma GCC unroll 8
-  for (int r = 0; r < Gemm::kRows; ++r)
+  for (int r = 0; r < K::kRows; ++r)
 #pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) acc[r][v] = Gemm::zero();
+    for (int v = 0; v < NV; ++v) acc[r][v] = K::zero();
 #pragma GCC unroll 2
   for (int64_t g = 0; g < groups; ++g) {
-    Gemm::V a[NV];
+    typename K::V a[NV];
 #pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) a[v] = Gemm::load(xb + g * xstep + v * Gemm::kLanes * Gemm::kGroup);
-    const Gemm::Weight* wg = wb + g * Gemm::kRows * Gemm::kGroup;
+    for (int v = 0; v < NV; ++v) a[v] = K::load(xb + g * xstep + v * K::kLanes * K::kGroup);
+    const typename K::Weight* wg = wb + g * K::kRows * K::kGroup;
 #pragma GCC unroll 8
-    for (int r = 0; r < Gemm::kRows; ++r) {
+    for (int r = 0; r < K::kRows; ++r) {
       int32_t wv;
-      std::memcpy(&wv, wg + r * Gemm::kGroup, 4);
-      const Gemm::V b = Gemm::bcast(wv);
+      std::memcpy(&wv, wg + r * K::kGroup, 4);
+      const typename K::V b = K::bcast(wv);
 #pragma GCC unroll 4
-      for (int v = 0; v < NV; ++v) acc[r][v] = Gemm::dot(acc[r][v], a[v], b);
+      for (int v = 0; v < NV; ++v) acc[r][v] = K::dot(acc[r][v], a[v], b);
     }
   }
   // every accumulator leaves its register once, by constant index (a runtime index would keep
   // the whole array in memory, stored on every step of the loop above)
 #pragma GCC unroll 8
-  for (int r = 0; r < Gemm::kRows; ++r)
+  for (int r = 0; r < K::kRows; ++r)
 #pragma GCC unroll 4
-    for (int v = 0; v < NV; ++v) Gemm::store(tile[r] + v * Gemm::kLanes, acc[r][v]);
+    for (int v = 0; v < NV; ++v) K::store(tile[r] + v * K::kLanes, acc[r][v]);
 #else
-  int32_t acc[Gemm::kRows][kGemmPixels] = {};
+  int32_t acc[K::kRows][kTilePixels<K>] = {};
   for (int64_t g = 0; g < groups; ++g) {
-    const Gemm::Elem* __restrict__ xg = xb + g * xstep;
-    const Gemm::Weight* __restrict__ wg = wb + g * Gemm::kRows * Gemm::kGroup;
-    for (int r = 0; r < Gemm::kRows; ++r) {
+    const typename K::Elem* __restrict__ xg = xb + g * xstep;
+    const typename K::Weight* __restrict__ wg = wb + g * K::kRows * K::kGroup;
+    for (int r = 0; r < K::kRows; ++r) {
       const int32_t w0 = wg[r * 2], w1 = wg[r * 2 + 1];
-      for (int p = 0; p < kGemmPixels; ++p) acc[r][p] += int32_t(xg[2 * p]) * w0 + int32_t(xg[2 * p + 1]) * w1;
+      for (int p = 0; p < kTilePixels<K>; ++p) acc[r][p] += int32_t(xg[2 * p]) * w0 + int32_t(xg[2 * p + 1]) * w1;
     }
   }
   std::memcpy(tile, acc, sizeof(acc));
 #endif
 }
 
-// The weight packing (this build's own layout; Python asks its size and has it packed once per
-// op): [ceil(O / kRows)][ceil(Q / kGroup)][kRows][kGroup] Weight, zeros past O and Q.
-TFTPU_INLINE int64_t gemm_groups(int64_t Q) { return (Q + Gemm::kGroup - 1) / Gemm::kGroup; }
+// The weight packing of kernel K (this build's own layout; Python asks its size and has it
+// packed once per op): [ceil(O / kRows)][ceil(Q / kGroup)][kRows][kGroup] Weight, zeros past O
+// and Q. Builds with a narrow kernel keep both packings, the narrow one after the other at a
+// 64-byte offset (gemm_packed_parts).
+template <typename K>
+TFTPU_INLINE int64_t gemm_groups(int64_t Q) { return (Q + K::kGroup - 1) / K::kGroup; }
 
+template <typename K>
 TFTPU_INLINE int64_t gemm_packed_bytes(int64_t O, int64_t Q) {
-  return (O + Gemm::kRows - 1) / Gemm::kRows * Gemm::kRows * gemm_groups(Q) * Gemm::kGroup * sizeof(Gemm::Weight);
+  return (O + K::kRows - 1) / K::kRows * K::kRows * gemm_groups<K>(Q) * K::kGroup * sizeof(typename K::Weight);
 }
 
-void gemm_pack(const int8_t* w, int64_t O, int64_t Q, Gemm::Weight* out) {
-  const int64_t groups = gemm_groups(Q), R = Gemm::kRows, G = Gemm::kGroup;
-  std::memset(out, 0, gemm_packed_bytes(O, Q));
+template <typename K>
+void gemm_pack(const int8_t* w, int64_t O, int64_t Q, typename K::Weight* out) {
+  const int64_t groups = gemm_groups<K>(Q), R = K::kRows, G = K::kGroup;
+  std::memset(out, 0, gemm_packed_bytes<K>(O, Q));
   for (int64_t o = 0; o < O; ++o)
     for (int64_t q = 0; q < Q; ++q) out[((o / R * groups + q / G) * R + o % R) * G + q % G] = w[o * Q + q];
 }
 
+// The byte offset of the narrow kernel's packing in the packed weight (its whole size where the
+// build has no narrow kernel).
+TFTPU_INLINE int64_t gemm_narrow_offset(int64_t O, int64_t Q) { return (gemm_packed_bytes<Gemm>(O, Q) + 63) / 64 * 64; }
+
+TFTPU_INLINE int64_t gemm_packed_total(int64_t O, int64_t Q) {
+#ifdef TFTPU_GEMM_NARROW
+  return gemm_narrow_offset(O, Q) + gemm_packed_bytes<GemmNarrow>(O, Q);
+#else
+  return gemm_packed_bytes<Gemm>(O, Q);
+#endif
+}
+
 #if defined(__SSE2__)
 // Interleave four rows of np bytes (null: a row of zeros, past the last channel) into dst, four
-// bytes a pixel, flipping the sign bit where `flip`; pixels np..Pt are zeros.
-[[maybe_unused]] TFTPU_INLINE void interleave(const uint8_t* const rows[4], int64_t np, int64_t Pt, bool flip,
+// bytes a pixel, each byte minus `s` (mod 256: the GEMM's offset, gemm_offset); pixels np..Pt
+// are zeros.
+[[maybe_unused]] TFTPU_INLINE void interleave(const uint8_t* const rows[4], int64_t np, int64_t Pt, uint8_t s,
                               uint8_t* __restrict__ dst) {
-  const __m128i sign = _mm_set1_epi8(flip ? char(0x80) : 0);
+  const __m128i sign = _mm_set1_epi8(char(s));
   const bool whole = rows[0] && rows[1] && rows[2] && rows[3];
   int64_t p = 0;
   if (whole)
     for (; p + 16 <= np; p += 16) {
-      const __m128i r0 = _mm_xor_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[0] + p)), sign);
-      const __m128i r1 = _mm_xor_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[1] + p)), sign);
-      const __m128i r2 = _mm_xor_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[2] + p)), sign);
-      const __m128i r3 = _mm_xor_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[3] + p)), sign);
+      const __m128i r0 = _mm_sub_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[0] + p)), sign);
+      const __m128i r1 = _mm_sub_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[1] + p)), sign);
+      const __m128i r2 = _mm_sub_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[2] + p)), sign);
+      const __m128i r3 = _mm_sub_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[3] + p)), sign);
       const __m128i t0 = _mm_unpacklo_epi8(r0, r1), t1 = _mm_unpackhi_epi8(r0, r1);
       const __m128i t2 = _mm_unpacklo_epi8(r2, r3), t3 = _mm_unpackhi_epi8(r2, r3);
       __m128i* d = reinterpret_cast<__m128i*>(dst + p * 4);
@@ -708,25 +767,24 @@ void gemm_pack(const int8_t* w, int64_t O, int64_t Q, Gemm::Weight* out) {
       _mm_storeu_si128(d + 2, _mm_unpacklo_epi16(t1, t3));
       _mm_storeu_si128(d + 3, _mm_unpackhi_epi16(t1, t3));
     }
-  const uint8_t s = flip ? 0x80 : 0;
   for (; p < Pt; ++p)
-    for (int k = 0; k < 4; ++k) dst[p * 4 + k] = (rows[k] && p < np) ? uint8_t(rows[k][p] ^ s) : 0;
+    for (int k = 0; k < 4; ++k) dst[p * 4 + k] = (rows[k] && p < np) ? uint8_t(rows[k][p] - s) : 0;
 }
 
 #endif
 
 // Interleave two rows of np bytes (null: a row of zeros, past the last channel) into dst as int16
-// pairs, two values a pixel, flipping the sign bit where `flip` (the byte, then widened as
-// unsigned); pixels np..Pt are zeros.
-[[maybe_unused]] TFTPU_INLINE void interleave(const uint8_t* const rows[2], int64_t np, int64_t Pt, bool flip,
+// pairs, two values a pixel, each byte minus `s` (mod 256, then widened as unsigned); pixels
+// np..Pt are zeros.
+[[maybe_unused]] TFTPU_INLINE void interleave(const uint8_t* const rows[2], int64_t np, int64_t Pt, uint8_t s,
                                                int16_t* __restrict__ dst) {
   int64_t p = 0;
 #if defined(__SSE2__)
   if (rows[0] && rows[1]) {
-    const __m128i sign = _mm_set1_epi8(flip ? char(0x80) : 0), zero = _mm_setzero_si128();
+    const __m128i sign = _mm_set1_epi8(char(s)), zero = _mm_setzero_si128();
     for (; p + 16 <= np; p += 16) {
-      const __m128i r0 = _mm_xor_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[0] + p)), sign);
-      const __m128i r1 = _mm_xor_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[1] + p)), sign);
+      const __m128i r0 = _mm_sub_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[0] + p)), sign);
+      const __m128i r1 = _mm_sub_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[1] + p)), sign);
       const __m128i t0 = _mm_unpacklo_epi8(r0, r1), t1 = _mm_unpackhi_epi8(r0, r1);
       __m128i* d = reinterpret_cast<__m128i*>(dst + p * 2);
       _mm_storeu_si128(d + 0, _mm_unpacklo_epi8(t0, zero));
@@ -736,9 +794,8 @@ void gemm_pack(const int8_t* w, int64_t O, int64_t Q, Gemm::Weight* out) {
     }
   }
 #endif
-  const uint8_t s = flip ? 0x80 : 0;
   for (; p < Pt; ++p)
-    for (int k = 0; k < 2; ++k) dst[p * 2 + k] = (rows[k] && p < np) ? int16_t(uint8_t(rows[k][p] ^ s)) : 0;
+    for (int k = 0; k < 2; ++k) dst[p * 2 + k] = (rows[k] && p < np) ? int16_t(uint8_t(rows[k][p] - s)) : 0;
 }
 
 // dst[i] = src[2 * i] for i < n (a stride-2 conv's row): 16 at a time by keeping the low byte of
@@ -795,17 +852,17 @@ TFTPU_INLINE const uint8_t* gemm_row(const In* x, int64_t P, int64_t q, int64_t 
   return reinterpret_cast<const uint8_t*>(buf);
 }
 
-template <typename In>
+template <typename K, typename In>
 TFTPU_INLINE void pack_pixels(const In* x, int64_t Q, int64_t P, int64_t p0, int64_t np, int64_t groups, int64_t Pt,
-                              bool flip, const int64_t* g, In zx, In* bufs, Gemm::Elem* __restrict__ xp) {
-  constexpr int G = Gemm::kGroup;
+                              uint8_t s, const int64_t* g, In zx, In* bufs, typename K::Elem* __restrict__ xp) {
+  constexpr int G = K::kGroup;
   for (int64_t j = 0; j < groups; ++j) {
     const uint8_t* rows[G];
     for (int k = 0; k < G; ++k) {
       const int64_t q = j * G + k;
       rows[k] = q < Q ? gemm_row(x, P, q, p0, np, g, zx, bufs + k * np) : nullptr;
     }
-    interleave(rows, np, Pt, flip, xp + j * Pt * G);     // four bytes or two int16 a pixel
+    interleave(rows, np, Pt, s, xp + j * Pt * G);     // four bytes or two int16 a pixel
   }
 }
 
@@ -816,26 +873,27 @@ TFTPU_INLINE void pack_pixels(const In* x, int64_t Q, int64_t P, int64_t p0, int
 // stays in cache for every output tile.
 constexpr int64_t kChunkBytes = 256 << 10;
 
-template <typename In, typename Out>
-TFTPU_INLINE void gemm_impl(const In* x, const Gemm::Weight* w, const int64_t* bias, const int32_t* mult,
-                            const int32_t* rshift, Out* y, const int64_t* p, int64_t p0, int64_t p1, int64_t o0,
-                            int64_t o1) {
-  constexpr int64_t G = Gemm::kGroup, R = Gemm::kRows, T = kGemmPixels;
+// bias: the int64 bias of each output channel with the offset's term folded in (tftpu_gemm).
+template <typename K, typename In, typename Out>
+TFTPU_INLINE void gemm_impl(const In* x, const typename K::Weight* w, const int64_t* bias, const int32_t* mult,
+                            const int32_t* rshift, Out* y, const int64_t* p, uint8_t s, int64_t p0, int64_t p1,
+                            int64_t o0, int64_t o1) {
+  constexpr int64_t G = K::kGroup, R = K::kRows, T = kTilePixels<K>;
   const int64_t N = p[0], Q = p[1], P = p[2], O = p[3], lo = p[5], hi = p[6], zp = p[7];
-  const bool flip = p[8] != 0, per_channel = p[9] != 0, exact32 = p[10] != 0;
-  const int64_t np = p1 - p0, groups = gemm_groups(Q);
+  const bool per_channel = p[9] != 0, exact32 = p[10] != 0;
+  const int64_t np = p1 - p0, groups = gemm_groups<K>(Q);
   if (np <= 0 || o1 <= o0) return;
-  const int64_t tile_bytes = groups * G * T * int64_t(sizeof(Gemm::Elem));
+  const int64_t tile_bytes = groups * G * T * int64_t(sizeof(typename K::Elem));
   const int64_t chunk = std::min(std::max<int64_t>(4, kChunkBytes / tile_bytes) * T, (np + T - 1) / T * T);
   const int64_t* g = p + 11;
   const int64_t plane = g[2] == 0 ? Q * P : (Q / (g[2] * g[3])) * g[0] * g[1];   // one image's input
-  Gemm::Elem* const xp = scratch<Gemm::Elem>(0, groups * chunk * G);
+  typename K::Elem* const xp = scratch<typename K::Elem>(0, groups * chunk * G);
   In* const bufs = scratch<In>(1, g[2] == 0 ? 0 : G * chunk);
   alignas(64) int32_t tile[R][T];
   for (int64_t n = 0; n < N; ++n)
     for (int64_t c0 = 0; c0 < np; c0 += chunk) {
       const int64_t nc = std::min(chunk, np - c0), Pt = (nc + T - 1) / T * T;
-      pack_pixels(x + n * plane, Q, P, p0 + c0, nc, groups, Pt, flip, g, In(p[22]), bufs, xp);
+      pack_pixels<K>(x + n * plane, Q, P, p0 + c0, nc, groups, Pt, s, g, In(p[22]), bufs, xp);
       for (int64_t ob = o0; ob < o1; ob += R) {     // o0 is a multiple of R (the split's grain)
         const int rows = int(std::min<int64_t>(R, o1 - ob));
         Channel cs[R];
@@ -849,13 +907,13 @@ TFTPU_INLINE void gemm_impl(const In* x, const Gemm::Weight* w, const int64_t* b
         RequantV* const rqs = reinterpret_cast<RequantV*>(rq_bytes);
         if (exact32)
           for (int r = 0; r < rows; ++r) new (rqs + r) RequantV(cs[r]);
-        const Gemm::Weight* wb = w + ob / R * groups * R * G;
+        const typename K::Weight* wb = w + ob / R * groups * R * G;
         for (int64_t pt = 0; pt < Pt; pt += T) {
           const int64_t valid = std::min<int64_t>(T, nc - pt);
-          if (Gemm::kVecs > 1 && valid <= Gemm::kLanes)
-            gemm_tile<1>(xp + pt * G, Pt * G, wb, groups, tile);
+          if (K::kVecs > 1 && valid <= K::kLanes)
+            gemm_tile<K, 1>(xp + pt * G, Pt * G, wb, groups, tile);
           else
-            gemm_tile(xp + pt * G, Pt * G, wb, groups, tile);
+            gemm_tile<K>(xp + pt * G, Pt * G, wb, groups, tile);
           for (int r = 0; r < rows; ++r) {
             Out* dst = y + (n * O + ob + r) * P + p0 + c0 + pt;
             if (exact32)
@@ -866,6 +924,69 @@ TFTPU_INLINE void gemm_impl(const In* x, const Gemm::Weight* w, const int64_t* b
         }
       }
     }
+}
+
+// The offset s of a GEMM's input (the kernels multiply the bytes u = x - s, mod 256) and whether
+// the narrow kernel takes it. By default s = -128 for int8 data (u = x + 128 = x ^ 0x80) and
+// s = 0 for uint8, so u = x - s lies in [0, 255]: every kernel but the narrow one takes that.
+// The narrow kernel (vpmaddubsw, builds without VNNI) multiplies u by weights in [-128, 127] and
+// adds two products into a saturating int16, exact only while u <= 127 (2 * 127 * 128 = 32512 <
+// 2**15): where every input value (and the zero point, which the im2col padding holds) lies in
+// [lo, lo + 127], s = lo makes u = x - lo in [0, 127] (the byte subtraction wraps to the exact
+// value). Typical: the non-negative outputs of a ReLU with zero point 0. The scan of the input
+// (one pass, stopped once the range is wider) costs little next to the GEMM's Q multiply-adds per
+// output value. `allow` 0 keeps the default (tests compare the two kernels on one input).
+// gemm params as tftpu_gemm's; returns 1 where the narrow kernel applies.
+template <typename In>
+int gemm_offset(const In* x, const int64_t* p, int64_t* s) {
+  const int64_t N = p[0], Q = p[1], P = p[2];
+  const int64_t* g = p + 11;
+  *s = std::is_same_v<In, int8_t> ? -128 : 0;
+#ifdef TFTPU_GEMM_NARROW
+  if (p[4] == 0) return 0;
+  const int64_t n = N * (g[2] == 0 ? Q * P : (Q / (g[2] * g[3])) * g[0] * g[1]);
+  int32_t lo = g[2] == 0 ? 255 : int32_t(In(p[22])), hi = g[2] == 0 ? -128 : int32_t(In(p[22]));
+  constexpr int64_t kStep = 4096;
+  for (int64_t i = 0; i < n && hi - lo <= 127; i += kStep) {
+    const In* __restrict__ v = x + i;
+    const int64_t k = std::min(kStep, n - i);
+    In a = v[0], b = v[0];
+    int64_t j = 0;
+    if (k >= 32) {                          // 32 bytes a step (GCC leaves the scalar loop scalar)
+      __m256i va = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v)), vb = va;
+      for (; j + 32 <= k; j += 32) {
+        const __m256i u = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + j));
+        if constexpr (std::is_same_v<In, int8_t>) {
+          va = _mm256_min_epi8(va, u);
+          vb = _mm256_max_epi8(vb, u);
+        } else {
+          va = _mm256_min_epu8(va, u);
+          vb = _mm256_max_epu8(vb, u);
+        }
+      }
+      alignas(32) In la[32], lb[32];
+      _mm256_store_si256(reinterpret_cast<__m256i*>(la), va);
+      _mm256_store_si256(reinterpret_cast<__m256i*>(lb), vb);
+      for (int t = 0; t < 32; ++t) {
+        a = std::min(a, la[t]);
+        b = std::max(b, lb[t]);
+      }
+    }
+    for (; j < k; ++j) {
+      a = std::min(a, v[j]);
+      b = std::max(b, v[j]);
+    }
+    lo = std::min(lo, int32_t(a));
+    hi = std::max(hi, int32_t(b));
+  }
+  if (n > 0 && hi - lo <= 127) {
+    *s = lo;
+    return 1;
+  }
+#else
+  (void)x, (void)N, (void)Q, (void)P, (void)g;
+#endif
+  return 0;
 }
 
 // Element-wise Add/Sub of two INT8 tensors of one shape: ((a - za) * ma + (b - zb) * mb) shifted
@@ -1147,38 +1268,73 @@ int tftpu_depthwise(const void* x, int in_kind, const int8_t* w, void* out, int 
 // Whether tftpu_gemm exists in this build: every build has one (the portable loops at least).
 int tftpu_has_gemm() { return 1; }
 
-// The bytes of an [O][Q] int8 weight packed for this build's GEMM, and the packing (once per op).
-int64_t tftpu_gemm_packed_size(int64_t O, int64_t Q) { return gemm_packed_bytes(O, Q); }
+// The bytes of an [O][Q] int8 weight packed for this build's GEMM(s), and the packing (once per op).
+int64_t tftpu_gemm_packed_size(int64_t O, int64_t Q) { return gemm_packed_total(O, Q); }
 
 void tftpu_gemm_pack(const int8_t* w, int64_t O, int64_t Q, void* out) {
-  gemm_pack(w, O, Q, static_cast<Gemm::Weight*>(out));
+  gemm_pack<Gemm>(w, O, Q, static_cast<Gemm::Weight*>(out));
+#ifdef TFTPU_GEMM_NARROW
+  std::memset(static_cast<char*>(out) + gemm_packed_bytes<Gemm>(O, Q), 0,
+              gemm_narrow_offset(O, Q) - gemm_packed_bytes<Gemm>(O, Q));
+  gemm_pack<GemmNarrow>(w, O, Q, reinterpret_cast<GemmNarrow::Weight*>(static_cast<char*>(out) + gemm_narrow_offset(O, Q)));
+#endif
 }
 
-// w: packed by tftpu_gemm_pack. Splits the pixels (whole tiles) or the output channels (whole
-// tiles), whichever shares out more evenly; o0 must be 0 or a multiple of the tile's rows.
+// Which kernel tftpu_gemm runs on input x (gemm_offset): 1 the narrow one, 0 the other; *s the
+// offset (-1 for an input kind it does not know).
+int tftpu_gemm_offset(const void* x, int in_kind, const int64_t* params, int64_t* s) {
+  *s = -1;
+  if (in_kind == 0) return gemm_offset(static_cast<const int8_t*>(x), params, s);
+  if (in_kind == 1) return gemm_offset(static_cast<const uint8_t*>(x), params, s);
+  return 0;
+}
+
+// w: packed by tftpu_gemm_pack; bias: 2 * O int64, the bias of each output channel with the zero
+// point's term folded in (b[o] - zx * sum_q w[o][q]) and then sum_q w[o][q] (the offset s adds
+// s * sum_q w[o][q]: sum w * (x - zx) = sum w * (x - s) + (s - zx) * sum w). Splits the pixels
+// (whole tiles) or the output channels (whole tiles), whichever shares out more evenly; o0 must be
+// 0 or a multiple of the chosen kernel's tile rows.
+// params[4]: 1 lets the narrow kernel run where it is exact (gemm_offset).
 int tftpu_gemm(const void* x, int in_kind, const void* w, const int64_t* bias, const int32_t* mult,
                const int32_t* rshift, void* out, int out_kind, const int64_t* params, int64_t p0, int64_t p1,
                int64_t o0, int64_t o1, int parts) {
-  constexpr int64_t R = Gemm::kRows, T = kGemmPixels;
-  const Gemm::Weight* wp = static_cast<const Gemm::Weight*>(w);
+  const int64_t O = params[3], Q = params[1];
   int status = 0;
   status |= with_in(in_kind, [&](auto* in_tag) {
     using In = std::remove_pointer_t<decltype(in_tag)>;
+    int64_t s;
+    [[maybe_unused]] const bool narrow = gemm_offset(static_cast<const In*>(x), params, &s);
+    std::vector<int64_t> folded(std::max<int64_t>(o1, 0));
+    for (int64_t o = o0; o < o1; ++o) folded[o] = bias[o] + s * bias[O + o];
     status |= with_out(out_kind, [&](auto* out_tag) {
       using Out = std::remove_pointer_t<decltype(out_tag)>;
-      // the split that shares the work most evenly: pixel tiles (each thread packs only its own
-      // pixels) unless the output-channel tiles divide better
-      const int64_t tiles = (p1 - p0 + T - 1) / T, blocks = (o1 - o0 + R - 1) / R, k = std::max(parts, 1);
-      const double by_pixels = double((tiles + k - 1) / k) * k / double(tiles);
-      const double by_outputs = double((blocks + k - 1) / k) * k / double(blocks);
-      if (p1 - p0 >= 2 * T && by_pixels <= by_outputs)
-        split_run(p0, p1, T, parts, [&](int64_t a, int64_t b) {
-          gemm_impl(static_cast<const In*>(x), wp, bias, mult, rshift, static_cast<Out*>(out), params, a, b, o0, o1);
-        });
-      else
-        split_run(o0, o1, R, parts, [&](int64_t a, int64_t b) {
-          gemm_impl(static_cast<const In*>(x), wp, bias, mult, rshift, static_cast<Out*>(out), params, p0, p1, a, b);
-        });
+      const auto run = [&](auto* kernel_tag, const auto* wp) {
+        using K = std::remove_pointer_t<decltype(kernel_tag)>;
+        constexpr int64_t R = K::kRows, T = kTilePixels<K>;
+        // the split that shares the work most evenly: pixel tiles (each thread packs only its own
+        // pixels) unless the output-channel tiles divide better
+        const int64_t tiles = (p1 - p0 + T - 1) / T, blocks = (o1 - o0 + R - 1) / R, k = std::max(parts, 1);
+        const double by_pixels = double((tiles + k - 1) / k) * k / double(tiles);
+        const double by_outputs = double((blocks + k - 1) / k) * k / double(blocks);
+        if (p1 - p0 >= 2 * T && by_pixels <= by_outputs)
+          split_run(p0, p1, T, parts, [&](int64_t a, int64_t b) {
+            gemm_impl<K>(static_cast<const In*>(x), wp, folded.data(), mult, rshift, static_cast<Out*>(out), params,
+                         uint8_t(s), a, b, o0, o1);
+          });
+        else
+          split_run(o0, o1, R, parts, [&](int64_t a, int64_t b) {
+            gemm_impl<K>(static_cast<const In*>(x), wp, folded.data(), mult, rshift, static_cast<Out*>(out), params,
+                         uint8_t(s), p0, p1, a, b);
+          });
+      };
+#ifdef TFTPU_GEMM_NARROW
+      if (narrow) {
+        run(static_cast<GemmNarrow*>(nullptr), reinterpret_cast<const GemmNarrow::Weight*>(
+                                                   static_cast<const char*>(w) + gemm_narrow_offset(O, Q)));
+        return;
+      }
+#endif
+      run(static_cast<Gemm*>(nullptr), static_cast<const Gemm::Weight*>(w));
     });
   });
   return status;

@@ -15,6 +15,7 @@ import contextlib
 import ctypes
 import functools
 import math
+import os
 from pathlib import Path
 
 import numpy as np
@@ -53,6 +54,8 @@ def library(variant: str | None = None):
     lib.tftpu_gemm_packed_size.restype = _L
     lib.tftpu_gemm_pack.argtypes = [_P, _L, _L, _P]
     lib.tftpu_gemm_pack.restype = None
+    lib.tftpu_gemm_offset.argtypes = [_P, _I, _P, _P]
+    lib.tftpu_gemm_offset.restype = _I
     lib.tftpu_has_gemm.argtypes = []
     lib.tftpu_quantize.argtypes = [_P, ctypes.c_double, _P, _I, _P, _I]
     lib.tftpu_set_threads.argtypes = [_I]
@@ -175,8 +178,9 @@ class Conv:
         elif attrs["group"] == 1 and cg * kh * kw * 255 * 128 < 1 << 31 and self.lib.tftpu_has_gemm():
             self.kind = "gemm"
             self.wpack, wsum = pack_gemm(w, self.lib)
-            self.b64 = {flip: np.ascontiguousarray(b - (self.zx + (128 if flip else 0)) * wsum)
-                        for flip in (False, True)}
+            # the bias with the zero point's term folded in, and the weight sums: the kernel adds
+            # s * sum(w) for the offset s it subtracts from the input (int8_native.cc, gemm_offset)
+            self.bias2 = np.ascontiguousarray(np.stack([b - self.zx * wsum, wsum]), np.int64)
 
     def __call__(self, x: np.ndarray):
         """The requantized output of NCHW `x`, or None where the kernels do not take it."""
@@ -215,7 +219,6 @@ class Conv:
         rq, lib = self.rq, self.lib
         n, c, h, wd = x.shape
         o, kh, kw = self.w.shape[0], *self.w.shape[2:]
-        flip = x.dtype == np.int8          # int8 data enters the unsigned operand as x + 128
         if self._shape != x.shape:
             oh, ow = self._out_size(h, wd)
             if oh <= 0 or ow <= 0:
@@ -226,13 +229,32 @@ class Conv:
                                      int(rq.per_channel), int(self.exact32), h, wd, 0 if direct else kh, kw,
                                      sh, sw, pt, pl, dh, dw, ow, self.zx], np.int64)
             self._shape, self._out = x.shape, (n, o, oh, ow)
-        self._params[8] = int(flip)
+        self._params[4] = int(narrow_allowed())
         out = np.empty(self._out, rq.dtype)
         pixels = self._out[2] * self._out[3]
-        args = (x.ctypes.data, ikind, self.wpack.ctypes.data, self.b64[flip].ctypes.data, rq.mult.ctypes.data,
+        args = (x.ctypes.data, ikind, self.wpack.ctypes.data, self.bias2.ctypes.data, rq.mult.ctypes.data,
                 rq.rshift.ctypes.data, out.ctypes.data, OUT_KINDS[rq.dtype], self._params.ctypes.data)
         _check(lib.tftpu_gemm(*args, 0, pixels, 0, o, _parts(n * o * pixels * c * kh * kw // 8)))
         return out
+
+    def gemm_kernel(self, x: np.ndarray) -> str | None:
+        """Which GEMM kernel `self(x)` runs (for tests): "narrow" (vpmaddubsw, where the build
+        has it and `x` with the zero point spans at most 128 values), "wide", or None where the
+        GEMM does not run."""
+        if self.kind != "gemm" or IN_KINDS.get(x.dtype) is None or self(x) is None:
+            return None
+        s = ctypes.c_int64()
+        x = np.ascontiguousarray(x)
+        narrow = self.lib.tftpu_gemm_offset(x.ctypes.data, IN_KINDS[x.dtype], self._params.ctypes.data,
+                                            ctypes.byref(s))
+        return "narrow" if narrow else "wide"
+
+
+def narrow_allowed() -> bool:
+    """Whether the GEMM may take its narrow kernel (vpmaddubsw on AVX2 and AVX-512BW builds without
+    VNNI) where it is exact: `TFTPU_GEMM_NARROW=0` keeps the int16 one (the same integers; for
+    comparisons)."""
+    return os.environ.get("TFTPU_GEMM_NARROW", "1").strip().lower() not in ("0", "false", "off", "no")
 
 
 def has_gemm() -> bool:
