@@ -305,3 +305,35 @@ def test_log_softmax_stays_float_with_its_reason():
     inputs = feeds({"x": (2, 5)}, 1)
     _, report, _, _ = run_exact(model, inputs, table_for(model, inputs, 1))
     assert [d.name for d in report.fallbacks] == ["y"] and "log-softmax" in report.fallbacks[0].reason
+
+
+# ---------------------------------------------------------------- through the backend
+
+def test_deploy_runs_all_three_in_int8_and_the_simulator_is_bit_equal():
+    """Conv -> Scale -> Deconv -> pool -> MatMul -> Softmax deployed in pure INT8: every op INT8,
+    layer groups and codegen included, the simulator equal to TPU inference bit for bit."""
+    from tftpu.pipelines.deploy import deploy
+
+    rng = np.random.default_rng(11)
+
+    def body(b, xs):
+        c = b.op("Conv", [xs[0], b.weight("w", W(rng, 6, 3, 3, 3)), b.weight("cb", W(rng, 6))],
+                 {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}, "c")
+        s = b.op("Scale", [c, b.weight("sw", W(rng, 6, scale=1.0)), b.weight("sb", W(rng, 6))], {"do_relu": True},
+                 "scaled")
+        d = b.op("Deconv", [s, b.weight("wd", W(rng, 6, 4, 2, 2)), b.weight("bd", W(rng, 4))],
+                 {"kernel_shape": [2, 2], "strides": [2, 2]}, "d")
+        g = b.op("Flatten", [b.op("GlobalAvgPool", [d], {}, "g")], {}, "f")
+        o = b.op("MatMul", [g, b.weight("wf", W(rng, 4, 5, scale=2.0)), b.none()], {}, "o")
+        return b.op("Softmax", [o], {"axis": -1}, "prob")
+
+    model = make_model({"x": (1, 3, 12, 12)}, body)
+    samples = [feeds({"x": (1, 3, 12, 12)}, i) for i in range(3)]
+    from tftpu import quant
+    table = quant.calibrate(model, samples, "minmax")
+    res = deploy(model, quantize="INT8", chip="npu1", calibration_table=table, test_input=samples[0],
+                 mixed_precision="none")
+    assert res.lowering.counts() == {"INT8": len(res.lowering.decisions)}, str(res.lowering)
+    assert {"tpu.Scale", "tpu.Deconv", "tpu.Softmax"} <= {op.name for op in res.model.ops}
+    assert res.simulator["passed"] and all(r["bit_exact"] for r in res.simulator["outputs"])
+    assert res.outputs[0].cosine > 0.99
