@@ -256,7 +256,7 @@ def test_softmax_close_to_float(data):
     assert np.abs(got - _softmax_f64(inputs["x"], -1)).max() <= 1.5 / 256 + xi.scale
 
 
-@pytest.mark.parametrize("form", ["matmul", "matmul_t", "conv", "mul", "conv_scaled"])
+@pytest.mark.parametrize("form", ["matmul", "matmul_t", "conv", "mul", "conv_scaled", "split"])
 def test_softmax_feeding_a_dfl_projection_stays_float_with_its_reason(form):
     """DFL box decode: a softmax over N bins times the constant 0..N-1 (PicoDet / YOLOv8 heads)
     stays float, and the report says why."""
@@ -270,6 +270,10 @@ def test_softmax_feeding_a_dfl_projection_stays_float_with_its_reason(form):
                         {"kernel_shape": [1, 1]}, "box")
         sm = b.op("Softmax", [xs[0]], {"axis": -1}, "sm")                     # [1, 4, 5, n]
         r = b.op("Reshape", [sm], {"shape": [20, n]}, "r")
+        if form == "split":                                                    # per box side, as PicoDet
+            parts = b.op("Split", [r], {"axis": 0, "split_size": [5, 5, 5, 5]}, ["r0", "r1", "r2", "r3"])
+            return [b.op("MatMul", [p, b.weight(f"proj{i}", proj.reshape(n, 1)), b.none()], {}, f"side{i}")
+                    for i, p in enumerate(parts)]
         if form == "matmul":
             return b.op("MatMul", [r, b.weight("proj", proj.reshape(n, 1)), b.none()], {}, "box")
         if form == "matmul_t":

@@ -17,7 +17,8 @@ from tftpu.transforms.lowering.registry import int8
 EXP_BITS = 16                              # the table holds exp(-d * scale) in units of 2**-16
 OUTPUT = P.QParams(1.0 / 256, -128)        # probabilities 0..255/256, TFLite's int8 softmax grid
 # ops that carry the probabilities unchanged on the way to a DFL projection
-_CARRIERS = ("top.Reshape", "top.Permute", "top.Squeeze", "top.Unsqueeze", "top.Flatten")
+# (a slice or split across the bins leaves fewer than N of them: no projection matches)
+_CARRIERS = ("top.Reshape", "top.Permute", "top.Squeeze", "top.Unsqueeze", "top.Flatten", "top.Slice", "top.Split")
 
 
 def exp_table(scale_in: float) -> np.ndarray:
@@ -44,7 +45,7 @@ def _rows(user, w: np.ndarray, n: int):
             return None
         return np.moveaxis(w, -1, 0).reshape(o, n) if hwio else w.reshape(o, n)
     if w.ndim < 2:
-        return None
+        return w.reshape(1, n) if w.size == n else None
     if user.attrs()["right_transpose"]:
         return w.reshape(-1, n) if w.shape[-1] == n else None
     return np.moveaxis(w, -2, -1).reshape(-1, n) if w.shape[-2] == n else None
