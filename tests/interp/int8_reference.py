@@ -577,12 +577,14 @@ def _scale_ref(a, ins, out, args, problems, check_requant):
 
 
 def _softmax_ref(a, ins, out, args, problems, check_requant):
-    """Per row: e_i = table[max - x_i], S = sum e, y_i = e_i * 256 / S rounded half away from
-    zero (Python fractions), on the grid 1/256 with zero point -128. The table is checked to
-    be exp(-d * scale_in) * 2**16 for d = 0..255 within its rounding."""
+    """Per row: e_i = table[max - x_i], S = sum e, y_i = e_i * steps / S rounded half away from
+    zero (Python fractions), on the grid 1/steps: 1/256 with zero point -128 in i8, 1/65536 with
+    -32768 in i16. The table is checked to be exp(-d * scale_in) * 2**16 for d = 0..255 within
+    its rounding."""
     x, table = np.asarray(args[0], np.int64), [int(v) for v in np.asarray(args[1]).ravel()]
-    if (out.scales, out.zps) != ((1.0 / 256,), (-128,)):
-        problems.append(f"tpu.Softmax: output grid {out.scales} / {out.zps} is not 1/256, -128")
+    steps, zp = {"i8": (256, -128), "i16": (65536, -32768)}[out.dtype]
+    if (out.scales, out.zps) != ((1.0 / steps,), (zp,)):
+        problems.append(f"tpu.Softmax: output grid {out.scales} / {out.zps} is not 1/{steps}, {zp}")
     sx = ins[0].scale
     if len(table) != 256 or table[0] != 1 << 16 or \
             any(abs(t - math.exp(-d * sx) * 65536) > 0.5 + 1e-6 for d, t in enumerate(table)):
@@ -593,7 +595,7 @@ def _softmax_ref(a, ins, out, args, problems, check_requant):
         row = [int(v) for v in rows[idx]]
         e = [table[max(row) - v] for v in row]
         total = sum(e)
-        y[idx] = [half_away(Fraction(v * 256, total)) - 128 for v in e]
+        y[idx] = [half_away(Fraction(v * steps, total)) + zp for v in e]
     return np.moveaxis(y, -1, a["axis"] % x.ndim)
 
 

@@ -223,25 +223,39 @@ def test_softmax_exact(data):
     axis = d(st.integers(-rank, rank - 1))
     asym = d(st.booleans(), "asymmetric")
     spread = d(st.sampled_from([0.5, 3.0, 20.0]), "logit range")
+    read = d(st.booleans(), "read in INT8 (1/256 grid) or only an output (16 bits)")
     seed = d(st.integers(0, 2 ** 16))
-    model = make_model({"x": shape}, lambda b, xs: b.op("Softmax", [xs[0]], {"axis": axis}, "y"))
+
+    def body(b, xs):
+        y = b.op("Softmax", [xs[0]], {"axis": axis}, "y")
+        return b.op("Sqrt", [y], {}, "r") if read else y
+
+    model = make_model({"x": shape}, body)
     inputs = feeds({"x": shape}, seed, scale=spread)
     tm, report, _, seen = run_exact(model, inputs, table_for(model, inputs, seed), asymmetric=asym)
     assert not report.fallbacks, str(report)
     assert seen.get("tpu.Softmax") == 1
+    sm = next(op for op in tm.ops if op.name == "tpu.Softmax")
+    assert R.Info.of(sm.results[0]).dtype == ("i8" if read else "i16")
 
 
 @FEW
 @given(st.data())
 def test_softmax_close_to_float(data):
     """Against the float softmax of the very INT8 logits it reads, the INT8 softmax is off by at
-    most half an output step plus the table's rounding (1/256 grid; 1 - 1/256 at most); against
-    the float softmax of the float logits, close."""
+    most half an output step plus the table's rounding (1/256 grid, or 1/65536 for an output;
+    1 - one step at most); against the float softmax of the float logits, close."""
     d = data.draw
     shape = (d(st.integers(1, 3)), d(st.integers(2, 40)))
     spread = d(st.sampled_from([0.5, 3.0, 20.0]))
+    read = d(st.booleans())
     seed = d(st.integers(0, 2 ** 16))
-    model = make_model({"x": shape}, lambda b, xs: b.op("Softmax", [xs[0]], {"axis": -1}, "y"))
+
+    def body(b, xs):
+        y = b.op("Softmax", [xs[0]], {"axis": -1}, "y")
+        return b.op("Reshape", [y], {"shape": list(shape)}, "r") if read else y
+
+    model = make_model({"x": shape}, body)
     inputs = feeds({"x": shape}, seed, scale=spread)
     table = table_for(model, inputs, seed, spread=(1.0, 1.0))
     tm, _ = lower(model, "npu1", "INT8", table)
@@ -250,10 +264,12 @@ def test_softmax_close_to_float(data):
     xi = R.Info.of(sm.operands[0])
     from tftpu.ir.base import value_name
     logits = R.dequantize(dump[value_name(sm.operands[0])], xi.scale, xi.zp).astype(np.float64)
-    got = (np.asarray(dump[value_name(sm.results[0])], np.float64) + 128) / 256
-    want = np.minimum(_softmax_f64(logits, -1), 255 / 256)
-    assert np.abs(got - want).max() <= 0.5 / 256 + shape[1] * 2.0 ** -17 + 1e-9
-    assert np.abs(got - _softmax_f64(inputs["x"], -1)).max() <= 1.5 / 256 + xi.scale
+    yi = R.Info.of(sm.results[0])
+    assert yi.dtype == ("i8" if read else "i16")
+    got = R.dequantize(dump[value_name(sm.results[0])], yi.scale, yi.zp).astype(np.float64)
+    want = np.minimum(_softmax_f64(logits, -1), 1 - yi.scale)
+    assert np.abs(got - want).max() <= 0.5 * yi.scale + shape[1] * 2.0 ** -17 + 1e-9
+    assert np.abs(got - _softmax_f64(inputs["x"], -1)).max() <= 1.5 * yi.scale + xi.scale
 
 
 @pytest.mark.parametrize("form", ["matmul", "matmul_t", "conv", "mul", "conv_scaled", "split"])

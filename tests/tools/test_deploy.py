@@ -73,7 +73,7 @@ def test_f32_is_bit_equal_and_int8_passes(cnn_case):
     int8 = deploy(model, quantize="INT8", chip="npu1", calibration_table=table, test_input=samples[0],
                   samples=samples[1:])
     assert int8.passed and int8.outputs[0].cosine > 0.999
-    assert int8.lowering.counts() == {"INT8": 9}          # the classifier's Softmax too (1/256 grid)
+    assert int8.lowering.counts() == {"INT8": 9}          # the classifier's Softmax too (an output: 16 bits)
     # edge16 (no F32) the same; its float fallbacks run in F16 (test_tpu_int8_exact's casts)
     edge = deploy(model, quantize="INT8", chip="edge16", calibration_table=table, test_input=samples[0])
     assert edge.lowering.counts() == {"INT8": 9} and edge.passed
@@ -164,7 +164,7 @@ def test_mixed_precision_keeps_the_fewest_ops(cnn_case, ranking):
     from tftpu.transforms.lowering.search import search_mixed_precision
 
     model, table, samples = cnn_case
-    base = {"prob": "F32"}     # the INT8 Softmax's 1/256 grid would cap what any other op gives back
+    base = {"prob": "F32"}     # the Softmax in F32 as before its INT8 lowering (in F16 it caps the target)
 
     def worst(qtable):
         """The output's cosine and SQNR, pooled over the samples (as the search judges)."""

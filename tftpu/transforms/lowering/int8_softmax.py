@@ -1,8 +1,9 @@
 """INT8 `top.Softmax` where it makes probabilities (classifier and score heads): exp as a
 256-entry INT32 table on the input grid relative to the row max, an integer sum and an integer
-rounding division, the result on a fixed grid of 1/256 (zero point -128), as TFLite's int8
-softmax. A Softmax that feeds a DFL box expectation (its probabilities times a constant
-0..N-1 projection: box decode) stays float by design, and says so."""
+rounding division, the result on a fixed grid of 1/256 (zero point -128) as TFLite's int8
+softmax, or of 1/65536 on 16 bits where the probabilities are only a model output. A Softmax
+that feeds a DFL box expectation (its probabilities times a constant 0..N-1 projection: box
+decode) stays float by design, and says so."""
 
 from __future__ import annotations
 
@@ -16,6 +17,9 @@ from tftpu.transforms.lowering.registry import int8
 
 EXP_BITS = 16                              # the table holds exp(-d * scale) in units of 2**-16
 OUTPUT = P.QParams(1.0 / 256, -128)        # probabilities 0..255/256, TFLite's int8 softmax grid
+# probabilities that are only a model output: nothing reads them in INT8, the output cast alone
+# (which dequantizes them): 16 bits cost nothing there and keep the classifier's scores exact
+OUTPUT_ONLY = P.QParams(1.0 / 65536, -32768, "i16")
 # ops that carry the probabilities unchanged on the way to a DFL projection
 # (a slice or split across the bins leaves fewer than N of them: no projection matches)
 _CARRIERS = ("top.Reshape", "top.Permute", "top.Squeeze", "top.Unsqueeze", "top.Flatten", "top.Slice", "top.Split")
@@ -98,7 +102,8 @@ def softmax(ctx, op):
     if n << EXP_BITS >= 1 << 31:
         return f"its rows of {n} values are too long for an INT32 sum of exps"
     table = ctx.weight(f"{op.loc}_exp", exp_table(xq.scale))
-    out = TensorType(ctx.qtype(OUTPUT), shape)
+    only_output = all(use.operation.name == "func.return" for use in op.results[0].uses)
+    out = TensorType(ctx.qtype(OUTPUT_ONLY if only_output else OUTPUT), shape)
     new = ctx.emit("tpu.Softmax", [ctx.quantized(x, xq), table], ctx.attributes(op, "tpu.Softmax"), op.loc, [out])
     ctx.values[op.results[0]] = new.results[0]
     return None
