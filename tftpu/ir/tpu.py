@@ -238,7 +238,7 @@ class Softmax(TpuOp):
     """top.Softmax on the chip, in one mode. INT8 (`tftpu.transforms.lowering.int8_softmax`):
     `table` holds exp(-d * scale_in) in units of 2**-16 for d = row max - x in 0..255 (the exp
     on the input grid), the sum and the normalisation are integers and the result lies on a
-    fixed 1/256 grid; the float modes have no table."""
+    fixed grid (1/256 in i8, 1/65536 in i16); the float modes have no table."""
 
     name = "tpu.Softmax"
     TOP: ClassVar[type] = top.Softmax
