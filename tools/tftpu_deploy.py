@@ -32,10 +32,12 @@ flags.DEFINE_string("tolerance", None, "minimum cosine,euclidean similarity of t
 flags.DEFINE_string("mixed_precision", "auto", "INT8 with --test_input: 'auto' keeps pure INT8 where the outputs "
                     "reach cosine 0.99 and SQNR 20 dB, else the fewest ops in float (F16 where the chip has "
                     "it) that reach it; 'COS,SQNR_DB' another target; 'none' pure INT8")
-flags.DEFINE_enum("mixed_precision_ranking", "isolated", ["isolated", "alone"],
-                  "how the search ranks ops: 'isolated' (each op's own error on exact inputs; one "
-                  "inference in all) or 'alone' (the outputs with only that op in INT8, TPU-MLIR's "
-                  "measure; one inference per op, usually fewer ops kept)")
+flags.DEFINE_enum("mixed_precision_ranking", "isolated", ["isolated", "effect", "alone"],
+                  "how the search picks ops for float: 'isolated' (each op's own error on exact inputs "
+                  "per share of the FLOPs; one inference in all), 'effect' (where the error appears on "
+                  "the way to the outputs that miss, a few ops a round; slower) or 'alone' (the outputs "
+                  "with only that op in INT8, TPU-MLIR's measure; one inference per op); each then tries "
+                  "the float ops holding the most FLOPs back in INT8")
 flags.DEFINE_bool("space_to_depth", False, "rewrite the first strided conv on the image to its space-to-depth "
                   "form first, where the chip's matrix unit gains (the image is rearranged in the module)")
 flags.DEFINE_string("tpu_mlir", None, "output TPU module (.tpu.mlir; its weights .npz go beside it)")

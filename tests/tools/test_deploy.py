@@ -155,12 +155,13 @@ def test_quantize_table_pins_modes(cnn_case, tmp_path):
         deploy(model, quantize="INT8", chip="edge16", calibration_table=table, quantize_table=qt)
 
 
-@pytest.mark.parametrize("ranking", ["isolated", "alone"])
+@pytest.mark.parametrize("ranking", ["effect", "isolated", "alone"])
 def test_mixed_precision_keeps_the_fewest_ops(cnn_case, ranking):
     from tftpu.interp.similarity import cosine_similarity, sqnr
     from tftpu.interp.top_interpreter import TopInterpreter
     from tftpu.interp.tpu import TpuInterpreter
     from tftpu.transforms.lowering import lower
+    from tftpu.transforms.lowering import search
     from tftpu.transforms.lowering.search import search_mixed_precision
 
     model, table, samples = cnn_case
@@ -182,6 +183,12 @@ def test_mixed_precision_keeps_the_fewest_ops(cnn_case, ranking):
     assert worst(res.qtable)[1] >= pure[1] + 3 - 1e-6
     # one op fewer does not reach the target: the list is minimal along the ranking
     assert worst({n: m for n, m, _ in res.kept[:-1]})[1] < pure[1] + 3
+    # pruned: each float op holding a real share of the FLOPs is needed there
+    flops = {op.loc: op.flops() for op in model.ops}
+    big = [n for n, _, _ in res.kept if flops[n] >= search.PRUNE_SHARE * sum(flops.values())]
+    for name in big[:search.PRUNE_TRIALS]:
+        assert worst({n: m for n, m, _ in res.kept if n != name})[1] < pure[1] + 3, name
+    assert str(res).count("\n") == len(res.kept) and res.as_dict()["ranking"] == ranking
     with pytest.raises(errors.UsageError, match="cosine,sqnr_db"):
         search_mixed_precision(model, "npu1", table, samples, "0.99")
     with pytest.raises(errors.UsageError, match="ranking"):
@@ -256,3 +263,33 @@ def test_space_to_depth_at_deployment(cnn_case):
     # where the chip gains nothing it declines and says why (the cpu chip's unit is im2col)
     cpu = deploy(model, quantize="F32", chip="cpu", space_to_depth=True)
     assert not cpu.s2d["applied"] and "threshold" in cpu.s2d["reason"]
+
+
+def test_error_drops_find_where_the_noise_appears(cnn_case):
+    """The effect ranking's measure: an op's loss against its inputs, 0 for an exact op, the
+    noise it adds roughly additive (linear, not dB), and nothing charged for a folded tensor."""
+    from tftpu.interp.top_interpreter import TopInterpreter
+    from tftpu.interp.tpu import TpuInterpreter
+    from tftpu.transforms.lowering import lower
+    from tftpu.transforms.lowering.search import ancestors, error_drops, noise_added
+
+    model, table, samples = cnn_case
+    names = {op.loc for op in model.ops}
+    ref = [TopInterpreter(model).run(s, dump_all=True) for s in samples[:2]]
+    exact = error_drops(model, ref, ref, names)
+    assert exact and all(d == (0.0, 0.0) for d in exact.values())
+    tpu, report = lower(model, "npu1", "INT8", table)
+    got = [TpuInterpreter(tpu).run(s, dump_all=True, dequantize=True) for s in samples[:2]]
+    drops = error_drops(model, ref, got, names)
+    int8 = [d.name for d in report.decisions if d.mode == "INT8"]
+    assert any(drops[n][0] > 1.0 for n in int8)          # INT8 ops lose dB against exact inputs
+    assert all(db >= 0 and nsr >= 0 for db, nsr in drops.values())
+    # in F16 an op adds far less noise
+    first = max(int8, key=lambda n: drops[n][1])
+    tpu, _ = lower(model, "npu1", "INT8", table, qtable={first: "F16"})
+    got = [TpuInterpreter(tpu).run(s, dump_all=True, dequantize=True) for s in samples[:2]]
+    assert error_drops(model, ref, got, {first})[first][1] < drops[first][1] / 10
+    assert noise_added(30.0, 30.0) == 0.0 and noise_added(60.0, 30.0) == pytest.approx(0.000999, rel=1e-3)
+    assert noise_added(25.0, 20.0) > noise_added(60.0, 30.0)
+    assert ancestors(model, set(model.output_names)) >= set(int8)
+    assert ancestors(model, set()) == set()

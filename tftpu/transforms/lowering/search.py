@@ -1,13 +1,16 @@
-"""Mixed precision: keep the fewest ops in float until the INT8 model's outputs reach a target.
+"""Mixed precision: keep few ops (few FLOPs) in float until the INT8 model's outputs reach a target.
 
-Each INT8 op is ranked by the error it makes on its own (`ranking="isolated"`, the default):
-run once on TOP's exact float inputs, quantized onto the grids it reads, its INT8 output is
-compared with TOP's, over the first samples (one inference's worth of work for the whole
-ranking). `ranking="alone"` ranks by TPU-MLIR's measure instead, the outputs with only that op
-in INT8 (one inference per op: slower, usually fewer ops kept). A binary search over the
-ranking then finds the shortest prefix to keep in float (F16 where the chip has it) whose
-outputs, and every part of a concatenated output, reach the target, each judged over all
-samples pooled. The result is a quantize table (TPU-MLIR's format).
+Each INT8 op is ranked by the noise it adds per share of the model's FLOPs, so cheap ops
+(heads, element-wise) go to float before the convs that hold the FLOPs. `isolated` (the default)
+measures an op's own error: run once on TOP's exact inputs, quantized onto the grids it reads
+(one inference's worth of work for the whole ranking); `alone` uses TPU-MLIR's measure, the
+outputs with only that op in INT8 (one inference per op). A binary search then finds the
+shortest prefix of the ranking to keep in float. `effect` grows the float set instead where the
+error appears: it runs the mixed model, compares every tensor with TOP's and, among the
+ancestors of the outputs that miss, floats the ops adding the most noise, a few more each round.
+Each strategy ends by trying the float ops holding the most FLOPs back in INT8 (prune). Outputs,
+and every part of a concatenated output, are judged over all samples pooled; ops go to F16
+where the chip has it. The result is a quantize table (TPU-MLIR's format).
 
 >>> result = search_mixed_precision(model, "npu1", table, samples, "0.99,20")   # doctest: +SKIP
 >>> print(result)                                                               # doctest: +SKIP
@@ -16,6 +19,7 @@ samples pooled. The result is a quantize table (TPU-MLIR's format).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import time
 
@@ -64,6 +68,7 @@ class MixedPrecisionResult:
     candidates: int
     asked: tuple = ()          # the target as given (`target` is lowered when out of reach)
     all_float: tuple = ()      # worst (cosine, sqnr) with every candidate in float
+    ranking: str = "isolated"
 
     @property
     def met(self) -> bool:
@@ -94,8 +99,13 @@ class MixedPrecisionResult:
 
     def __str__(self) -> str:
         lines = ["mixed precision: " + self.summary]
-        for name, mode, snr in self.kept:
-            lines.append(f"  {name}: {mode} (in INT8 on exact inputs its output reaches {snr:.1f} dB SQNR)")
+        for name, mode, db in self.kept:
+            if self.ranking == "effect":
+                lines.append(f"  {name}: {mode} (in INT8 its output lost {db:.1f} dB SQNR against its inputs)")
+            elif self.ranking == "alone":
+                lines.append(f"  {name}: {mode} (alone in INT8 the outputs reach {db:.1f} dB SQNR)")
+            else:
+                lines.append(f"  {name}: {mode} (in INT8 on exact inputs its output reaches {db:.1f} dB SQNR)")
         return "\n".join(lines)
 
     def as_dict(self) -> dict:
@@ -103,7 +113,11 @@ class MixedPrecisionResult:
                 "reached": list(self.reached),
                 "int8_reached": list(self.int8_reached), "met": self.met, "evaluations": self.evaluations,
                 "seconds": round(self.seconds, 3),
-                "kept": [{"name": n, "mode": m, "sqnr_isolated_int8_db": round(d, 3)} for n, m, d in self.kept]}
+                "ranking": self.ranking,
+                "kept": [{"name": n, "mode": m, _KEPT_FIGURE[self.ranking]: round(d, 3)} for n, m, d in self.kept]}
+
+
+_KEPT_FIGURE = {"effect": "sqnr_lost_db", "isolated": "sqnr_isolated_int8_db", "alone": "sqnr_alone_int8_db"}
 
 
 def _snr(a, b) -> float:
@@ -208,7 +222,92 @@ def isolated_errors(top_model, tpu_model, samples: list[dict], names: set) -> di
     return worst
 
 
-RANKINGS = ("isolated", "alone")
+RANKINGS = ("effect", "isolated", "alone")
+ATTRIBUTION_SAMPLES = 2   # samples whose every tensor is compared to find where the error grows
+NOISE_SHARE = 0.02        # an op adding less noise than this share of the target's is not worth float
+FLOP_SHARE_EPS = 0.002    # the effect ranking prefers cheap ops: drop / (FLOP share + this)
+PRUNE_TRIALS = 8          # at most this many trials to move float ops back to INT8
+PRUNE_SHARE = 0.01        # ... each for an op holding at least this share of the FLOPs
+
+
+def _judge(pairs: dict, floor: float) -> dict[str, tuple[float, float]]:
+    """(cosine, SQNR) per judged tensor, from its (reference, got) arrays pooled over samples."""
+    out = {}
+    for n, (a, b) in pairs.items():
+        a, b = np.concatenate(a), np.concatenate(b)
+        if float(np.max(np.abs(a))) <= floor and float(np.max(np.abs(a - b))) <= floor:
+            continue                                  # zero up to rounding on both sides
+        out[n] = (cosine_similarity(a, b), _snr(a, b))
+    return out
+
+
+def _worst(figures: dict) -> tuple[float, float]:
+    return (min((c for c, _ in figures.values()), default=1.0), min((s for _, s in figures.values()), default=_CAP))
+
+
+def _tensor_snr(ref: list, got: list) -> float:
+    a = np.concatenate([np.ravel(x) for x in ref]).astype(np.float64)
+    b = np.concatenate([np.ravel(x) for x in got]).astype(np.float64)
+    if a.shape != b.shape or not np.all(np.isfinite(b)):
+        return -_CAP
+    if not np.any(a) and not np.any(a - b):
+        return _CAP
+    return _snr(a, b)
+
+
+def error_drops(model, top_dumps: list[dict], tpu_dumps: list[dict], names: set) -> dict[str, tuple[float, float]]:
+    """Per TOP op named in `names`: (dB of SQNR its output loses against the worst of its
+    inputs, the noise-to-signal power it adds), every tensor of the mixed model compared with
+    TOP's over the dumped samples. Where the loss appears is where float pays; an op's error
+    alone on exact inputs (`isolated`) says little about what it does to a detector's head."""
+    snr: dict[str, float] = {}
+
+    def of(v) -> float:
+        """The tensor's SQNR; one the mixed model does not name (folded into a neighbour) counts
+        as its inputs' worst, so no op is charged for a loss it did not make."""
+        name = value_name(v)
+        if name not in snr:
+            ref = [d[name] for d in top_dumps if name in d]
+            got = [d[name] for d in tpu_dumps if name in d]
+            if isinstance(v.owner, (top.Input, top.Weight)):
+                snr[name] = _CAP
+            elif ref and len(got) == len(ref):
+                snr[name] = _tensor_snr(ref, got)
+            else:
+                snr[name] = _CAP
+                snr[name] = worst_input(v.owner)
+        return snr[name]
+
+    def worst_input(op) -> float:
+        ins = [v for v in op.operands if hasattr(v.type, "get_shape") and not isinstance(v.owner, top.Weight)]
+        return min((of(v) for v in ins), default=_CAP)
+
+    drops = {}
+    for op in model.ops:
+        if op.loc not in names or isinstance(op, (top.Weight, top.Input, top.NoneOp)):
+            continue
+        worst_in, out = worst_input(op), min(of(r) for r in op.results)
+        drops[op.loc] = (max(0.0, worst_in - out), noise_added(worst_in, out))
+    return drops
+
+
+def noise_added(worst_in_db: float, out_db: float) -> float:
+    """The noise-to-signal power an op adds (linear; roughly additive along a chain, where dB
+    are not: 60 -> 30 dB adds 0.001, 25 -> 20 dB adds 0.0068)."""
+    return max(0.0, 10.0 ** (-out_db / 10.0) - 10.0 ** (-worst_in_db / 10.0))
+
+
+def ancestors(model, tensor_names: set) -> set[str]:
+    """Names of the TOP ops that the named tensors depend on (the ops making them included)."""
+    producers = {value_name(r): op for op in model.ops for r in op.results}
+    seen, stack = set(), [producers[n] for n in tensor_names if n in producers]
+    while stack:
+        op = stack.pop()
+        if op.loc in seen:
+            continue
+        seen.add(op.loc)
+        stack.extend(v.owner for v in op.operands if hasattr(v.owner, "loc") and v.owner.loc not in seen)
+    return seen
 
 
 def _search(model, chip, table, samples, target, asymmetric, qtable, float_mode, ranking) -> MixedPrecisionResult:
@@ -230,15 +329,20 @@ def _search(model, chip, table, samples, target, asymmetric, qtable, float_mode,
     floor = noise_floor(v for ref in refs for v in ref.values())
     evaluations = 0
 
-    def evaluate(extra: dict, n_samples: int | None = None) -> tuple[tuple[float, float], object]:
-        """Worst (cosine, SQNR) over the judged tensors, each pooled over the samples."""
+    def evaluate(extra: dict, n_samples: int | None = None, dumps: list | None = None):
+        """(worst (cosine, SQNR) over the judged tensors, each pooled over the samples, the
+        lowering report, those figures per judged tensor); `dumps` collects every tensor of the
+        first ATTRIBUTION_SAMPLES runs."""
         nonlocal evaluations
         evaluations += 1
         tpu_model, report = lower(model, chip, "INT8", table, qtable={**base, **extra}, asymmetric=asymmetric)
         run = TpuInterpreter(tpu_model)
         pooled: dict = {}
-        for s, ref in list(zip(samples, refs))[:n_samples]:
-            got = run.run(s, dump_all=bool(parts), dequantize=True)
+        for i, (s, ref) in enumerate(list(zip(samples, refs))[:n_samples]):
+            dump = dumps is not None and i < ATTRIBUTION_SAMPLES
+            got = run.run(s, dump_all=bool(parts) or dump, dequantize=True)
+            if dump:
+                dumps.append(got)
             pairs = [(n, ref[n], got[n]) for n in model.output_names]
             for spec in parts:
                 pairs += [(f"{spec[0]}[{p}]", a, b)
@@ -247,66 +351,155 @@ def _search(model, chip, table, samples, target, asymmetric, qtable, float_mode,
                 pooled.setdefault(n, ([], []))
                 pooled[n][0].append(np.ravel(a))
                 pooled[n][1].append(np.ravel(b))
-        worst_c, worst_s = 1.0, _CAP
-        for a, b in pooled.values():
-            a, b = np.concatenate(a), np.concatenate(b)
-            if float(np.max(np.abs(a))) <= floor and float(np.max(np.abs(a - b))) <= floor:
-                continue                                  # zero up to rounding on both sides
-            worst_c = min(worst_c, cosine_similarity(a, b))
-            worst_s = min(worst_s, _snr(a, b))
-        return (worst_c, worst_s), report
+        figures = _judge(pooled, floor)
+        return _worst(figures), report, figures
 
     def meets(r) -> bool:
         return r[0] >= cos_t and r[1] >= snr_t
 
-    int8_reached, report = evaluate({})
+    int8_reached, report, _ = evaluate({})
     int8_ops = [d.name for d in report.decisions if d.mode == "INT8" and d.name not in base]
     if meets(int8_reached) or not int8_ops:
         return MixedPrecisionResult({**base}, [], (cos_t, snr_t), int8_reached, int8_reached, evaluations,
-                                    time.perf_counter() - t0, len(int8_ops), (cos_t, snr_t))
+                                    time.perf_counter() - t0, len(int8_ops), (cos_t, snr_t), ranking=ranking)
+    asked = (cos_t, snr_t)
+    if ranking == "effect":
+        flops = {op.loc: op.flops() for op in model.ops if op.loc in set(int8_ops)}
+        state = {"target": (cos_t, snr_t)}
+        kept, best, all_float = _grow_and_prune(model, samples, int8_ops, flops, fmode, evaluate, state,
+                                                lambda r: r[0] >= state["target"][0] and r[1] >= state["target"][1])
+        cos_t, snr_t = state["target"]
+        return MixedPrecisionResult({**base, **{n: m for n, m, _ in kept}}, kept, (cos_t, snr_t), best, int8_reached,
+                                    evaluations, time.perf_counter() - t0, len(int8_ops), asked,
+                                    all_float or best, ranking=ranking)
     if ranking == "alone":                       # each op alone in INT8, every other candidate in float
         alone = {}
         for name in progress(int8_ops, desc="mixed precision: op sensitivity", unit="op"):
-            (_, snr), _ = evaluate({n: fmode for n in int8_ops if n != name}, n_samples=RANK_SAMPLES)
+            (_, snr), _, _ = evaluate({n: fmode for n in int8_ops if n != name}, n_samples=RANK_SAMPLES)
             alone[name] = snr
     else:
         tpu_model, _ = lower(model, chip, "INT8", table, qtable=base, asymmetric=asymmetric)
         alone = isolated_errors(model, tpu_model, samples[:RANK_SAMPLES], set(int8_ops))
-    ranked = sorted(((name, alone.get(name, _CAP)) for name in int8_ops), key=lambda t: (t[1], t[0]))
+    # the most noise per share of the FLOPs first: cheap ops (heads, element-wise) go to float
+    # before the big convs that hold the FLOPs
+    flops = {op.loc: op.flops() for op in model.ops if op.loc in set(int8_ops)}
+    total = max(1, sum(flops.values()))
+    ranked = sorted(((name, alone.get(name, _CAP)) for name in int8_ops),
+                    key=lambda t: (-10.0 ** (-t[1] / 10.0) / (flops.get(t[0], 0) / total + FLOP_SHARE_EPS), t[0]))
     lo, hi = 0, len(ranked)                          # invariant: keeping `hi` ops meets (checked below)
-    reached_hi, _ = evaluate({n: fmode for n, _ in ranked})
+    reached_hi, _, _ = evaluate({n: fmode for n, _ in ranked})
     best = reached_hi
-    asked = (cos_t, snr_t)
     if not meets(reached_hi):
-        # out of reach by precision alone (even every op in float falls short: outputs that are
-        # nearly constant, or a reference the float mode itself cannot follow): aim for what
-        # all-float reaches, less REACH_MARGIN_DB, rather than keeping every op in float
-        cos_t = min(cos_t, reached_hi[0] - (1.0 - reached_hi[0]))
-        snr_t = min(snr_t, reached_hi[1] - REACH_MARGIN_DB)
+        cos_t, snr_t = _lowered_target((cos_t, snr_t), reached_hi)
     if meets(reached_hi):
         steps = progress(range(max(1, math.ceil(math.log2(len(ranked) + 1)))), desc="mixed precision search",
                          unit="trial")
         it = iter(steps)
         while hi - lo > 1:
             mid = (lo + hi) // 2
-            reached, _ = evaluate({n: fmode for n, _ in ranked[:mid]})
+            reached, _, _ = evaluate({n: fmode for n, _ in ranked[:mid]})
             next(it, None)
             if meets(reached):
                 hi, best = mid, reached
             else:
                 lo = mid
     kept = [(n, fmode, snr) for n, snr in ranked[:hi]]
+    if meets(best):
+        kept, best = _prune(kept, flops, total, fmode, evaluate, meets, best)
     return MixedPrecisionResult({**base, **{n: m for n, m, _ in kept}}, kept, (cos_t, snr_t), best, int8_reached,
-                                evaluations, time.perf_counter() - t0, len(int8_ops), asked, reached_hi)
+                                evaluations, time.perf_counter() - t0, len(int8_ops), asked, reached_hi,
+                                ranking=ranking)
+
+
+def _lowered_target(target, all_float) -> tuple[float, float]:
+    """Out of reach by precision alone (even every op in float falls short: outputs that are
+    nearly constant, or a reference the float mode itself cannot follow): aim for what
+    all-float reaches, less REACH_MARGIN_DB, rather than keeping every op in float."""
+    return (min(target[0], all_float[0] - (1.0 - all_float[0])), min(target[1], all_float[1] - REACH_MARGIN_DB))
+
+
+def _prune(kept, flops, total, fmode, evaluate, meets, best):
+    """Try the float ops holding at least PRUNE_SHARE of the FLOPs back in INT8, the most first,
+    and leave there those the target does without; again after any was left, so that each one
+    still in float is needed there (within PRUNE_TRIALS trials)."""
+    trials, needed = 0, set()
+    while trials < PRUNE_TRIALS:
+        order = sorted((n for n, _, _ in kept if flops.get(n, 0) >= PRUNE_SHARE * total and n not in needed),
+                       key=lambda n: (-flops.get(n, 0), n))
+        if not order:
+            break
+        for name in order[:PRUNE_TRIALS - trials]:
+            trials += 1
+            trial = [k for k in kept if k[0] != name]
+            reached, _, _ = evaluate({n: m for n, m, _ in trial})
+            if meets(reached):
+                kept, best = trial, reached
+                needed.clear()                 # with one op fewer in float, the others are retried
+                break
+            needed.add(name)
+    return kept, best
+
+
+def _grow_and_prune(model, samples, int8_ops, flops, fmode, evaluate, state, meets):
+    """The `effect` strategy: grow the float set where the error appears, then prune it.
+
+    Grow: run the mixed model, compare every tensor with TOP's and, among the ancestors of the
+    outputs (or parts) that miss the target, move to float the ops that add the most noise to
+    their output per share of the FLOPs (1, 2, 4, ... ops a round, ranked again each
+    round); grow trials run on the first RANK_SAMPLES samples, and the result is confirmed on all
+    of them (growing on, if it falls short there). Then `_prune`."""
+    total = max(1, sum(flops.values()))
+    top_run = TopInterpreter(model)
+    top_dumps = [top_run.run(s, dump_all=True) for s in samples[:ATTRIBUTION_SAMPLES]]
+    candidates = set(int8_ops)
+    floated: dict[str, float] = {}            # op -> its drop (dB) when it was moved to float
+    n_samples, batch, all_float = RANK_SAMPLES, 1, None
+    for _ in progress(itertools.count(), desc="mixed precision: grow", unit="round"):
+        dumps: list = []
+        reached, _, figures = evaluate({n: fmode for n in floated}, n_samples=n_samples, dumps=dumps)
+        if meets(reached):
+            if n_samples is None or len(samples) <= n_samples:
+                break
+            reached, _, figures = evaluate({n: fmode for n in floated})   # confirm on every sample
+            if meets(reached):
+                break
+            n_samples = None
+        tc, ts = state["target"]
+        failing = {n.split("[", 1)[1][:-1] if n.endswith("]") else n
+                   for n, (c, s) in figures.items() if c < tc or s < ts}
+        cone = ancestors(model, failing) & candidates
+        cone -= set(floated)
+        if not cone:
+            if all_float is None:
+                all_float, _, _ = evaluate({n: fmode for n in int8_ops})
+                if not meets(all_float):
+                    state["target"] = _lowered_target(state["target"], all_float)
+                    continue
+            if not (candidates - set(floated)):
+                break
+            cone = candidates - set(floated)
+        drops = error_drops(model, top_dumps, dumps, cone)
+        ranked = sorted(cone, key=lambda n: (-drops.get(n, (0, 0))[1] / (flops.get(n, 0) / total + FLOP_SHARE_EPS), n))
+        # an op adding under NOISE_SHARE of the noise the target allows is not worth float
+        allowed = 10.0 ** (-state["target"][1] / 10.0)
+        worth = [n for n in ranked if drops.get(n, (0, 0))[1] >= NOISE_SHARE * allowed] or ranked
+        for n in worth[:batch]:
+            floated[n] = drops.get(n, (0.0, 0.0))[0]
+        batch *= 2
+    kept = [(n, fmode, floated[n]) for n in sorted(floated, key=lambda n: (-flops.get(n, 0), n))]
+    if meets(reached):
+        kept, reached = _prune(kept, flops, total, fmode, evaluate, meets, reached)
+    return kept, reached, all_float
 
 
 def search_mixed_precision(model, chip, table, samples: list[dict], target, *, asymmetric: bool = False,
                            qtable: dict | None = None, float_mode: str | None = None,
                            ranking: str = "isolated") -> MixedPrecisionResult:
-    """The shortest list of ops (along the ranking) to keep in float for the INT8 model to
-    reach `target` ("cosine,sqnr_db"), judged over the samples pooled. `ranking`: "isolated"
-    (each op's own error on exact inputs, one inference in all) or "alone" (the outputs with
-    only that op in INT8: one inference per op, slower, usually fewer ops kept)."""
+    """Ops to keep in float for the INT8 model to reach `target` ("cosine,sqnr_db"), judged
+    over the samples pooled. `ranking`: "isolated" (each op's own error on exact inputs per share
+    of the FLOPs, then the shortest prefix, pruned), "effect" (grow the float set where the error
+    appears, cheapest ops first, then prune it: slower) or "alone" (the outputs with only that
+    op in INT8: one inference per op)."""
     if ranking not in RANKINGS:
         raise UsageError(f"mixed precision ranking {ranking!r}: expected one of {', '.join(RANKINGS)}")
     if not samples:
