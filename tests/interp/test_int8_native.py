@@ -865,8 +865,9 @@ def narrow_cases():
     which it must not: ReLU outputs in [0, 127] with zero point 0, int8 and uint8; the pairs
     vpmaddubsw adds at their extremes (u = 127 against weights -128, 127 and a mixed pair:
     -32512, 32258 and -127); a range at the top of uint8 (offset 128) and at the bottom of int8
-    (-128: an asymmetric ReLU), one across zero ([-100, 27]); 129 values (the data, or data of
-    128 values and a zero point outside them that the padding reads); 1x1 and padded KxK convs,
+    (-128: an asymmetric ReLU), one across zero ([-100, 27]); 129 values (the data, data of 128
+    values but one, last or in the middle, or data of 128 values and a zero point outside them
+    that the padding reads); 1x1 and padded KxK convs,
     partial groups of 4 channels, a bias that saturates. Yields (what, x, zx, w, bias, attrs,
     requant params, narrow)."""
     rng = np.random.default_rng(321)
@@ -889,6 +890,8 @@ def narrow_cases():
         ("uint8 [0, 128]", np.uint8, 0, 128, 0, "random", 6, 5, 1, ATTRS_1X1, False),
         ("int8 [0, 127], zx -1 padded", np.int8, 0, 127, -1, "random", 6, 5, 3, pad3, False),
         ("int8 full", np.int8, -128, 127, 0, "random", 6, 5, 3, pad3, False),
+        ("int8 [0, 127] but the last value -1", np.int8, 0, 127, 0, "random", 40, 5, 1, ATTRS_1X1, False),
+        ("uint8 [0, 127] but a middle value 128", np.uint8, 0, 127, 0, "random", 40, 5, 3, pad3, False),
     ]
     for what, xtype, lo, hi, zx, wkind, c, o, k, attrs, narrow in cases:
         for n, h, wd in ((1, 5, 7), (2, 23, 19)):
@@ -897,6 +900,8 @@ def narrow_cases():
                 x[0, 0, 0, 0] = 0
             else:
                 x.reshape(-1)[::4], x.reshape(-1)[1::7] = hi, lo
+            if "but" in what:            # one value out of the range, past the first blocks the scan shares out
+                x.reshape(-1)[-1 if "last" in what else x.size // 2 + 1] = -1 if xtype == np.int8 else 128
             if wkind == "random":
                 w = rng.integers(-128, 128, (o, c, k, k)).astype(np.int8)
                 w.reshape(-1)[::3] = -128

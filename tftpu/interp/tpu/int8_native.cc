@@ -20,7 +20,8 @@
 // runs): the code is chosen by the compiler's predefined macros, never by -march=native. The GEMM
 // of ungrouped convs: vpdpbusd on zmm (AVX-512 VNNI) > vpdpbusd on ymm (AVX-VNNI) > vpmaddwd on
 // zmm (AVX-512BW) > vpmaddwd on ymm (AVX2) > vpmaddwd on xmm (SSE2, the generic x86-64 build)
-// > plain C++ loops (other CPUs). Requantization: 16 lanes on
+// > plain C++ loops (other CPUs); the AVX-512BW and AVX2 builds also have a vpmaddubsw kernel for
+// inputs that span at most 128 values (ReLU outputs), chosen per call. Requantization: 16 lanes on
 // AVX-512, 8 on AVX2, else scalar (written for the compiler to vectorise). The depthwise conv:
 // vpmaddwd (or vpdpwssd) on pairs of taps, 32 outputs a step on AVX-512, 16 on AVX2, else
 // scalar loops. Every form computes the same integers (tests/interp/test_int8_native.py runs
@@ -926,69 +927,6 @@ TFTPU_INLINE void gemm_impl(const In* x, const typename K::Weight* w, const int6
     }
 }
 
-// The offset s of a GEMM's input (the kernels multiply the bytes u = x - s, mod 256) and whether
-// the narrow kernel takes it. By default s = -128 for int8 data (u = x + 128 = x ^ 0x80) and
-// s = 0 for uint8, so u = x - s lies in [0, 255]: every kernel but the narrow one takes that.
-// The narrow kernel (vpmaddubsw, builds without VNNI) multiplies u by weights in [-128, 127] and
-// adds two products into a saturating int16, exact only while u <= 127 (2 * 127 * 128 = 32512 <
-// 2**15): where every input value (and the zero point, which the im2col padding holds) lies in
-// [lo, lo + 127], s = lo makes u = x - lo in [0, 127] (the byte subtraction wraps to the exact
-// value). Typical: the non-negative outputs of a ReLU with zero point 0. The scan of the input
-// (one pass, stopped once the range is wider) costs little next to the GEMM's Q multiply-adds per
-// output value. `allow` 0 keeps the default (tests compare the two kernels on one input).
-// gemm params as tftpu_gemm's; returns 1 where the narrow kernel applies.
-template <typename In>
-int gemm_offset(const In* x, const int64_t* p, int64_t* s) {
-  const int64_t N = p[0], Q = p[1], P = p[2];
-  const int64_t* g = p + 11;
-  *s = std::is_same_v<In, int8_t> ? -128 : 0;
-#ifdef TFTPU_GEMM_NARROW
-  if (p[4] == 0) return 0;
-  const int64_t n = N * (g[2] == 0 ? Q * P : (Q / (g[2] * g[3])) * g[0] * g[1]);
-  int32_t lo = g[2] == 0 ? 255 : int32_t(In(p[22])), hi = g[2] == 0 ? -128 : int32_t(In(p[22]));
-  constexpr int64_t kStep = 4096;
-  for (int64_t i = 0; i < n && hi - lo <= 127; i += kStep) {
-    const In* __restrict__ v = x + i;
-    const int64_t k = std::min(kStep, n - i);
-    In a = v[0], b = v[0];
-    int64_t j = 0;
-    if (k >= 32) {                          // 32 bytes a step (GCC leaves the scalar loop scalar)
-      __m256i va = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v)), vb = va;
-      for (; j + 32 <= k; j += 32) {
-        const __m256i u = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + j));
-        if constexpr (std::is_same_v<In, int8_t>) {
-          va = _mm256_min_epi8(va, u);
-          vb = _mm256_max_epi8(vb, u);
-        } else {
-          va = _mm256_min_epu8(va, u);
-          vb = _mm256_max_epu8(vb, u);
-        }
-      }
-      alignas(32) In la[32], lb[32];
-      _mm256_store_si256(reinterpret_cast<__m256i*>(la), va);
-      _mm256_store_si256(reinterpret_cast<__m256i*>(lb), vb);
-      for (int t = 0; t < 32; ++t) {
-        a = std::min(a, la[t]);
-        b = std::max(b, lb[t]);
-      }
-    }
-    for (; j < k; ++j) {
-      a = std::min(a, v[j]);
-      b = std::max(b, v[j]);
-    }
-    lo = std::min(lo, int32_t(a));
-    hi = std::max(hi, int32_t(b));
-  }
-  if (n > 0 && hi - lo <= 127) {
-    *s = lo;
-    return 1;
-  }
-#else
-  (void)x, (void)N, (void)Q, (void)P, (void)g;
-#endif
-  return 0;
-}
-
 // Element-wise Add/Sub of two INT8 tensors of one shape: ((a - za) * ma + (b - zb) * mb) shifted
 // right by r with ties away from zero, then zero point and clamp. The caller keeps |ma|, |mb|
 // within +-2**15; with zero points within +-512 (every INT8/UINT8 one) |a - za| < 2**10, so
@@ -1212,6 +1150,78 @@ void split_run(int64_t lo, int64_t hi, int64_t grain, int parts, F f) {
   p->release();
 }
 
+// The offset s of a GEMM's input (the kernels multiply the bytes u = x - s, mod 256) and whether
+// the narrow kernel takes it. By default s = -128 for int8 data (u = x + 128 = x ^ 0x80) and
+// s = 0 for uint8, so u = x - s lies in [0, 255]: every kernel but the narrow one takes that.
+// The narrow kernel (vpmaddubsw, builds without VNNI) multiplies u by weights in [-128, 127] and
+// adds two products into a saturating int16, exact only while u <= 127 (2 * 127 * 128 = 32512 <
+// 2**15): where every input value (and the zero point, which the im2col padding holds) lies in
+// [lo, lo + 127], s = lo makes u = x - lo in [0, 127] (the byte subtraction wraps to the exact
+// value). Typical: the non-negative outputs of a ReLU with zero point 0. The scan of the input
+// (one pass shared among `parts` threads, each stopping once its range is wider) costs little
+// next to the GEMM's Q multiply-adds per output value. params[4] = 0 keeps the default (tests
+// compare the two kernels on one input). gemm params as tftpu_gemm's; returns 1 where the narrow
+// kernel applies.
+template <typename In>
+int gemm_offset(const In* x, const int64_t* p, int64_t* s, int parts) {
+  const int64_t N = p[0], Q = p[1], P = p[2];
+  const int64_t* g = p + 11;
+  *s = std::is_same_v<In, int8_t> ? -128 : 0;
+#ifdef TFTPU_GEMM_NARROW
+  if (p[4] == 0) return 0;
+  const int64_t n = N * (g[2] == 0 ? Q * P : (Q / (g[2] * g[3])) * g[0] * g[1]);
+  int32_t lo = g[2] == 0 ? 255 : int32_t(In(p[22])), hi = g[2] == 0 ? -128 : int32_t(In(p[22]));
+  constexpr int64_t kStep = 4096;
+  // blocks of kStep values shared among the threads, each stopping once its range is too wide
+  std::mutex mu;
+  split_run(0, n, kStep, parts, [&](int64_t i0, int64_t i1) {
+    int32_t l = lo, h = hi;
+    for (int64_t i = i0; i < i1 && h - l <= 127; i += kStep) {
+      const In* __restrict__ v = x + i;
+      const int64_t k = std::min(kStep, i1 - i);
+      In a = v[0], b = v[0];
+      int64_t j = 0;
+      if (k >= 32) {                          // 32 bytes a step (GCC leaves the scalar loop scalar)
+        __m256i va = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v)), vb = va;
+        for (; j + 32 <= k; j += 32) {
+          const __m256i u = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + j));
+          if constexpr (std::is_same_v<In, int8_t>) {
+            va = _mm256_min_epi8(va, u);
+            vb = _mm256_max_epi8(vb, u);
+          } else {
+            va = _mm256_min_epu8(va, u);
+            vb = _mm256_max_epu8(vb, u);
+          }
+        }
+        alignas(32) In la[32], lb[32];
+        _mm256_store_si256(reinterpret_cast<__m256i*>(la), va);
+        _mm256_store_si256(reinterpret_cast<__m256i*>(lb), vb);
+        for (int t = 0; t < 32; ++t) {
+          a = std::min(a, la[t]);
+          b = std::max(b, lb[t]);
+        }
+      }
+      for (; j < k; ++j) {
+        a = std::min(a, v[j]);
+        b = std::max(b, v[j]);
+      }
+      l = std::min(l, int32_t(a));
+      h = std::max(h, int32_t(b));
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    lo = std::min(lo, l);
+    hi = std::max(hi, h);
+  });
+  if (n > 0 && hi - lo <= 127) {
+    *s = lo;
+    return 1;
+  }
+#else
+  (void)x, (void)N, (void)Q, (void)P, (void)g, (void)parts;
+#endif
+  return 0;
+}
+
 }  // namespace
 
 extern "C" {
@@ -1284,8 +1294,8 @@ void tftpu_gemm_pack(const int8_t* w, int64_t O, int64_t Q, void* out) {
 // offset (-1 for an input kind it does not know).
 int tftpu_gemm_offset(const void* x, int in_kind, const int64_t* params, int64_t* s) {
   *s = -1;
-  if (in_kind == 0) return gemm_offset(static_cast<const int8_t*>(x), params, s);
-  if (in_kind == 1) return gemm_offset(static_cast<const uint8_t*>(x), params, s);
+  if (in_kind == 0) return gemm_offset(static_cast<const int8_t*>(x), params, s, 1);
+  if (in_kind == 1) return gemm_offset(static_cast<const uint8_t*>(x), params, s, 1);
   return 0;
 }
 
@@ -1303,7 +1313,7 @@ int tftpu_gemm(const void* x, int in_kind, const void* w, const int64_t* bias, c
   status |= with_in(in_kind, [&](auto* in_tag) {
     using In = std::remove_pointer_t<decltype(in_tag)>;
     int64_t s;
-    [[maybe_unused]] const bool narrow = gemm_offset(static_cast<const In*>(x), params, &s);
+    [[maybe_unused]] const bool narrow = gemm_offset(static_cast<const In*>(x), params, &s, parts);
     std::vector<int64_t> folded(std::max<int64_t>(o1, 0));
     for (int64_t o = o0; o < o1; ++o) folded[o] = bias[o] + s * bias[O + o];
     status |= with_out(out_kind, [&](auto* out_tag) {
