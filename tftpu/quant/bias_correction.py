@@ -1,0 +1,239 @@
+"""Empirical bias correction: the bias of each INT8 conv / matmul / deconv absorbs the mean of
+its per-channel output error.
+
+Rounding a conv's weights to INT8 (and its input to the input's grid, clipped at the
+threshold) shifts each output channel by `sum(dW * E[x])` on average: nonzero wherever the
+inputs have a nonzero mean (after a ReLU, an image's offset). That shift is a constant per
+channel, so the bias can take it back. As AIMET's empirical bias correction, on calibration
+samples the model runs twice side by side, in float and simulated INT8 (`fake_quant` of every
+tensor on the grid the lowering gives it, `tftpu.quant.params`; weights per output channel as
+`int8_conv` / `int8_deconv` quantize them), and op by op in model order (sequentially, so each
+correction sees the corrected ops upstream) the INT8 op's output before its fused ReLU is
+compared with the float one; the per-channel mean difference is subtracted from the bias.
+
+The original model is left as it is (it stays the reference of every check); the corrected
+copy differs from it only in those biases (an op without one gets one).
+
+>>> corrected, report = correct_biases(model, table, samples)   # doctest: +SKIP
+>>> print(report)            # ops corrected, mean |correction| in output steps
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import numpy as np
+from xdsl.dialects.builtin import NoneType
+
+from tftpu.interp.kernels._registry import post_relu
+from tftpu.interp.top_interpreter import TopInterpreter
+from tftpu.ir import attrs as A
+from tftpu.ir import top
+from tftpu.ir.module import TopModel, parse_module
+from tftpu.quant import params as P
+from tftpu.utils.names import unique_name
+
+__all__ = ["correct_biases", "BiasCorrection", "MAX_SAMPLES"]
+
+# samples the correction runs on (the first ones given): the means settle on a few photos, and
+# the float and INT8 runs of every sample are held at once
+MAX_SAMPLES = 8
+
+
+@dataclasses.dataclass
+class BiasCorrection:
+    """What `correct_biases` did: per corrected op (name, type, channels, mean and largest
+    |correction| in steps of the op's output grid), the samples and the seconds it took."""
+
+    ops: list[dict]
+    samples: int
+    seconds: float
+    skipped: dict = dataclasses.field(default_factory=dict)     # op name -> why it was not corrected
+
+    @property
+    def mean_steps(self) -> float:
+        """Mean |correction| over every corrected channel, in output steps."""
+        n = sum(o["channels"] for o in self.ops)
+        return sum(o["mean_steps"] * o["channels"] for o in self.ops) / n if n else 0.0
+
+    def as_dict(self) -> dict:
+        return {"ops": len(self.ops), "samples": self.samples, "seconds": round(self.seconds, 3),
+                "mean_abs_correction_steps": round(self.mean_steps, 4),
+                "max_abs_correction_steps": round(max((o["max_steps"] for o in self.ops), default=0.0), 4),
+                "skipped": len(self.skipped)}
+
+    def __str__(self) -> str:
+        d = self.as_dict()
+        return (f"{d['ops']} conv/matmul/deconv biases corrected over {d['samples']} samples: mean |correction| "
+                f"{d['mean_abs_correction_steps']:.3f} output steps (largest {d['max_abs_correction_steps']:.2f})"
+                + (f", {d['skipped']} skipped" if d["skipped"] else ""))
+
+
+def _fake_quant(x: np.ndarray, q: P.QParams) -> np.ndarray:
+    """x on the INT8 grid `q` (as the float values the integers stand for)."""
+    if x.dtype.kind != "f":
+        return x
+    inv = np.float32(1.0 / q.scale)
+    v = np.clip(np.rint(x.astype(np.float32, copy=False) * inv) + np.float32(q.zero_point), -128, 127)
+    return ((v - np.float32(q.zero_point)) * np.float32(q.scale)).astype(x.dtype, copy=False)
+
+
+def _channel_axis(op, ndim: int) -> int:
+    """The axis of an op's output that holds its output channels."""
+    if isinstance(op, top.MatMul):
+        return ndim - 1
+    return 1 if op.attrs()["layout"] == "NCHW" else ndim - 1
+
+
+def _quantized_weight(op, w: np.ndarray) -> np.ndarray | None:
+    """The INT8 weights an INT8 lowering gives `op`, as floats (None where it would not quantize them)."""
+    if w.dtype.kind != "f" or w.ndim < 2:
+        return None
+    if isinstance(op, top.Conv):
+        axis = 0 if op.attrs()["kernel_layout"] == "OIHW" else -1
+        q, s = P.weights_per_channel(w, axis)
+    elif isinstance(op, top.MatMul):
+        axis = -2 if op.attrs()["right_transpose"] else -1
+        q, s = P.weights_per_channel(w, axis)
+    else:
+        from tftpu.transforms.lowering.int8_deconv import deconv_weights
+        q, axis, s, _ = deconv_weights(w, op.attrs()["group"])
+    shape = [1] * w.ndim
+    shape[axis % w.ndim] = -1
+    return (q.astype(np.float64) * s.reshape(shape)).astype(w.dtype)
+
+
+def _why_not(op, model, table) -> str | None:
+    """Why `op` gets no correction (None: it does)."""
+    x, w, b = op.operands
+    if not isinstance(w.owner, top.Weight):
+        return "its weights are not a constant"
+    if not isinstance(b.type, NoneType) and not isinstance(b.owner, top.Weight):
+        return "its bias is not a constant"
+    if not isinstance(op, top.MatMul) and len(x.type.get_shape()) not in (3, 4):
+        return "3-D convolutions run in float"
+    from tftpu.ir.module import value_name
+    if value_name(x) not in table.entries or value_name(op.results[0]) not in table.entries:
+        return "no calibration entry"
+    if not isinstance(b.type, NoneType):
+        out = op.results[0].type.get_shape()
+        if int(np.prod(b.type.get_shape())) != out[_channel_axis(op, len(out))]:
+            return "its bias is not one value per output channel"
+    if A.dtype_name(op.results[0].type.element_type) != "f32":
+        return "not an f32 op"
+    return None
+
+
+def correct_biases(model: TopModel, table, samples: list[dict], asymmetric: bool | str = False, *,
+                   float_ops: set | None = None, max_samples: int = MAX_SAMPLES) -> tuple[TopModel, BiasCorrection]:
+    """(corrected copy of `model`, report): each Conv / Deconv / MatMul with constant weights
+    and calibrated input and output gets the bias that cancels the mean per-channel difference
+    between its simulated INT8 output and its float output on `samples` (the first
+    `max_samples`), in model order. `asymmetric` is the lowering's (False, True, "auto");
+    `float_ops` names ops that will not run in INT8 (not corrected, simulated in float)."""
+    t0 = time.perf_counter()
+    samples = list(samples)[:max_samples]
+    float_ops = set(float_ops or ())
+    interp = TopInterpreter(model)
+    grids = {name: P.activation(*entry[:3], asymmetric=asymmetric) for name, entry in table.entries.items()}
+    steps_ops = [op for op in model.ops if not isinstance(op, (top.NoneOp, top.Input, top.Weight))]
+    assert len(steps_ops) == len(interp.steps)
+
+    def quant(name, arr):
+        g = grids.get(name)
+        return arr if g is None else _fake_quant(arr, g)
+
+    envs_f, envs_q = [], []
+    for sample in samples:
+        bound = interp._bind(sample)
+        envs_f.append(dict(bound))
+        envs_q.append({s: quant(n, bound[s]) for n, s, _, _ in interp.inputs})
+    consts = interp.consts
+    qweights: dict[int, np.ndarray] = {}
+    corrections: dict[str, np.ndarray] = {}
+    skipped: dict[str, str] = {}
+    rows = []
+    for k, ((kernel, ins, outs, attrs, op_name, loc), op) in enumerate(zip(interp.steps, steps_ops)):
+        weighted = isinstance(op, (top.Conv, top.Deconv, top.MatMul))
+        why = None
+        if weighted:
+            why = "kept in float" if op.loc in float_ops else _why_not(op, model, table)
+            if why is None:
+                wq = qweights.get(ins[1])
+                if wq is None:
+                    wq = _quantized_weight(op, consts[ins[1]])
+                    if wq is None:
+                        why = "its weights are not float"
+                    else:
+                        qweights[ins[1]] = wq
+            if why is not None:
+                skipped[op.loc] = why
+        correct = weighted and why is None
+        run_attrs = dict(attrs, do_relu=False) if correct else attrs
+        diff_sum, count = None, 0
+        pres_q = []
+        for ef, eq in zip(envs_f, envs_q):
+            got_f = kernel([None if s is None else (ef[s] if s in ef else consts[s]) for s in ins], run_attrs)
+            args_q = [None if s is None else (eq[s] if s in eq else consts[s]) for s in ins]
+            if correct:
+                args_q[1] = qweights[ins[1]]
+            got_q = kernel(args_q, run_attrs)
+            if correct:
+                pre_f, pre_q = np.asarray(got_f[0]), np.asarray(got_q[0])
+                axis = _channel_axis(op, pre_f.ndim)
+                reduce = tuple(a for a in range(pre_f.ndim) if a != axis)
+                d = (pre_q.astype(np.float64) - pre_f).sum(axis=reduce)
+                diff_sum = d if diff_sum is None else diff_sum + d
+                count += pre_f.size // pre_f.shape[axis]
+                ef[outs[0]] = post_relu(pre_f.copy(), attrs)
+                pres_q.append(pre_q)
+            else:
+                for s, r in zip(outs, got_f):
+                    ef[s] = r
+                for s, r in zip(outs, got_q):
+                    eq[s] = quant(interp.names[s], r) if op.loc not in float_ops else r
+        if correct:
+            delta = diff_sum / max(count, 1)
+            shape = [1] * pres_q[0].ndim
+            shape[_channel_axis(op, pres_q[0].ndim)] = -1
+            dd = delta.reshape(shape).astype(pres_q[0].dtype)
+            for eq, pre_q in zip(envs_q, pres_q):
+                eq[outs[0]] = quant(interp.names[outs[0]], post_relu(pre_q - dd, attrs))
+            corrections[op.loc] = delta
+            step = grids[interp.names[outs[0]]].scale
+            rows.append({"name": op.loc, "op": op.name, "channels": int(delta.size),
+                         "mean_steps": float(np.mean(np.abs(delta)) / step),
+                         "max_steps": float(np.max(np.abs(delta)) / step)})
+        for s in interp.free_after[k]:
+            for env in envs_f + envs_q:
+                env.pop(s, None)
+    corrected = _apply(model, corrections)
+    return corrected, BiasCorrection(rows, len(samples), time.perf_counter() - t0, skipped)
+
+
+def _apply(model: TopModel, corrections: dict[str, np.ndarray]) -> TopModel:
+    """A copy of `model` whose ops named in `corrections` have `bias - correction` as bias."""
+    copy = TopModel(parse_module(model.text()), dict(model.weights))
+    block = copy.func.body.block
+    for op in copy.ops:
+        delta = corrections.get(op.loc) if isinstance(op, (top.Conv, top.Deconv, top.MatMul)) else None
+        if delta is None:
+            continue
+        b = op.operands[2]
+        if isinstance(b.type, NoneType):
+            old, shape, dtype = np.zeros(delta.size, np.float32), (delta.size,), np.float32
+        else:
+            old = np.asarray(copy.weights[b.owner.key])
+            shape, dtype = old.shape, old.dtype
+        new = (old.astype(np.float64).reshape(-1) - delta).astype(dtype).reshape(shape)
+        if not isinstance(b.type, NoneType) and len(list(b.uses)) == 1:
+            copy.weights[b.owner.key] = new                  # its own weight: a new array under its key
+            continue
+        key = unique_name(f"{op.loc}_bias_corrected", copy.weights)
+        copy.weights[key] = new
+        w = top.Weight.create(result_types=[A.tensor_type(shape, A.dtype_of_numpy(np.dtype(dtype)))])
+        top.set_loc(w, key)
+        block.insert_op_before(w, op)
+        op.operands = [op.operands[0], op.operands[1], w.results[0]]
+    return copy
