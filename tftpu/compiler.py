@@ -229,7 +229,7 @@ def _check_import(stage: Stage, proto, top_model, sample: dict) -> None:
 
 
 def compile(model, *, chip, quantize: str = "INT8", calibration_data=None, calibration_method: str = "mse",
-            test_input=None, input_shapes=None, space_to_depth: bool = True, asymmetric: bool = False,
+            test_input=None, input_shapes=None, space_to_depth: bool = True, asymmetric: bool | str = "auto",
             mixed_precision: str | None = "auto", quantize_table=None, tolerance=None,
             log=None) -> CompiledModel:
     """Compile `model` (an ONNX path or ModelProto, a Keras model or file, a SavedModel
@@ -240,8 +240,10 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None, calib
     list of those; without it a deterministic synthetic set stands in and the report says so.
     `test_input` (default: the first calibration sample) is what every stage is checked on.
     `space_to_depth`: rewrite the stem where the chip's cost model gains (the host then makes the
-    space-to-depth input). `log` (a callable taking a line) reports progress; by default the
-    `tftpu.compile` logger."""
+    space-to-depth input). `asymmetric` (INT8): "auto" gives a zero point to the activations
+    whose range is one-sided (ReLU, sigmoid, SiLU outputs: a grid about twice as fine), True to
+    every activation, False to none. `log` (a callable taking a line) reports progress; by
+    default the `tftpu.compile` logger."""
     from tftpu.pipelines.deploy import deploy
 
     say = log or _LOG.info
@@ -268,7 +270,7 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None, calib
     if mode == "INT8":
         from tftpu import quant
         t0 = time.perf_counter()
-        table = quant.calibrate(top_model, samples, calibration_method, asymmetric=asymmetric)
+        table = quant.calibrate(top_model, samples, calibration_method, asymmetric=bool(asymmetric))
         stages.append(Stage("calibrate", time.perf_counter() - t0,
                             f"{calibration_method} over {len(samples)} {'synthetic ' if synthetic else ''}samples, "
                             f"{len(table.entries)} tensors"))

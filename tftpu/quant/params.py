@@ -49,9 +49,23 @@ def _positive(v: float, fallback: float) -> float:
     return v if math.isfinite(v) and v > 0 else fallback
 
 
-def activation(threshold: float, lo: float, hi: float, asymmetric: bool = False) -> QParams:
+# asymmetric="auto" gives a tensor a zero point where that makes its step at most this share of
+# the symmetric one (a one-sided range: ReLU, sigmoid, SiLU and HardSwish outputs get ~2x finer)
+ONE_SIDED_STEP = 0.75
+
+
+def one_sided(threshold: float, lo: float, hi: float) -> bool:
+    """Whether a zero point buys a tensor a clearly finer grid than symmetric INT8."""
+    span = max(float(hi), 0.0) - min(float(lo), 0.0)
+    return math.isfinite(span) and threshold > 0 and span / 255.0 <= ONE_SIDED_STEP * threshold / QMAX
+
+
+def activation(threshold: float, lo: float, hi: float, asymmetric: bool | str = False) -> QParams:
     """The INT8 grid of one activation from its calibration entry (threshold, min, max).
+    `asymmetric`: False, True, or "auto" (a zero point only where the range is `one_sided`).
     A tensor that was always zero gets scale 1/127 (any scale represents it exactly)."""
+    if asymmetric == "auto":
+        asymmetric = one_sided(threshold, lo, hi)
     if not asymmetric:
         return QParams(_positive(threshold / QMAX, 1.0 / QMAX))
     lo, hi = min(float(lo), 0.0), max(float(hi), 0.0)

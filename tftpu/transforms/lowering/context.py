@@ -44,7 +44,7 @@ class Decision:
 class Lowering:
     """Builds the TPU module of `model` for `chip` in `mode` (see `tftpu.transforms.lowering.lower`)."""
 
-    def __init__(self, model, chip, mode: str, table=None, asymmetric: bool = False):
+    def __init__(self, model, chip, mode: str, table=None, asymmetric: bool | str = False):
         self.src = model
         self.chip = chip
         self.mode = mode
@@ -216,5 +216,5 @@ class Lowering:
             "module.state": StringAttr("TPU_LOWERED"),
             "module.chip": StringAttr(self.chip.name),
             "module.mode": StringAttr(self.mode),
-            "module.asymmetric": IntegerAttr(1 if self.asymmetric else 0, i1)})
+            "module.asymmetric": IntegerAttr(1 if self.asymmetric and self.mode == "INT8" else 0, i1)})
         return TpuModel(module, self.weights)

@@ -68,18 +68,25 @@ class LoweringReport:
         return "\n".join(lines)
 
 
-def lower(model, chip, mode: str, table=None, qtable: dict | None = None, asymmetric: bool = False):
+ASYMMETRIC = (False, True, "auto")
+
+
+def lower(model, chip, mode: str, table=None, qtable: dict | None = None, asymmetric: bool | str = False):
     """(TpuModel, LoweringReport): `model` lowered for `chip` (name, path or Chip) in `mode`.
 
     `table` (a CalibrationTable) is required for INT8. `qtable` maps TOP op names to the mode
-    each must run in (TPU-MLIR's quantize table)."""
+    each must run in (TPU-MLIR's quantize table). `asymmetric`: activations with zero points
+    (True), symmetric (False), or "auto": a zero point where the range is one-sided (best with a
+    table calibrated `asymmetric=True`, whose min/max are the clipped asymmetric ranges)."""
     chip = chips.load(chip)
     mode = mode.upper()
     if mode not in chips.MODES:
         raise UsageError(f"mode {mode!r}: expected one of {', '.join(chips.MODES)}")
     if mode not in chip.modes:
         raise UsageError(f"chip {chip.name} does not run {mode} (it runs {', '.join(chip.modes)})")
-    if asymmetric and mode != "INT8":
+    if asymmetric not in ASYMMETRIC:
+        raise UsageError(f"asymmetric={asymmetric!r}: expected one of False, True, 'auto'")
+    if asymmetric is True and mode != "INT8":
         raise UsageError("asymmetric quantization is an INT8 mode")
     qtable = dict(qtable or {})
     if mode == "INT8" and table is None and any(m == "INT8" for m in qtable.values()) or \
