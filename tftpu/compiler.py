@@ -231,7 +231,7 @@ def _check_import(stage: Stage, proto, top_model, sample: dict) -> None:
 def compile(model, *, chip, quantize: str = "INT8", calibration_data=None, calibration_method: str = "mse",
             test_input=None, input_shapes=None, space_to_depth: bool = True, asymmetric: bool | str = "auto",
             mixed_precision: str | None = "auto", quantize_table=None, tolerance=None,
-            log=None) -> CompiledModel:
+            bias_correction: bool = True, log=None) -> CompiledModel:
     """Compile `model` (an ONNX path or ModelProto, a Keras model or file, a SavedModel
     directory, a `.tflite`, a `.top.mlir` path or TopModel) for `chip` (a name such as "npu1" or
     "edge16", or a YAML path) in `quantize` mode (INT8, F16, BF16, F32).
@@ -242,7 +242,10 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None, calib
     `space_to_depth`: rewrite the stem where the chip's cost model gains (the host then makes the
     space-to-depth input). `asymmetric` (INT8): "auto" gives a zero point to the activations
     whose range is one-sided (ReLU, sigmoid, SiLU outputs: a grid about twice as fine), True to
-    every activation, False to none. `log` (a callable taking a line) reports progress; by
+    every activation, False to none. `bias_correction` (INT8): lower a copy of the model whose
+    conv / matmul / deconv biases absorb the mean per-channel INT8 error measured on the
+    calibration samples (`tftpu.quant.bias_correction`); every check still compares against the
+    model as given. `log` (a callable taking a line) reports progress; by
     default the `tftpu.compile` logger."""
     from tftpu.pipelines.deploy import deploy
 
@@ -279,8 +282,11 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None, calib
     deployed = deploy(top_model, quantize=mode, chip=chip, calibration_table=table, asymmetric=asymmetric,
                       quantize_table=quantize_table, test_input=check, tolerance=tolerance,
                       mixed_precision=mixed_precision, samples=[s for s in samples if s is not check][:8],
-                      space_to_depth=space_to_depth)
+                      space_to_depth=space_to_depth, bias_correction=bias_correction)
     secs = deployed.seconds
+    if deployed.bias_correction is not None:
+        stages.append(Stage("bias correction", secs.get("bias correction", 0.0), str(deployed.bias_correction)))
+        extra["bias_correction"] = deployed.bias_correction.as_dict()
     s2d = deployed.s2d or {}
     if space_to_depth:
         state = ("applied: " if s2d.get("applied") else "declined: ") + s2d.get("reason", "no strided stem on the image")

@@ -54,6 +54,7 @@ class DeployResult:
     simulator: dict | None = None               # the simulator's outputs against TPU inference
     model_file: Path | None = None
     trace: Path | None = None
+    bias_correction: object | None = None       # tftpu.quant.bias_correction.BiasCorrection, when one ran
 
     @property
     def checked(self) -> bool:
@@ -154,7 +155,7 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
            test_input=None, test_reference=None, tolerance=None, tpu_mlir=None, report=None,
            mixed_precision: str | None = "auto", samples: list[dict] | None = None,
            mixed_precision_ranking: str = "isolated", space_to_depth: bool = False, model=None,
-           trace=None) -> DeployResult:
+           trace=None, bias_correction: bool = False) -> DeployResult:
     """Lower the TOP model `mlir` (a path or TopModel) for `chip` in `quantize` mode.
 
     `test_input` (a dict of arrays or an .npz path) checks the TPU model against TOP, and
@@ -167,7 +168,10 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     see `tftpu.transforms.space_to_depth`; the host then makes the S2D input). The backend always
     runs (layer groups, DDR plan, codegen, the estimated timeline); `model` writes the
     `.tpumodel`, `trace` its timeline (Chrome trace JSON), and with a test input the simulator
-    runs the program and is checked against TPU inference."""
+    runs the program and is checked against TPU inference. `bias_correction` (INT8): the model
+    lowered is a copy whose conv / matmul / deconv biases absorb the mean INT8 error measured on
+    `samples` (else the test input; `tftpu.quant.bias_correction`), the ops the search keeps in
+    float excepted; every check still compares against the model given."""
     from tftpu.ir.module import TopModel, TpuModel, load
     from tftpu.quant.qtable import read_qtable
     from tftpu.quant.table import read_table
@@ -219,8 +223,16 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
                                         qtable=qtable, ranking=mixed_precision_ranking)
         qtable = search.qtable
         seconds["mixed precision search"] = time.perf_counter() - t1
+    lowered, corrected = top_model, None
+    if bias_correction and mode == "INT8" and table is not None and (samples or inputs is not None):
+        from tftpu.quant.bias_correction import correct_biases
+        t1 = time.perf_counter()
+        kept = {name for name, m in (qtable or {}).items() if str(m).upper() != "INT8"}
+        lowered, corrected = correct_biases(top_model, table, samples or [inputs], asymmetric=asymmetric,
+                                            float_ops=kept)
+        seconds["bias correction"] = time.perf_counter() - t1
     t1 = time.perf_counter()
-    tpu_model, lowering = lower(top_model, the_chip, mode, table, qtable=qtable, asymmetric=asymmetric)
+    tpu_model, lowering = lower(lowered, the_chip, mode, table, qtable=qtable, asymmetric=asymmetric)
     tpu_model.verify()
     seconds["lower"] = time.perf_counter() - t1
     t1 = time.perf_counter()
@@ -252,7 +264,7 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
                          for n in original.output_names]
                 stem["max_rel_diff"] = max(diffs, default=0.0)
     result = DeployResult(tpu_model, lowering, tol, search=search, memory=memory, cycles=cycles, s2d=stem,
-                          program=program, profile=prof)
+                          program=program, profile=prof, bias_correction=corrected)
     if inputs is not None:
         t1 = time.perf_counter()
         pool = [inputs] + [s for s in (samples or []) if s is not inputs]

@@ -10,6 +10,12 @@ tensor on the grid the lowering gives it, `tftpu.quant.params`; weights per outp
 `int8_conv` / `int8_deconv` quantize them), and op by op in model order (sequentially, so each
 correction sees the corrected ops upstream) the INT8 op's output before its fused ReLU is
 compared with the float one; the per-channel mean difference is subtracted from the bias.
+Two choices, measured on mediapipe's detectors and selfie segmenter (10 photos, two folds of
+5 calibration / 5 held-out): with a fused ReLU only the positions the ReLU passes on count
+(where the float output is in (0, limit): the rest is cut anyway; selfie segmentation pooled
+SQNR 2.3 -> 5.7 dB from that alone), and each channel's mean is shrunk by how much it varies
+from sample to sample (`_shrunk_mean`: a shift specific to a few images does not carry over
+to the next one; +0.2 to +0.7 dB on every output over the plain mean).
 
 The original model is left as it is (it stays the reference of every check); the corrected
 copy differs from it only in those biases (an op without one gets one).
@@ -39,6 +45,7 @@ __all__ = ["correct_biases", "BiasCorrection", "MAX_SAMPLES"]
 # samples the correction runs on (the first ones given): the means settle on a few photos, and
 # the float and INT8 runs of every sample are held at once
 MAX_SAMPLES = 8
+GRID = 1024
 
 
 @dataclasses.dataclass
@@ -171,7 +178,7 @@ def correct_biases(model: TopModel, table, samples: list[dict], asymmetric: bool
                 skipped[op.loc] = why
         correct = weighted and why is None
         run_attrs = dict(attrs, do_relu=False) if correct else attrs
-        diff_sum, count = None, 0
+        sums, counts = [], []
         pres_q = []
         for ef, eq in zip(envs_f, envs_q):
             got_f = kernel([None if s is None else (ef[s] if s in ef else consts[s]) for s in ins], run_attrs)
@@ -183,9 +190,17 @@ def correct_biases(model: TopModel, table, samples: list[dict], asymmetric: bool
                 pre_f, pre_q = np.asarray(got_f[0]), np.asarray(got_q[0])
                 axis = _channel_axis(op, pre_f.ndim)
                 reduce = tuple(a for a in range(pre_f.ndim) if a != axis)
-                d = (pre_q.astype(np.float64) - pre_f).sum(axis=reduce)
-                diff_sum = d if diff_sum is None else diff_sum + d
-                count += pre_f.size // pre_f.shape[axis]
+                diff = pre_q.astype(np.float64) - pre_f
+                if attrs.get("do_relu", False):     # only where the fused ReLU passes the output on
+                    live = pre_f > 0
+                    lim = float(attrs.get("relu_limit", -1.0) or -1.0)
+                    if lim >= 0:
+                        live &= pre_f < lim
+                    d, c = np.where(live, diff, 0.0).sum(axis=reduce), live.sum(axis=reduce)
+                else:
+                    d, c = diff.sum(axis=reduce), pre_f.size // pre_f.shape[axis]
+                sums.append(d)
+                counts.append(np.broadcast_to(c, d.shape).astype(np.float64))
                 ef[outs[0]] = post_relu(pre_f.copy(), attrs)
                 pres_q.append(pre_q)
             else:
@@ -194,14 +209,16 @@ def correct_biases(model: TopModel, table, samples: list[dict], asymmetric: bool
                 for s, r in zip(outs, got_q):
                     eq[s] = quant(interp.names[s], r) if op.loc not in float_ops else r
         if correct:
-            delta = diff_sum / max(count, 1)
+            step = grids[interp.names[outs[0]]].scale
+            # on a grid of 1/1024 output step: last-bit noise of the CPU's float kernels moves no byte
+            delta = np.rint(_shrunk_mean(np.array(sums), np.array(counts)) * (GRID / step)) * (step / GRID)
             shape = [1] * pres_q[0].ndim
             shape[_channel_axis(op, pres_q[0].ndim)] = -1
             dd = delta.reshape(shape).astype(pres_q[0].dtype)
             for eq, pre_q in zip(envs_q, pres_q):
                 eq[outs[0]] = quant(interp.names[outs[0]], post_relu(pre_q - dd, attrs))
-            corrections[op.loc] = delta
-            step = grids[interp.names[outs[0]]].scale
+            if np.any(delta):
+                corrections[op.loc] = delta
             rows.append({"name": op.loc, "op": op.name, "channels": int(delta.size),
                          "mean_steps": float(np.mean(np.abs(delta)) / step),
                          "max_steps": float(np.max(np.abs(delta)) / step)})
@@ -210,6 +227,22 @@ def correct_biases(model: TopModel, table, samples: list[dict], asymmetric: bool
                 env.pop(s, None)
     corrected = _apply(model, corrections)
     return corrected, BiasCorrection(rows, len(samples), time.perf_counter() - t0, skipped)
+
+
+def _shrunk_mean(sums: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Per channel, the mean difference over all samples (`sums`, `counts`: [sample, channel]),
+    shrunk towards 0 by how much it varies from sample to sample: `m * m^2 / (m^2 + se^2)`,
+    `se` the standard error of the per-sample means. A shift every sample shows is taken whole;
+    one that depends on the image (and would not hold on the next) is mostly left alone."""
+    total = counts.sum(axis=0)
+    mean = sums.sum(axis=0) / np.maximum(total, 1)
+    seen = counts > 0
+    n = seen.sum(axis=0)
+    per = np.where(seen, sums / np.maximum(counts, 1), 0.0)
+    var = np.where(seen, (per - mean) ** 2, 0.0).sum(axis=0) / np.maximum(n - 1, 1)
+    se2 = np.where(n > 1, var / np.maximum(n, 1), np.inf)
+    m2 = mean ** 2
+    return np.where(m2 > 0, mean * m2 / (m2 + se2), 0.0)
 
 
 def _apply(model: TopModel, corrections: dict[str, np.ndarray]) -> TopModel:

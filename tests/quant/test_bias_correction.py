@@ -1,0 +1,147 @@
+"""Empirical bias correction (`tftpu.quant.bias_correction`): the mean per-channel INT8 error of
+a conv whose weights all round one way is taken back by its bias; the corrected copy differs
+from the model only in biases; deploy / compile still judge against the model as given; the
+same inputs give the same bytes; with the flag off nothing changes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tftpu
+from tftpu import quant
+from tftpu.interp.top_interpreter import TopInterpreter
+from tftpu.interp.tpu import TpuInterpreter
+from tftpu.ir import TopBuilder, top
+from tftpu.pipelines.deploy import deploy, verify
+from tftpu.quant.bias_correction import correct_biases
+from tftpu.transforms.lowering import lower
+
+STEP = 0.01
+
+
+def biased_net():
+    """Positive inputs (as after a ReLU) -> a 3x3 conv without bias whose weights all lie 0.4 of
+    an INT8 step above a level (INT8 rounds every one down) -> ReLU conv with a bias, same trick."""
+    rng = np.random.default_rng(3)
+
+    def weights(o, i):
+        k = rng.integers(-100, 100, size=(o, i, 3, 3)).astype(np.float64)
+        w = (k + 0.4) * STEP
+        w[:, 0, 0, 0] = 127 * STEP                     # max |w| = 127 steps: the scale is STEP exactly
+        return w.astype(np.float32)
+
+    b = TopBuilder("biased")
+    x = b.input("x", (1, 4, 10, 10))
+    c1 = b.op("Conv", [x, b.weight("w1", weights(6, 4)), b.none()],
+              {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}, "c1")
+    c2 = b.op("Conv", [c1, b.weight("w2", weights(5, 6) * 0.1), b.weight("b2", np.full(5, 0.5, np.float32))],
+              {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "do_relu": True}, "c2")
+    model = b.finish([c2])
+    samples = [{"x": rng.uniform(0, 1, (1, 4, 10, 10)).astype(np.float32)} for _ in range(6)]
+    held = [{"x": rng.uniform(0, 1, (1, 4, 10, 10)).astype(np.float32)} for _ in range(4)]
+    return model, samples, held
+
+
+@pytest.fixture(scope="module")
+def case():
+    model, samples, held = biased_net()
+    return model, quant.calibrate(model, samples, "mse"), samples, held
+
+
+def _channel_error(model, tpu, name, held) -> np.ndarray:
+    """Per channel, the mean of (INT8 - float) of tensor `name` over `held`."""
+    top_run, tpu_run = TopInterpreter(model), TpuInterpreter(tpu)
+    diffs = [tpu_run.run(s, dump_all=True, dequantize=True)[name].astype(np.float64)
+             - top_run.run(s, dump_all=True)[name] for s in held]
+    return np.mean(diffs, axis=(0, 1, 3, 4))
+
+
+def test_biased_rounding_is_taken_back_by_the_bias(case):
+    model, table, samples, held = case
+    corrected, report = correct_biases(model, table, samples)
+    assert [o["name"] for o in report.ops] == ["c1", "c2"] and report.samples == 6
+    base, _ = lower(model, "npu1", "INT8", table)
+    fixed, _ = lower(corrected, "npu1", "INT8", table)
+    before, after = _channel_error(model, base, "c1", held), _channel_error(model, fixed, "c1", held)
+    # every weight rounded down by 0.4 step on inputs of mean 0.5: about -0.4 * 0.5 * 36 steps
+    assert np.all(before < -3 * STEP)
+    assert np.max(np.abs(after)) < 0.2 * np.max(np.abs(before))
+    ref = [TopInterpreter(model).run(s)["c2"] for s in held]
+    err = [np.mean((TpuInterpreter(t).run(s, dequantize=True)["c2"] - r) ** 2)
+           for t in (base, fixed) for s, r in zip(held, ref)]
+    assert np.mean(err[len(held):]) < np.mean(err[:len(held)])       # the output closer to float too
+    assert "2 conv/matmul/deconv biases corrected over 6 samples" in str(report)
+
+
+def test_the_corrected_copy_differs_only_in_biases(case):
+    model, table, samples, _ = case
+    text, weights = model.text(), {k: v.copy() for k, v in model.weights.items()}
+    corrected, report = correct_biases(model, table, samples)
+    assert model.text() == text and all(np.array_equal(model.weights[k], v) for k, v in weights.items())
+    ops = lambda m: [(op.name, op.loc, op.attrs()) for op in m.ops if not isinstance(op, (top.Weight, top.NoneOp))]
+    assert ops(corrected) == ops(model)
+    corrected.verify()
+    changed = {k for k in corrected.used_weights() if k not in model.weights
+               or not np.array_equal(corrected.weights[k], model.weights[k])}
+    assert changed == {"b2", "c1_bias_corrected"}       # c1 had no bias: it has one now
+    c1 = next(op for op in corrected.ops if op.loc == "c1")
+    assert c1.operands[2].owner.loc == "c1_bias_corrected"
+    # c1 is linear: its float output moves by its new bias, channel by channel, and nothing else
+    x = samples[0]
+    a = TopInterpreter(model).run(x, dump_all=True)["c1"]
+    b = TopInterpreter(corrected).run(x, dump_all=True)["c1"]
+    np.testing.assert_allclose(b - a, np.broadcast_to(corrected.weights["c1_bias_corrected"].reshape(1, -1, 1, 1), a.shape),
+                               atol=1e-5)
+
+
+def test_deploy_lowers_the_corrected_copy_and_judges_against_the_model(case):
+    model, table, samples, held = case
+    res = deploy(model, quantize="INT8", chip="npu1", calibration_table=table, test_input=held[0],
+                 samples=samples, mixed_precision="none", bias_correction=True)
+    assert res.bias_correction is not None and len(res.bias_correction.ops) == 2
+    plain, _ = lower(model, "npu1", "INT8", table)
+    assert not np.array_equal(res.model.weights[_bias_key(res.model, "c2")], plain.weights[_bias_key(plain, "c2")])
+    pool = [held[0]] + samples
+    _, rows, _ = verify(model, res.model, pool, res.tolerance)            # against the original model
+    assert (res.outputs[0].cosine, res.outputs[0].sqnr) == (rows[0].cosine, rows[0].sqnr)
+    corrected, _ = correct_biases(model, table, samples)
+    _, rows, _ = verify(corrected, res.model, pool, res.tolerance)        # not the corrected copy
+    assert res.outputs[0].sqnr != rows[0].sqnr
+    assert res.simulator["passed"]
+    # the same inputs give the same bytes
+    again = deploy(model, quantize="INT8", chip="npu1", calibration_table=table, test_input=held[0],
+                   samples=samples, mixed_precision="none", bias_correction=True)
+    assert again.model.text() == res.model.text()
+    assert all(np.array_equal(again.model.weights[k], v) for k, v in res.model.weights.items())
+
+
+def test_flag_off_is_the_plain_lowering(case):
+    model, table, samples, held = case
+    res = deploy(model, quantize="INT8", chip="npu1", calibration_table=table, test_input=held[0],
+                 samples=samples, mixed_precision="none", bias_correction=False)
+    before = deploy(model, quantize="INT8", chip="npu1", calibration_table=table, test_input=held[0],
+                    samples=samples, mixed_precision="none")                  # as deploy was
+    plain, _ = lower(model, "npu1", "INT8", table)
+    assert res.bias_correction is None and res.model.text() == before.model.text()
+    assert res.model.weights.keys() == plain.weights.keys()
+    assert all(np.array_equal(plain.weights[k], v) for k, v in res.model.weights.items())
+
+
+def test_compile_corrects_by_default_and_reports_it(case):
+    model, _, samples, held = case
+    on = tftpu.compile(model, chip="npu1", calibration_data=samples, test_input=held[0], mixed_precision="none",
+                       space_to_depth=False)
+    stage = next(s for s in on.stages if s.name == "bias correction")
+    assert "biases corrected" in stage.check and on.report["bias_correction"]["ops"] == 2
+    assert on.top_model is not None and "c1_bias_corrected" not in on.top_model.weights     # the model as given
+    off = tftpu.compile(model, chip="npu1", calibration_data=samples, test_input=held[0], mixed_precision="none",
+                        space_to_depth=False, bias_correction=False)
+    assert "bias_correction" not in off.report and all(s.name != "bias correction" for s in off.stages)
+    sq = lambda c: min(r.sqnr for r in c.deployed.outputs)
+    assert sq(on) > sq(off)
+
+
+def _bias_key(tpu, loc):
+    op = next(o for o in tpu.ops if o.name == "tpu.Conv" and o.loc.split("_i8")[0] == loc)
+    return op.operands[2].owner.key
