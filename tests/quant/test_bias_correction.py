@@ -145,3 +145,35 @@ def test_compile_corrects_by_default_and_reports_it(case):
 def _bias_key(tpu, loc):
     op = next(o for o in tpu.ops if o.name == "tpu.Conv" and o.loc.split("_i8")[0] == loc)
     return op.operands[2].owner.key
+
+
+def test_a_relu_after_the_conv_counts_like_a_fused_one():
+    """Only the positions a ReLU passes on count, fused (do_relu) or as the conv's only reader;
+    a PReLU weights the cut side by its slope."""
+    rng = np.random.default_rng(5)
+    w = (rng.integers(-100, 100, size=(4, 3, 3, 3)) + 0.4) * STEP
+    w[:, 0, 0, 0] = 127 * STEP
+    w = w.astype(np.float32)
+    samples = [{"x": rng.uniform(-1, 1, (1, 3, 8, 8)).astype(np.float32)} for _ in range(4)]
+
+    def build(kind):
+        b = TopBuilder(kind)
+        x = b.input("x", (1, 3, 8, 8))
+        attrs = {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "do_relu": kind == "fused"}
+        c = b.op("Conv", [x, b.weight("w", w), b.weight("b", np.zeros(4, np.float32))], attrs, "c")
+        if kind == "relu":
+            c = b.op("Relu", [c], {}, "r")
+        elif kind == "prelu":
+            c = b.op("PRelu", [c, b.weight("s", np.full((4, 1, 1), 0.25, np.float32))], {}, "r")
+        m = b.finish([c])
+        return m, quant.calibrate(m, samples, "mse")
+
+    deltas = {}
+    for kind in ("fused", "relu", "prelu", "none"):
+        m, table = build(kind)
+        if kind == "relu":
+            table.entries["c"] = build("fused")[1].entries["c"]      # the same grids as the fused conv
+        corrected, _ = correct_biases(m, table, samples)
+        deltas[kind] = corrected.weights["b"]
+    np.testing.assert_array_equal(deltas["relu"], deltas["fused"])
+    assert not np.array_equal(deltas["prelu"], deltas["fused"]) and not np.array_equal(deltas["none"], deltas["fused"])

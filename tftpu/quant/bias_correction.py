@@ -191,12 +191,9 @@ def correct_biases(model: TopModel, table, samples: list[dict], asymmetric: bool
                 axis = _channel_axis(op, pre_f.ndim)
                 reduce = tuple(a for a in range(pre_f.ndim) if a != axis)
                 diff = pre_q.astype(np.float64) - pre_f
-                if attrs.get("do_relu", False):     # only where the fused ReLU passes the output on
-                    live = pre_f > 0
-                    lim = float(attrs.get("relu_limit", -1.0) or -1.0)
-                    if lim >= 0:
-                        live &= pre_f < lim
-                    d, c = np.where(live, diff, 0.0).sum(axis=reduce), live.sum(axis=reduce)
+                slope = _slope(op, attrs, pre_f, model)
+                if slope is not None:               # weighted by how much of it the activation passes on
+                    d, c = (slope * diff).sum(axis=reduce), slope.sum(axis=reduce)
                 else:
                     d, c = diff.sum(axis=reduce), pre_f.size // pre_f.shape[axis]
                 sums.append(d)
@@ -227,6 +224,38 @@ def correct_biases(model: TopModel, table, samples: list[dict], asymmetric: bool
                 env.pop(s, None)
     corrected = _apply(model, corrections)
     return corrected, BiasCorrection(rows, len(samples), time.perf_counter() - t0, skipped)
+
+
+def _slope(op, attrs: dict, y: np.ndarray, model: TopModel) -> np.ndarray | None:
+    """|d act / dy| of the ReLU-like activation `op`'s output goes through (fused, or its only
+    reader), at the float output `y`; None when there is none (every position counts alike).
+    A bias shift moves what follows by this much, so the mean error is weighted by it: where a
+    ReLU cuts the output, its error does not matter."""
+    def window(lo, hi):
+        return ((y > lo) & (y < hi)).astype(np.float64)
+
+    if attrs.get("do_relu", False):
+        lim = float(attrs.get("relu_limit", -1.0) or -1.0)
+        return window(0.0, lim if lim >= 0 else np.inf)
+    uses = list(op.results[0].uses)
+    if len(uses) != 1 or uses[0].index != 0:
+        return None
+    user = uses[0].operation
+    if isinstance(user, top.Relu):
+        lim = float(user.attrs().get("relu_limit", -1.0) or -1.0)
+        return window(0.0, lim if lim >= 0 else np.inf)
+    if isinstance(user, top.Clip):
+        a = user.attrs()
+        return window(float(a["min"]), float(a["max"]))
+    if isinstance(user, top.LeakyRelu):
+        return np.where(y >= 0, 1.0, abs(float(user.attrs()["alpha"])))
+    if isinstance(user, top.PRelu) and isinstance(user.operands[1].owner, top.Weight):
+        k = np.abs(np.asarray(model.weights[user.operands[1].owner.key], np.float64))
+        try:
+            return np.where(y > 0, 1.0, np.broadcast_to(k, y.shape))
+        except ValueError:
+            return None
+    return None
 
 
 def _shrunk_mean(sums: np.ndarray, counts: np.ndarray) -> np.ndarray:
