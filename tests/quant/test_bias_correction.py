@@ -177,3 +177,25 @@ def test_a_relu_after_the_conv_counts_like_a_fused_one():
         deltas[kind] = corrected.weights["b"]
     np.testing.assert_array_equal(deltas["relu"], deltas["fused"])
     assert not np.array_equal(deltas["prelu"], deltas["fused"]) and not np.array_equal(deltas["none"], deltas["fused"])
+
+
+def test_deploy_keeps_the_model_as_given_where_the_test_input_loses(case, monkeypatch):
+    import tftpu.pipelines.deploy as D
+
+    model, table, samples, held = case
+    kept = deploy(model, quantize="INT8", chip="npu1", calibration_table=table, test_input=held[0],
+                  samples=samples, mixed_precision="none", bias_correction=True)
+    assert kept.bias_correction.kept and "kept: worst output SQNR on the test input" in str(kept.bias_correction)
+    real = D._keep_correction
+
+    def refuse(*args):
+        real(*args)
+        args[-1].kept = False
+        return False
+
+    monkeypatch.setattr(D, "_keep_correction", refuse)
+    res = deploy(model, quantize="INT8", chip="npu1", calibration_table=table, test_input=held[0],
+                 samples=samples, mixed_precision="none", bias_correction=True)
+    plain, _ = lower(model, "npu1", "INT8", table)
+    assert not res.bias_correction.kept and res.model.weights.keys() == plain.weights.keys()
+    assert all(np.array_equal(plain.weights[k], v) for k, v in res.model.weights.items())

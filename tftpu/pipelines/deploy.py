@@ -235,6 +235,13 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     tpu_model, lowering = lower(lowered, the_chip, mode, table, qtable=qtable, asymmetric=asymmetric)
     tpu_model.verify()
     seconds["lower"] = time.perf_counter() - t1
+    if corrected is not None and inputs is not None and samples and all(s is not inputs for s in samples):
+        t1 = time.perf_counter()                 # kept only where the held-out test input gains
+        plain = lower(top_model, the_chip, mode, table, qtable=qtable, asymmetric=asymmetric)
+        if not _keep_correction(top_model, tpu_model, plain[0], inputs, corrected):
+            tpu_model, lowering = plain
+            tpu_model.verify()
+        seconds["bias correction"] += time.perf_counter() - t1
     t1 = time.perf_counter()
     from tftpu.backend import estimate, s2d_stem
     from tftpu.backend.codegen import annotate, generate
@@ -292,6 +299,25 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
         from tftpu.pipelines.deploy_report import write_report
         write_report(report, result)
     return result
+
+
+def _keep_correction(top_model, corrected_tpu, plain_tpu, inputs: dict, report) -> bool:
+    """Whether the bias-corrected TPU model's worst output SQNR against TOP on the test input
+    (held out of the correction) is at least the uncorrected one's; notes the figures in `report`."""
+    from tftpu.interp.similarity import sqnr
+
+    ref = TopInterpreter(top_model).run(inputs)
+
+    def worst(tpu) -> float:
+        got = TpuInterpreter(tpu).run(inputs, dequantize=True)
+        vals = [sqnr(ref[n], got[n]) for n in top_model.output_names]
+        return min((-math.inf if math.isnan(v) else v) for v in vals) if vals else math.inf
+
+    before, after = worst(plain_tpu), worst(corrected_tpu)
+    report.kept = after >= before
+    report.check = (f"{'kept' if report.kept else 'not kept'}: worst output SQNR on the test input "
+                    f"{before:.2f} -> {after:.2f} dB")
+    return report.kept
 
 
 def _inputs(model, test_input):

@@ -57,6 +57,8 @@ class BiasCorrection:
     samples: int
     seconds: float
     skipped: dict = dataclasses.field(default_factory=dict)     # op name -> why it was not corrected
+    kept: bool = True                                           # False: the lowering took the model as given
+    check: str = ""                                             # how that was decided, when it was
 
     @property
     def mean_steps(self) -> float:
@@ -68,13 +70,13 @@ class BiasCorrection:
         return {"ops": len(self.ops), "samples": self.samples, "seconds": round(self.seconds, 3),
                 "mean_abs_correction_steps": round(self.mean_steps, 4),
                 "max_abs_correction_steps": round(max((o["max_steps"] for o in self.ops), default=0.0), 4),
-                "skipped": len(self.skipped)}
+                "skipped": len(self.skipped), "kept": self.kept, "check": self.check}
 
     def __str__(self) -> str:
         d = self.as_dict()
         return (f"{d['ops']} conv/matmul/deconv biases corrected over {d['samples']} samples: mean |correction| "
                 f"{d['mean_abs_correction_steps']:.3f} output steps (largest {d['max_abs_correction_steps']:.2f})"
-                + (f", {d['skipped']} skipped" if d["skipped"] else ""))
+                + (f", {d['skipped']} skipped" if d["skipped"] else "") + (f"; {self.check}" if self.check else ""))
 
 
 def _fake_quant(x: np.ndarray, q: P.QParams) -> np.ndarray:
