@@ -716,7 +716,7 @@ TFTPU_INLINE void gemm_tile(const typename K::Elem* __restrict__ xb, int64_t xst
 // The weight packing of kernel K (this build's own layout; Python asks its size and has it
 // packed once per op): [ceil(O / kRows)][ceil(Q / kGroup)][kRows][kGroup] Weight, zeros past O
 // and Q. Builds with a narrow kernel keep both packings, the narrow one after the other at a
-// 64-byte offset (gemm_packed_parts).
+// 64-byte offset (gemm_narrow_offset).
 template <typename K>
 TFTPU_INLINE int64_t gemm_groups(int64_t Q) { return (Q + K::kGroup - 1) / K::kGroup; }
 
@@ -1158,12 +1158,13 @@ void split_run(int64_t lo, int64_t hi, int64_t grain, int parts, F f) {
 // 2**15): where every input value (and the zero point, which the im2col padding holds) lies in
 // [lo, lo + 127], s = lo makes u = x - lo in [0, 127] (the byte subtraction wraps to the exact
 // value). Typical: the non-negative outputs of a ReLU with zero point 0. The scan of the input
-// (one pass shared among `parts` threads, each stopping once its range is wider) costs little
-// next to the GEMM's Q multiply-adds per output value. params[4] = 0 keeps the default (tests
-// compare the two kernels on one input). gemm params as tftpu_gemm's; returns 1 where the narrow
-// kernel applies.
+// (one pass, stopped once the range is wider) costs little next to the GEMM's Q multiply-adds per
+// output value; it runs on the calling thread (sharing it out cost a second hand-over to the
+// workers per conv, which on a loaded machine cost more than the scan). params[4] = 0 keeps the
+// default (tests compare the two kernels on one input). gemm params as tftpu_gemm's; returns 1
+// where the narrow kernel applies.
 template <typename In>
-int gemm_offset(const In* x, const int64_t* p, int64_t* s, int parts) {
+int gemm_offset(const In* x, const int64_t* p, int64_t* s) {
   const int64_t N = p[0], Q = p[1], P = p[2];
   const int64_t* g = p + 11;
   *s = std::is_same_v<In, int8_t> ? -128 : 0;
@@ -1172,52 +1173,44 @@ int gemm_offset(const In* x, const int64_t* p, int64_t* s, int parts) {
   const int64_t n = N * (g[2] == 0 ? Q * P : (Q / (g[2] * g[3])) * g[0] * g[1]);
   int32_t lo = g[2] == 0 ? 255 : int32_t(In(p[22])), hi = g[2] == 0 ? -128 : int32_t(In(p[22]));
   constexpr int64_t kStep = 4096;
-  // blocks of kStep values shared among the threads, each stopping once its range is too wide
-  std::mutex mu;
-  split_run(0, n, kStep, parts, [&](int64_t i0, int64_t i1) {
-    int32_t l = lo, h = hi;
-    for (int64_t i = i0; i < i1 && h - l <= 127; i += kStep) {
-      const In* __restrict__ v = x + i;
-      const int64_t k = std::min(kStep, i1 - i);
-      In a = v[0], b = v[0];
-      int64_t j = 0;
-      if (k >= 32) {                          // 32 bytes a step (GCC leaves the scalar loop scalar)
-        __m256i va = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v)), vb = va;
-        for (; j + 32 <= k; j += 32) {
-          const __m256i u = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + j));
-          if constexpr (std::is_same_v<In, int8_t>) {
-            va = _mm256_min_epi8(va, u);
-            vb = _mm256_max_epi8(vb, u);
-          } else {
-            va = _mm256_min_epu8(va, u);
-            vb = _mm256_max_epu8(vb, u);
-          }
-        }
-        alignas(32) In la[32], lb[32];
-        _mm256_store_si256(reinterpret_cast<__m256i*>(la), va);
-        _mm256_store_si256(reinterpret_cast<__m256i*>(lb), vb);
-        for (int t = 0; t < 32; ++t) {
-          a = std::min(a, la[t]);
-          b = std::max(b, lb[t]);
+  for (int64_t i = 0; i < n && hi - lo <= 127; i += kStep) {     // stops once the range is wider
+    const In* __restrict__ v = x + i;
+    const int64_t k = std::min(kStep, n - i);
+    In a = v[0], b = v[0];
+    int64_t j = 0;
+    if (k >= 32) {                          // 32 bytes a step (GCC leaves the scalar loop scalar)
+      __m256i va = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v)), vb = va;
+      for (; j + 32 <= k; j += 32) {
+        const __m256i u = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + j));
+        if constexpr (std::is_same_v<In, int8_t>) {
+          va = _mm256_min_epi8(va, u);
+          vb = _mm256_max_epi8(vb, u);
+        } else {
+          va = _mm256_min_epu8(va, u);
+          vb = _mm256_max_epu8(vb, u);
         }
       }
-      for (; j < k; ++j) {
-        a = std::min(a, v[j]);
-        b = std::max(b, v[j]);
+      alignas(32) In la[32], lb[32];
+      _mm256_store_si256(reinterpret_cast<__m256i*>(la), va);
+      _mm256_store_si256(reinterpret_cast<__m256i*>(lb), vb);
+      for (int t = 0; t < 32; ++t) {
+        a = std::min(a, la[t]);
+        b = std::max(b, lb[t]);
       }
-      l = std::min(l, int32_t(a));
-      h = std::max(h, int32_t(b));
     }
-    std::lock_guard<std::mutex> lock(mu);
-    lo = std::min(lo, l);
-    hi = std::max(hi, h);
-  });
+    for (; j < k; ++j) {
+      a = std::min(a, v[j]);
+      b = std::max(b, v[j]);
+    }
+    lo = std::min(lo, int32_t(a));
+    hi = std::max(hi, int32_t(b));
+  }
   if (n > 0 && hi - lo <= 127) {
     *s = lo;
     return 1;
   }
 #else
-  (void)x, (void)N, (void)Q, (void)P, (void)g, (void)parts;
+  (void)x, (void)N, (void)Q, (void)P, (void)g;
 #endif
   return 0;
 }
@@ -1294,8 +1287,8 @@ void tftpu_gemm_pack(const int8_t* w, int64_t O, int64_t Q, void* out) {
 // offset (-1 for an input kind it does not know).
 int tftpu_gemm_offset(const void* x, int in_kind, const int64_t* params, int64_t* s) {
   *s = -1;
-  if (in_kind == 0) return gemm_offset(static_cast<const int8_t*>(x), params, s, 1);
-  if (in_kind == 1) return gemm_offset(static_cast<const uint8_t*>(x), params, s, 1);
+  if (in_kind == 0) return gemm_offset(static_cast<const int8_t*>(x), params, s);
+  if (in_kind == 1) return gemm_offset(static_cast<const uint8_t*>(x), params, s);
   return 0;
 }
 
@@ -1313,7 +1306,7 @@ int tftpu_gemm(const void* x, int in_kind, const void* w, const int64_t* bias, c
   status |= with_in(in_kind, [&](auto* in_tag) {
     using In = std::remove_pointer_t<decltype(in_tag)>;
     int64_t s;
-    [[maybe_unused]] const bool narrow = gemm_offset(static_cast<const In*>(x), params, &s, parts);
+    [[maybe_unused]] const bool narrow = gemm_offset(static_cast<const In*>(x), params, &s);
     std::vector<int64_t> folded(std::max<int64_t>(o1, 0));
     for (int64_t o = o0; o < o1; ++o) folded[o] = bias[o] + s * bias[O + o];
     status |= with_out(out_kind, [&](auto* out_tag) {
