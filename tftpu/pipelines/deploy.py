@@ -171,7 +171,8 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     runs the program and is checked against TPU inference. `bias_correction` (INT8): the model
     lowered is a copy whose conv / matmul / deconv biases absorb the mean INT8 error measured on
     `samples` (else the test input; `tftpu.quant.bias_correction`), the ops the search keeps in
-    float excepted; every check still compares against the model given."""
+    float excepted, kept only if its worst output SQNR on the test input (when that is held out of
+    `samples`) is not lower; every check still compares against the model given."""
     from tftpu.ir.module import TopModel, TpuModel, load
     from tftpu.quant.qtable import read_qtable
     from tftpu.quant.table import read_table
