@@ -239,7 +239,8 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     if corrected is not None and inputs is not None and samples and all(s is not inputs for s in samples):
         t1 = time.perf_counter()                 # kept only where the held-out test input gains
         plain = lower(top_model, the_chip, mode, table, qtable=qtable, asymmetric=asymmetric)
-        if not _keep_correction(top_model, tpu_model, plain[0], inputs, corrected):
+        held = [inputs] + samples[corrected.samples:][:GUARD_SAMPLES - 1]      # what the correction did not see
+        if not _keep_correction(top_model, tpu_model, plain[0], held, corrected):
             tpu_model, lowering = plain
             tpu_model.verify()
         seconds["bias correction"] += time.perf_counter() - t1
@@ -302,22 +303,29 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     return result
 
 
-def _keep_correction(top_model, corrected_tpu, plain_tpu, inputs: dict, report) -> bool:
-    """Whether the bias-corrected TPU model's worst output SQNR against TOP on the test input
-    (held out of the correction) is at least the uncorrected one's; notes the figures in `report`."""
+GUARD_SAMPLES = 3        # the test input and up to 2 samples the bias correction left out
+
+
+def _keep_correction(top_model, corrected_tpu, plain_tpu, held: list[dict], report) -> bool:
+    """Whether the bias-corrected TPU model's worst output SQNR against TOP over `held` (the
+    test input, and samples the correction did not use) is at least the uncorrected one's;
+    notes the figures in `report`."""
     from tftpu.interp.similarity import sqnr
 
-    ref = TopInterpreter(top_model).run(inputs)
+    top_run = TopInterpreter(top_model)
+    refs = [top_run.run(x) for x in held]
 
     def worst(tpu) -> float:
-        got = TpuInterpreter(tpu).run(inputs, dequantize=True)
-        vals = [sqnr(ref[n], got[n]) for n in top_model.output_names]
+        run = TpuInterpreter(tpu)
+        vals = [sqnr(ref[n], got[n]) for x, ref in zip(held, refs)
+                for got in [run.run(x, dequantize=True)] for n in top_model.output_names]
         return min((-math.inf if math.isnan(v) else v) for v in vals) if vals else math.inf
 
     before, after = worst(plain_tpu), worst(corrected_tpu)
     report.kept = after >= before
-    report.check = (f"{'kept' if report.kept else 'not kept'}: worst output SQNR on the test input "
-                    f"{before:.2f} -> {after:.2f} dB")
+    where = "the test input" + (f" and {len(held) - 1} held-out sample{'s' if len(held) > 2 else ''}"
+                                if len(held) > 1 else "")
+    report.check = f"{'kept' if report.kept else 'not kept'}: worst output SQNR on {where} {before:.2f} -> {after:.2f} dB"
     return report.kept
 
 
