@@ -117,18 +117,19 @@ def test_schedule_properties(commands):
 
 def test_schedule_scales_linearly():
     """Scheduling is linear in the commands (a ratio, not a time: CI machines differ and share
-    their cores): 10x the commands take well under the 100x a quadratic scheduler would."""
+    their cores; best of 5): 10x the commands take well under the 100x a quadratic scheduler
+    would."""
     def best_time(n: int) -> float:
         commands = [cmd("dma" if i % 3 else "tiu", 1 + i % 7, *((i - 1,) if i else ())) for i in range(n)]
         best = float("inf")
-        for _ in range(3):
+        for _ in range(5):
             t = time.perf_counter()
             slots = schedule(commands)
             best = min(best, time.perf_counter() - t)
         assert len(slots) == n
         return best
 
-    assert best_time(100_000) < 30 * best_time(10_000)
+    assert best_time(100_000) < 50 * best_time(10_000)
 
 
 def test_chrome_trace_format():
