@@ -1,11 +1,11 @@
 """Mixed precision: keep few ops (few FLOPs) in float until the INT8 model's outputs reach a target.
 
-Each INT8 op is ranked by the noise it adds per share of the model's FLOPs, so cheap ops
-(heads, element-wise) go to float before the convs that hold the FLOPs. `isolated` (the default)
-measures an op's own error: run once on TOP's exact inputs, quantized onto the grids it reads
-(one inference's worth of work for the whole ranking); `alone` uses TPU-MLIR's measure, the
-outputs with only that op in INT8 (one inference per op). A binary search then finds the
-shortest prefix of the ranking to keep in float. `effect` grows the float set instead where the
+`isolated` (the default) ranks each INT8 op by the noise it adds per share of the model's
+FLOPs, so cheap ops (heads, element-wise) go to float before the convs that hold the FLOPs; the
+noise is the op's own error, run once on TOP's exact inputs quantized onto the grids it reads
+(one inference's worth of work for the whole ranking). `alone` ranks by TPU-MLIR's measure, the
+outputs with only that op in INT8 (one inference per op), worst first. A binary search then
+finds the shortest prefix of the ranking to keep in float. `effect` grows the float set instead where the
 error appears: it runs the mixed model, compares every tensor with TOP's and, among the
 ancestors of the outputs that miss, floats the ops adding the most noise, a few more each round.
 Each strategy ends by trying the float ops holding the most FLOPs back in INT8 (prune). Outputs,
@@ -380,12 +380,13 @@ def _search(model, chip, table, samples, target, asymmetric, qtable, float_mode,
     else:
         tpu_model, _ = lower(model, chip, "INT8", table, qtable=base, asymmetric=asymmetric)
         alone = isolated_errors(model, tpu_model, samples[:RANK_SAMPLES], set(int8_ops))
-    # the most noise per share of the FLOPs first: cheap ops (heads, element-wise) go to float
-    # before the big convs that hold the FLOPs
     flops = {op.loc: op.flops() for op in model.ops if op.loc in set(int8_ops)}
     total = max(1, sum(flops.values()))
-    ranked = sorted(((name, alone.get(name, _CAP)) for name in int8_ops),
-                    key=lambda t: (-10.0 ** (-t[1] / 10.0) / (flops.get(t[0], 0) / total + FLOP_SHARE_EPS), t[0]))
+    if ranking == "alone":                       # TPU-MLIR's order: the worst outputs first
+        ranked = sorted(((name, alone.get(name, _CAP)) for name in int8_ops), key=lambda t: (t[1], t[0]))
+    else:                                        # the most noise per share of the FLOPs first: cheap
+        ranked = sorted(((name, alone.get(name, _CAP)) for name in int8_ops),   # ops before big convs
+                        key=lambda t: (-10.0 ** (-t[1] / 10.0) / (flops.get(t[0], 0) / total + FLOP_SHARE_EPS), t[0]))
     lo, hi = 0, len(ranked)                          # invariant: keeping `hi` ops meets (checked below)
     reached_hi, _, _ = evaluate({n: fmode for n, _ in ranked})
     best = reached_hi
