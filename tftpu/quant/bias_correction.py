@@ -45,7 +45,7 @@ __all__ = ["correct_biases", "BiasCorrection", "MAX_SAMPLES"]
 # samples the correction runs on (the first ones given): the means settle on a few photos, and
 # the float and INT8 runs of every sample are held at once; at most MAX_SAMPLES, fewer (not under
 # 2) where they would hold more than INPUT_BUDGET input values together (4 images of 640x640:
-# PP-OCRv6_det_small's correction ~15 s on 2 cores)
+# PP-OCRv6_det_small: 15-20 s on 2 shared cores)
 MAX_SAMPLES = 8
 INPUT_BUDGET = 4 * 3 * 640 * 640
 GRID = 1024
