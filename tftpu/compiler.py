@@ -244,8 +244,8 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None, calib
     whose range is one-sided (ReLU, sigmoid, SiLU outputs: a grid about twice as fine), True to
     every activation, False to none. `bias_correction` (INT8): lower a copy of the model whose
     conv / matmul / deconv biases absorb the mean per-channel INT8 error measured on the
-    calibration samples (`tftpu.quant.bias_correction`), kept where the worst output SQNR on the
-    test input does not drop; every check still compares against the model as given. `log` (a
+    calibration samples (`tftpu.quant.bias_correction`), kept where the worst output SQNR the
+    lower stage reports does not drop; every check still compares against the model as given. `log` (a
     callable taking a line) reports progress; by
     default the `tftpu.compile` logger."""
     from tftpu.pipelines.deploy import deploy

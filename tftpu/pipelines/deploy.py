@@ -171,8 +171,8 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     runs the program and is checked against TPU inference. `bias_correction` (INT8): the model
     lowered is a copy whose conv / matmul / deconv biases absorb the mean INT8 error measured on
     `samples` (else the test input; `tftpu.quant.bias_correction`), the ops the search keeps in
-    float excepted, kept only if its worst output SQNR on the test input (when that is held out of
-    `samples`) is not lower; every check still compares against the model given."""
+    float excepted, kept only if the worst output SQNR verify finds (test input and `samples`)
+    does not drop for it; every check still compares against the model given."""
     from tftpu.ir.module import TopModel, TpuModel, load
     from tftpu.quant.qtable import read_qtable
     from tftpu.quant.table import read_table
@@ -236,11 +236,11 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     tpu_model, lowering = lower(lowered, the_chip, mode, table, qtable=qtable, asymmetric=asymmetric)
     tpu_model.verify()
     seconds["lower"] = time.perf_counter() - t1
-    if corrected is not None and inputs is not None and samples and all(s is not inputs for s in samples):
-        t1 = time.perf_counter()                 # kept only where the held-out test input gains
+    if corrected is not None and inputs is not None:
+        t1 = time.perf_counter()                 # kept only where the outputs verify judges do not lose
         plain = lower(top_model, the_chip, mode, table, qtable=qtable, asymmetric=asymmetric)
-        held = [inputs] + samples[corrected.samples:][:GUARD_SAMPLES - 1]      # what the correction did not see
-        if not _keep_correction(top_model, tpu_model, plain[0], held, corrected):
+        judged = [inputs] + [x for x in (samples or []) if x is not inputs]     # what verify judges on
+        if not _keep_correction(top_model, tpu_model, plain[0], judged, corrected):
             tpu_model, lowering = plain
             tpu_model.verify()
         seconds["bias correction"] += time.perf_counter() - t1
@@ -303,13 +303,10 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     return result
 
 
-GUARD_SAMPLES = 3        # the test input and up to 2 samples the bias correction left out
-
-
 def _keep_correction(top_model, corrected_tpu, plain_tpu, held: list[dict], report) -> bool:
     """Whether the bias-corrected TPU model's worst output SQNR against TOP over `held` (the
-    test input, and samples the correction did not use) is at least the uncorrected one's;
-    notes the figures in `report`."""
+    test input first, and the samples verify judges on) is at least the uncorrected one's, so
+    the figures deploy reports never drop for it; notes them in `report`."""
     from tftpu.interp.similarity import sqnr
 
     top_run = TopInterpreter(top_model)
@@ -323,8 +320,7 @@ def _keep_correction(top_model, corrected_tpu, plain_tpu, held: list[dict], repo
 
     before, after = worst(plain_tpu), worst(corrected_tpu)
     report.kept = after >= before
-    where = "the test input" + (f" and {len(held) - 1} held-out sample{'s' if len(held) > 2 else ''}"
-                                if len(held) > 1 else "")
+    where = "the test input" + (f" and {len(held) - 1} sample{'s' if len(held) > 2 else ''}" if len(held) > 1 else "")
     report.check = f"{'kept' if report.kept else 'not kept'}: worst output SQNR on {where} {before:.2f} -> {after:.2f} dB"
     return report.kept
 
