@@ -40,6 +40,9 @@ flags.DEFINE_enum("mixed_precision_ranking", "isolated", ["isolated", "effect", 
                   "the float ops holding the most FLOPs back in INT8")
 flags.DEFINE_bool("space_to_depth", False, "rewrite the first strided conv on the image to its space-to-depth "
                   "form first, where the chip's matrix unit gains (the image is rearranged in the module)")
+flags.DEFINE_bool("bias_correction", False, "INT8: lower a copy whose conv/matmul/deconv biases absorb the mean "
+                  "per-channel INT8 error measured on --test_input, kept only where its outputs get no further "
+                  "from TOP; every check still compares against the TOP model given")
 flags.DEFINE_string("tpu_mlir", None, "output TPU module (.tpu.mlir; its weights .npz go beside it)")
 flags.DEFINE_string("report", None, "report file: .json for data, .html (any other suffix) for a page")
 flags.DEFINE_string("model", None, "output model file (.tpumodel): the compiled program for the simulator "
@@ -63,10 +66,13 @@ def main(args):
                     asymmetric=FLAGS.asymmetric, test_input=FLAGS.test_input, test_reference=FLAGS.test_reference,
                     tolerance=FLAGS.tolerance, tpu_mlir=FLAGS.tpu_mlir, report=FLAGS.report,
                     mixed_precision=FLAGS.mixed_precision, mixed_precision_ranking=FLAGS.mixed_precision_ranking,
-                    space_to_depth=FLAGS.space_to_depth, model=FLAGS.model, trace=FLAGS.trace)
+                    space_to_depth=FLAGS.space_to_depth, model=FLAGS.model, trace=FLAGS.trace,
+                    bias_correction=FLAGS.bias_correction)
     print(result.lowering)
     if result.search is not None:
         print(result.search)
+    if result.bias_correction is not None:
+        print(f"bias correction: {result.bias_correction}")
     if result.memory is not None:
         print(result.memory)
     if result.program is not None:

@@ -200,3 +200,23 @@ def test_deploy_keeps_the_model_as_given_where_the_test_input_loses(case, monkey
     plain, _ = lower(model, "npu1", "INT8", table)
     assert not res.bias_correction.kept and res.model.weights.keys() == plain.weights.keys()
     assert all(np.array_equal(plain.weights[k], v) for k, v in res.model.weights.items())
+
+
+def test_tftpu_deploy_flag(case, tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    model, table, _, held = case
+    top_path, _ = model.save(tmp_path / "biased.top.mlir")
+    table.save(tmp_path / "cali")
+    np.savez(tmp_path / "in.npz", **held[0])
+    args = [str(Path(sys.executable).parent / "tftpu-deploy"), f"--mlir={top_path}", "--quantize=INT8", "--chip=npu1",
+            f"--calibration_table={tmp_path / 'cali'}", f"--test_input={tmp_path / 'in.npz'}",
+            "--mixed_precision=none"]
+    on = subprocess.run(args + ["--bias_correction"], capture_output=True, text=True, timeout=300)
+    assert on.returncode == 0, on.stderr
+    assert "bias correction: 2 conv/matmul/deconv biases corrected over 1 samples" in on.stdout
+    assert "worst output SQNR on the test input" in on.stdout
+    off = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    assert off.returncode == 0 and "bias correction" not in off.stdout
