@@ -299,6 +299,9 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None, calib
     out_rows = list(deployed.outputs) + [r for _, part in deployed.parts for r in part]
     worst = min(out_rows, key=lambda r: (r.passed, r.cosine, r.sqnr)) if out_rows else None
     lowering = ", ".join(f"{n} {m}" for m, n in sorted(deployed.lowering.counts().items()))
+    shares = deployed.lowering.flop_shares()
+    if len(shares) > 1:
+        lowering += "; FLOPs " + ", ".join(f"{v:.1%} {m}" for m, v in shares.items())
     stages.append(Stage("lower", secs.get("lower", 0.0) + secs.get("mixed precision search", 0.0) + secs.get("verify", 0.0),
                         f"TPU ({lowering}) vs TOP: worst output cosine {worst.cosine:.6f}, SQNR {worst.sqnr:.1f} dB"
                         + (f" ({worst.note})" if worst.note else "") if worst else f"TPU ({lowering})", all(r.passed for r in out_rows) if out_rows else None))

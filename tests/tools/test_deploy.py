@@ -293,3 +293,27 @@ def test_error_drops_find_where_the_noise_appears(cnn_case):
     assert noise_added(25.0, 20.0) > noise_added(60.0, 30.0)
     assert ancestors(model, set(model.output_names)) >= set(int8)
     assert ancestors(model, set()) == set()
+
+
+def test_flop_shares_and_latency_against_all_int8(cnn_case, tmp_path):
+    """The report says how much of the work each mode runs, and what the float ops cost."""
+    model, table, samples = cnn_case
+    pure = deploy(model, quantize="INT8", chip="npu1", calibration_table=table, test_input=samples[0],
+                  mixed_precision="none")
+    assert pure.lowering.flop_shares() == {"INT8": 1.0}
+    res = deploy(model, quantize="INT8", chip="npu1", calibration_table=table, test_input=samples[0],
+                 samples=samples[1:], quantize_table={"c1": "F16"}, mixed_precision="0.99,200",
+                 report=tmp_path / "r.json")
+    shares = res.lowering.flop_shares()
+    flops = {op.loc: op.flops() for op in model.ops}
+    total = sum(d.flops for d in res.lowering.decisions)
+    assert total == sum(flops[d.name] for d in res.lowering.decisions) > 0
+    assert shares["F16"] >= flops["c1"] / total and abs(sum(shares.values()) - 1) < 1e-9
+    assert "FLOPs:" in str(res.lowering) and "% INT8" in str(res.lowering)
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert data["flop_shares"] == {m: round(v, 6) for m, v in shares.items()}
+    search = res.search
+    assert search is not None and search.kept and search.latency_ratio is not None
+    # float ops cost cycles the all-INT8 program (c1 still pinned to F16 by the table) does not
+    assert search.latency_ratio > 1.0 and "the all-INT8 program" in str(search)
+    assert data["mixed_precision"]["latency_vs_all_int8"] == round(search.latency_ratio, 4)

@@ -222,7 +222,7 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
         t1 = time.perf_counter()
         search = search_mixed_precision(top_model, the_chip, table, pool, mixed_precision, asymmetric=asymmetric,
                                         qtable=qtable, ranking=mixed_precision_ranking)
-        qtable = search.qtable
+        given_qtable, qtable = qtable, search.qtable
         seconds["mixed precision search"] = time.perf_counter() - t1
     lowered, corrected = top_model, None
     if bias_correction and mode == "INT8" and table is not None and (samples or inputs is not None):
@@ -249,6 +249,10 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     from tftpu.backend.codegen import annotate, generate
     from tftpu.backend.profile import profile
     cycles = estimate(tpu_model, the_chip)
+    all_int8_us = None
+    if search is not None and search.kept:       # what the float ops cost: the program all in INT8
+        all_int8_us = estimate(lower(top_model, the_chip, mode, table, qtable=given_qtable,
+                                     asymmetric=asymmetric)[0], the_chip).latency_us
     program = generate(tpu_model, the_chip)
     annotate(program)                 # addresses and group_info into the module's text
     memory = program.memory
@@ -272,6 +276,8 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
                 diffs = [float(np.max(np.abs(want[n].astype(np.float64) - got[n]) / (np.max(np.abs(want[n])) + 1e-30)))
                          for n in original.output_names]
                 stem["max_rel_diff"] = max(diffs, default=0.0)
+    if all_int8_us is not None:
+        search.latency_ratio = cycles.latency_us / all_int8_us if all_int8_us > 0 else 1.0
     result = DeployResult(tpu_model, lowering, tol, search=search, memory=memory, cycles=cycles, s2d=stem,
                           program=program, profile=prof, bias_correction=corrected)
     if inputs is not None:

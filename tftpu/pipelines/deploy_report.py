@@ -50,6 +50,7 @@ def report_data(result) -> dict:
         "checked": result.checked, "passed": result.passed if result.checked else None,
         "flops": int(model.flops()),
         "modes": result.lowering.counts(),
+        "flop_shares": {m: round(v, 6) for m, v in result.lowering.flop_shares().items()},
         "ops": _ops(result),
         "outputs": [_row(r) for r in result.outputs],
         "output_parts": [{"output": out, "parts": [_row(r) for r in rows]} for out, rows in result.parts],

@@ -39,6 +39,7 @@ class Decision:
     op: str
     mode: str
     reason: str = ""
+    flops: int = 0
 
 
 class Lowering:
@@ -111,7 +112,7 @@ class Lowering:
         return attributes
 
     def record(self, top_op, mode: str, reason: str = "") -> None:
-        self.decisions.append(Decision(top_op.loc, top_op.name, mode, reason))
+        self.decisions.append(Decision(top_op.loc, top_op.name, mode, reason, int(top_op.flops())))
 
     # ------------------------------------------------------------ quantization parameters
 

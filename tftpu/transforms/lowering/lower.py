@@ -55,6 +55,15 @@ class LoweringReport:
     def counts(self) -> dict[str, int]:
         return dict(Counter(d.mode for d in self.decisions))
 
+    def flop_shares(self) -> dict[str, float]:
+        """The share of the model's FLOPs each mode runs (what decides speed on a chip whose
+        INT8 rate is a multiple of its float rate, where op counts mislead)."""
+        by_mode: Counter = Counter()
+        for d in self.decisions:
+            by_mode[d.mode] += d.flops
+        total = sum(by_mode.values())
+        return {m: (n / total if total else 0.0) for m, n in sorted(by_mode.items())}
+
     @property
     def fallbacks(self) -> list[Decision]:
         """Ops that did not run in the mode asked for, with the reason."""
@@ -62,7 +71,11 @@ class LoweringReport:
 
     def __str__(self) -> str:
         counts = ", ".join(f"{n} {m}" for m, n in sorted(self.counts().items()))
-        lines = [f"lowered for {self.chip} in {self.mode}: {counts}"]
+        shares = self.flop_shares()
+        flops = ""
+        if len(shares) > 1:
+            flops = " (FLOPs: " + ", ".join(f"{share:.1%} {m}" for m, share in shares.items()) + ")"
+        lines = [f"lowered for {self.chip} in {self.mode}: {counts}{flops}"]
         for d in self.fallbacks:
             lines.append(f"  {d.name} ({d.op}): {d.mode}: {d.reason}")
         return "\n".join(lines)

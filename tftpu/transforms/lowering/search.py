@@ -69,6 +69,7 @@ class MixedPrecisionResult:
     asked: tuple = ()          # the target as given (`target` is lowered when out of reach)
     all_float: tuple = ()      # worst (cosine, sqnr) with every candidate in float
     ranking: str = "isolated"
+    latency_ratio: float | None = None   # estimated latency over the all-INT8 program's (set by deploy)
 
     @property
     def met(self) -> bool:
@@ -99,6 +100,8 @@ class MixedPrecisionResult:
 
     def __str__(self) -> str:
         lines = ["mixed precision: " + self.summary]
+        if self.latency_ratio is not None:
+            lines[0] += f"; estimated latency {self.latency_ratio:.2f}x the all-INT8 program's"
         for name, mode, db in self.kept:
             if self.ranking == "effect":
                 lines.append(f"  {name}: {mode} (in INT8 its output lost {db:.1f} dB SQNR against its inputs)")
@@ -114,6 +117,7 @@ class MixedPrecisionResult:
                 "int8_reached": list(self.int8_reached), "met": self.met, "evaluations": self.evaluations,
                 "seconds": round(self.seconds, 3),
                 "ranking": self.ranking,
+                "latency_vs_all_int8": None if self.latency_ratio is None else round(self.latency_ratio, 4),
                 "kept": [{"name": n, "mode": m, _KEPT_FIGURE[self.ranking]: round(d, 3)} for n, m, d in self.kept]}
 
 
