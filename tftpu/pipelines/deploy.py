@@ -310,18 +310,23 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
 
 
 def _keep_correction(top_model, corrected_tpu, plain_tpu, held: list[dict], report) -> bool:
-    """Whether the bias-corrected TPU model's worst output SQNR against TOP over `held` (the
-    test input first, and the samples verify judges on) is at least the uncorrected one's, so
-    the figures deploy reports never drop for it; notes them in `report`."""
+    """Whether the bias-corrected TPU model's worst SQNR against TOP over `held` (the test input
+    first, and the samples verify judges on), of any output or part of a concatenated output, is
+    at least the uncorrected one's; notes the figures in `report`."""
     from tftpu.interp.similarity import sqnr
 
+    parts = [spec for specs in output_parts(top_model).values() for spec in specs]
     top_run = TopInterpreter(top_model)
-    refs = [top_run.run(x) for x in held]
+    refs = [top_run.run(x, dump_all=bool(parts)) for x in held]
 
     def worst(tpu) -> float:
         run = TpuInterpreter(tpu)
-        vals = [sqnr(ref[n], got[n]) for x, ref in zip(held, refs)
-                for got in [run.run(x, dequantize=True)] for n in top_model.output_names]
+        vals = []
+        for x, ref in zip(held, refs):
+            got = run.run(x, dump_all=bool(parts), dequantize=True)
+            vals += [sqnr(ref[n], got[n]) for n in top_model.output_names]
+            for spec in parts:                  # each part of a concatenated output, as verify
+                vals += [sqnr(a, b) for (_, a), (_, b) in zip(part_slices(ref, spec), part_slices(got, spec))]
         return min((-math.inf if math.isnan(v) else v) for v in vals) if vals else math.inf
 
     before, after = worst(plain_tpu), worst(corrected_tpu)
