@@ -220,3 +220,14 @@ def test_tftpu_deploy_flag(case, tmp_path):
     assert "worst output SQNR on the test input" in on.stdout
     off = subprocess.run(args, capture_output=True, text=True, timeout=300)
     assert off.returncode == 0 and "bias correction" not in off.stdout
+
+
+def test_the_guard_judges_concatenated_parts():
+    from tests.tools.test_deploy import detector, samples_for
+
+    model = detector()
+    samples = samples_for(model)
+    table = quant.calibrate(model, samples, "mse")
+    res = deploy(model, quantize="INT8", chip="npu1", calibration_table=table, test_input=samples[0],
+                 samples=samples[1:], mixed_precision="none", bias_correction=True)
+    assert res.parts and "worst output SQNR on the test input and 5 samples" in res.bias_correction.check
