@@ -671,7 +671,8 @@ constexpr int64_t kTilePixels = K::kVecs * K::kLanes;
 // channels in the packed weight.
 template <typename K, int NV = K::kVecs>
 TFTPU_INLINE void gemm_tile(const typename K::Elem* __restrict__ xb, int64_t xstep,
-                            const typename K::Weight* __restrict__ wb, int64_t groups, int32_t (*tile)[kTilePixels<K>]) {
+                            const typename K::Weight* __restrict__ wb, int64_t groups,
+                            int32_t (*tile)[kTilePixels<K>]) {
 #ifndef TFTPU_GEMM_PORTABLE
   typename K::V acc[K::kRows][NV];
 #pragma GCC unroll 8
@@ -1279,7 +1280,8 @@ void tftpu_gemm_pack(const int8_t* w, int64_t O, int64_t Q, void* out) {
 #ifdef TFTPU_GEMM_NARROW
   std::memset(static_cast<char*>(out) + gemm_packed_bytes<Gemm>(O, Q), 0,
               gemm_narrow_offset(O, Q) - gemm_packed_bytes<Gemm>(O, Q));
-  gemm_pack<GemmNarrow>(w, O, Q, reinterpret_cast<GemmNarrow::Weight*>(static_cast<char*>(out) + gemm_narrow_offset(O, Q)));
+  char* const narrow = static_cast<char*>(out) + gemm_narrow_offset(O, Q);
+  gemm_pack<GemmNarrow>(w, O, Q, reinterpret_cast<GemmNarrow::Weight*>(narrow));
 #endif
 }
 
