@@ -317,3 +317,33 @@ def test_flop_shares_and_latency_against_all_int8(cnn_case, tmp_path):
     # float ops cost cycles the all-INT8 program (c1 still pinned to F16 by the table) does not
     assert search.latency_ratio > 1.0 and "the all-INT8 program" in str(search)
     assert data["mixed_precision"]["latency_vs_all_int8"] == round(search.latency_ratio, 4)
+
+
+def test_space_to_depth_tensors_get_their_sources_grid(cnn_case):
+    """The S2D rewrite comes after calibration: its rearranged input takes the image's range
+    (the padding's 0 included), so the stem conv stays INT8 even when what feeds it runs in
+    float (the mixed-precision search once crashed there)."""
+    model, table, samples = cnn_case
+    res = deploy(model, quantize="INT8", chip="npu1", calibration_table=table, test_input=samples[0],
+                 space_to_depth=True, mixed_precision="none")
+    assert res.s2d["applied"]
+    moved = [d for d in res.lowering.decisions if d.name.startswith("c1_s2d")]
+    assert moved and all(d.mode == "INT8" for d in moved)
+    assert "c1_s2d" not in table.entries                   # the table given is left as it was
+    pinned = {d.name: "F16" for d in moved}                # the rearrangement in float: c1 reads a float
+    res = deploy(model, quantize="INT8", chip="npu1", calibration_table=table, test_input=samples[0],
+                 space_to_depth=True, mixed_precision="none", quantize_table=pinned)
+    modes = {d.name: d.mode for d in res.lowering.decisions}
+    assert modes["c1"] == "INT8" and res.passed
+
+
+def test_conv_without_a_calibration_entry_declines():
+    from tftpu.quant.table import CalibrationTable
+    from tftpu.transforms.lowering import lower
+
+    model = cnn()
+    table = quant.calibrate(model, samples_for(model), "mse")
+    entries = {k: v for k, v in table.entries.items() if k != "c2"}
+    _, report = lower(model, "npu1", "INT8", CalibrationTable(entries, "mse"))
+    c2 = next(d for d in report.decisions if d.name == "c2")
+    assert c2.mode != "INT8" and "no calibration entry for 'c2'" in c2.reason

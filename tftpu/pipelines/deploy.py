@@ -22,6 +22,7 @@ from tftpu.interp.similarity import Comparison, compare_arrays, compare_tensors,
 from tftpu.interp.top_interpreter import TopInterpreter
 from tftpu.interp.tpu import TpuInterpreter
 from tftpu.ir import top
+from tftpu.ir.base import value_name
 from tftpu.transforms.lowering.search import output_parts, part_slices
 
 __all__ = ["deploy", "DeployResult", "DEFAULT_TOLERANCE", "verify", "output_parts"]
@@ -208,6 +209,8 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
         original = top_model
         top_model = TopModel(parse_module(top_model.text()), dict(top_model.weights))
         s2d_result, = run_pipeline(top_model, [SpaceToDepthPass(chip=the_chip.path or the_chip.name)])
+        if table is not None:
+            table = _entries_for_moves(top_model, table)
         seconds["space-to-depth"] = time.perf_counter() - t1
     search = None
     if mixed_precision in (None, "none", "") or mode != "INT8":
@@ -334,6 +337,23 @@ def _keep_correction(top_model, corrected_tpu, plain_tpu, held: list[dict], repo
     where = "the test input" + (f" and {len(held) - 1} sample{'s' if len(held) > 2 else ''}" if len(held) > 1 else "")
     report.check = f"{'kept' if report.kept else 'not kept'}: worst output SQNR on {where} {before:.2f} -> {after:.2f} dB"
     return report.kept
+
+
+def _entries_for_moves(model, table):
+    """`table` with an entry for each tensor a rewrite added after calibration by moving or
+    zero-padding a calibrated one (the S2D input's rearrangement): the source's range, widened
+    to hold 0 where it pads. A copy; the table given is left as it is."""
+    moves = {"top.Pad", "top.SpaceToDepth", "top.Reshape", "top.Permute", "top.Slice"}
+    entries = dict(table.entries)
+    for op in model.ops:
+        if op.name not in moves or not op.results:
+            continue
+        out, src = value_name(op.results[0]), value_name(op.operands[0])
+        if out in entries or src not in entries:
+            continue
+        t, lo, hi = entries[src][:3]
+        entries[out] = (t, min(lo, 0.0), max(hi, 0.0)) if op.name == "top.Pad" else (t, lo, hi)
+    return table if len(entries) == len(table.entries) else dataclasses.replace(table, entries=entries)
 
 
 def _inputs(model, test_input):

@@ -22,9 +22,10 @@ def _calibrated(ctx, op, *values):
 
 def _weighted(ctx, op, data, w, b, axis: int, tpu_name: str):
     """The shared INT8 lowering of an op with constant weights quantized along `axis`."""
-    (xq, oq), why = _calibrated(ctx, op, data, op.results[0])
+    grids, why = _calibrated(ctx, op, data, op.results[0])
     if why:
         return why
+    xq, oq = grids
     wq, ws = P.weights_per_channel(ctx.weight_array(w), axis)
     acc_scales = xq.scale * ws
     ms, rs = P.requant(acc_scales / oq.scale)

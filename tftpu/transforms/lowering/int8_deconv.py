@@ -42,9 +42,10 @@ def deconv(ctx, op):
         return "its bias is not a constant"
     if len(x.type.get_shape()) not in (3, 4):
         return "3-D transposed convolutions run in float"
-    (xq, oq), why = _calibrated(ctx, op, x, op.results[0])
+    grids, why = _calibrated(ctx, op, x, op.results[0])
     if why:
         return why
+    xq, oq = grids
     group = op.attrs()["group"]
     wq, axis, wscales, out_scales = deconv_weights(ctx.weight_array(w), group)
     acc_scales = xq.scale * out_scales

@@ -37,9 +37,10 @@ def scale(ctx, op):
         return "its bias is not a constant"
     if len(x.type.get_shape()) < 2:
         return "a Scale of a 1-D tensor runs in float"
-    (xq, oq), why = _calibrated(ctx, op, x, op.results[0])
+    grids, why = _calibrated(ctx, op, x, op.results[0])
     if why:
         return why
+    xq, oq = grids
     sv = ctx.weight_array(s)
     bv = ctx.weight_array(b) if ctx.is_weight(b) else np.zeros(sv.size)
     sq, scales, bq = scale_weights(sv, bv, xq.scale)
