@@ -122,7 +122,7 @@ def test_deconv_reference_is_onnx_conv_transpose():
 def test_deconv_grouped_weights_keep_one_scale_per_output_channel():
     """Depthwise deconvs quantize per channel (along the filter's input axis, one scale per
     group); plain ones along the output axis."""
-    from tftpu.transforms.lowering.int8_deconv import deconv_weights
+    from tftpu.quant.params import deconv_weights
 
     rng = np.random.default_rng(2)
     w = W(rng, 4, 1, 3, 3) * np.array([0.1, 1, 10, 100], np.float32).reshape(4, 1, 1, 1)

@@ -109,8 +109,7 @@ def _quantized_weight(op, w: np.ndarray) -> np.ndarray | None:
         axis = -2 if op.attrs()["right_transpose"] else -1
         q, s = P.weights_per_channel(w, axis)
     else:
-        from tftpu.transforms.lowering.int8_deconv import deconv_weights
-        q, axis, s, _ = deconv_weights(w, op.attrs()["group"])
+        q, axis, s, _ = P.deconv_weights(w, op.attrs()["group"])
     shape = [1] * w.ndim
     shape[axis % w.ndim] = -1
     return (q.astype(np.float64) * s.reshape(shape)).astype(w.dtype)

@@ -22,7 +22,7 @@ import numpy as np
 from tftpu import rounding
 from tftpu.errors import UsageError
 
-__all__ = ["QParams", "activation", "weights_per_channel", "weights_per_tensor", "bias", "requant",
+__all__ = ["QParams", "activation", "weights_per_channel", "deconv_weights", "weights_per_tensor", "bias", "requant",
            "add_multipliers", "ADD_MULTIPLIER_BITS"]
 
 QMAX = 127
@@ -86,6 +86,25 @@ def weights_per_channel(w: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarra
     shape[axis] = -1
     q = np.clip(rounding.round_half_away(w / scales.reshape(shape)), -QMAX, QMAX).astype(np.int8)
     return q, scales
+
+
+def deconv_weights(w: np.ndarray, group: int) -> tuple[np.ndarray, int, np.ndarray, np.ndarray]:
+    """(int8 weights, quantized axis, that axis's scales, scale per output channel) of a Deconv
+    filter [I, O/g, *k]. Output channel `g * O/g + j` reads the filter's column j of group g's
+    rows, so one scale per output channel is per-axis along axis 1 without groups, along axis 0
+    (constant within a group) with one output channel per group, and otherwise per column j,
+    shared by the groups."""
+    w = np.asarray(w, np.float64)
+    cg, og = w.shape[0] // group, w.shape[1]
+    if group > 1 and og == 1:
+        amax = np.abs(w.reshape(group, -1)).max(axis=1)
+        per_group = np.where(amax > 0, amax / QMAX, 1.0)
+        scales = np.repeat(per_group, cg)
+        shape = (-1,) + (1,) * (w.ndim - 1)
+        q = np.clip(rounding.round_half_away(w / scales.reshape(shape)), -QMAX, QMAX).astype(np.int8)
+        return q, 0, scales, per_group
+    q, scales = weights_per_channel(w, 1)
+    return q, 1, scales, np.tile(scales, group)
 
 
 def weights_per_tensor(w: np.ndarray) -> tuple[np.ndarray, float]:
