@@ -1104,3 +1104,28 @@ def test_native_off(monkeypatch):
         monkeypatch.undo()
         native.library.cache_clear()
     assert (native.library() is not None) == was_available
+
+
+def test_missing_build_is_a_warning_unless_turned_off(monkeypatch):
+    """No native build where one was expected (no compiler) is a warning a user sees; turned
+    off on purpose (TFTPU_NATIVE=0) it is only info."""
+    from absl import logging as absl_logging
+
+    from tftpu.interp.tpu import native as tpu_native
+    from tftpu.utils import native as loader
+
+    def no_compiler(source, variant=None):
+        raise loader.NativeKernelError("no C++ compiler found")
+
+    seen = []
+    monkeypatch.setattr(loader, "load_library", no_compiler)
+    monkeypatch.setattr(absl_logging, "warning", lambda msg, *a: seen.append(("warning", msg % a)))
+    monkeypatch.setattr(absl_logging, "info", lambda msg, *a: seen.append(("info", msg % a)))
+    for env, level in (("1", "warning"), ("0", "info")):
+        monkeypatch.setenv("TFTPU_NATIVE", env)
+        tpu_native.library.cache_clear()
+        try:
+            assert tpu_native.library("generic") is None
+        finally:
+            tpu_native.library.cache_clear()
+        assert seen[-1][0] == level and "numpy computes the same integers" in seen[-1][1]

@@ -44,7 +44,9 @@ def library(variant: str | None = None):
     try:
         lib = native.load_library(SOURCE, variant)
     except native.NativeKernelError as exc:
-        logging.info("tftpu: INT8 inference without native kernels (%s); numpy computes the same integers", exc)
+        # turned off on purpose: info; no build where one was expected: a warning the user sees
+        log = logging.info if not native.enabled() else logging.warning
+        log("tftpu: INT8 inference without native kernels (%s); numpy computes the same integers, slower", exc)
         return None
     lib.tftpu_requant.argtypes = [_P, _I, _P, _I, _P, _P, _P, _P, _L, _L, _I]
     lib.tftpu_depthwise.argtypes = [_P, _I, _P, _P, _I, _P, _P, _P, _P, _L, _L, _I]
