@@ -42,15 +42,25 @@ def _weighted(ctx, op, data, w, b, axis: int, tpu_name: str):
     return None
 
 
-@int8("top.Conv")
-def conv(ctx, op):
+def constant_filter(ctx, op, what: str) -> str | None:
+    """Why a conv-like op (data, filter, bias) has no INT8 form here: a filter or bias that is
+    not a constant, or 3-D data; None when it has one."""
     x, w, b = op.operands
     if not ctx.is_weight(w):
         return "its filter is not a constant"
     if b is not None and not ctx.is_weight(b) and hasattr(b.type, "get_shape"):
         return "its bias is not a constant"
     if len(x.type.get_shape()) not in (3, 4):
-        return "3-D convolutions run in float"
+        return f"3-D {what} run in float"
+    return None
+
+
+@int8("top.Conv")
+def conv(ctx, op):
+    why = constant_filter(ctx, op, "convolutions")
+    if why:
+        return why
+    x, w, b = op.operands
     axis = 0 if op.attrs()["kernel_layout"] == "OIHW" else -1
     return _weighted(ctx, op, x, w, b, axis, "tpu.Conv")
 

@@ -9,19 +9,16 @@ from xdsl.dialects.builtin import TensorType
 from tftpu.ir import quant
 from tftpu.quant import params as P
 from tftpu.quant.params import deconv_weights
-from tftpu.transforms.lowering.int8_conv import _calibrated
+from tftpu.transforms.lowering.int8_conv import _calibrated, constant_filter
 from tftpu.transforms.lowering.registry import int8
 
 
 @int8("top.Deconv")
 def deconv(ctx, op):
+    why = constant_filter(ctx, op, "transposed convolutions")
+    if why:
+        return why
     x, w, b = op.operands
-    if not ctx.is_weight(w):
-        return "its filter is not a constant"
-    if b is not None and not ctx.is_weight(b) and hasattr(b.type, "get_shape"):
-        return "its bias is not a constant"
-    if len(x.type.get_shape()) not in (3, 4):
-        return "3-D transposed convolutions run in float"
     grids, why = _calibrated(ctx, op, x, op.results[0])
     if why:
         return why
