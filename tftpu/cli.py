@@ -104,3 +104,40 @@ def floats(values: Sequence[str], flag: str) -> list[float]:
     if not all(math.isfinite(v) for v in numbers):
         raise errors.UsageError(f"--{flag}={','.join(values)}: expected finite numbers")
     return numbers
+
+
+def define_dataset_flags(input_num: int, what: str) -> None:
+    """The flags of a tool that reads a dataset (tftpu-calibrate, tftpu-evaluate), defined once:
+    --dataset, --input_num (0: all), --mean, --scale, --pixel_format, --skip_unreadable, --progress."""
+    flags.DEFINE_string("dataset", None, "a directory, a glob (quoted: 'val/*.jpg') or a TFRecord file of images or "
+                        ".npz/.npy inputs, read lazily")
+    flags.DEFINE_integer("input_num", input_num, f"number of {what} inputs (the first, by file name); 0 for all",
+                         lower_bound=0)
+    flags.DEFINE_list("mean", ["0"], "per-channel mean subtracted from image pixels (one value or one per channel)")
+    flags.DEFINE_list("scale", ["1"], "per-channel scale applied after the mean (one value or one per channel)")
+    flags.DEFINE_enum("pixel_format", "rgb", ["rgb", "bgr", "gray"], "channel order images are fed in")
+    flags.DEFINE_bool("skip_unreadable", False, "skip (with a warning) files that cannot be read, instead of "
+                      "stopping at the first")
+    flags.DEFINE_bool("progress", None, "a progress bar (images/s, time left) on stderr; by default only when "
+                      "stderr is a terminal")
+
+
+def dataset_samples(model):
+    """The lazy sample stream (`tftpu.quant.iter_samples`) the dataset flags describe."""
+    from tftpu.quant.dataset import iter_samples
+    from tftpu.utils import progress
+
+    if not FLAGS.dataset:
+        raise errors.UsageError("--dataset is required")
+    progress.show(FLAGS.progress)
+    return iter_samples(model, FLAGS.dataset, FLAGS.input_num or None, floats(FLAGS.mean, "mean"),
+                        floats(FLAGS.scale, "scale"), FLAGS.pixel_format, FLAGS.skip_unreadable, what=FLAGS.dataset)
+
+
+def skipped_note(samples) -> str:
+    """" (N unreadable skipped: a, b, c, ...)" for a stream that skipped files, else ""."""
+    skipped = getattr(samples, "skipped", [])
+    if not skipped:
+        return ""
+    more = ", ..." if len(skipped) > 3 else ""
+    return f" ({len(skipped)} unreadable skipped: {', '.join(skipped[:3])}{more})"

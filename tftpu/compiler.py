@@ -123,59 +123,12 @@ class CompiledModel:
 
 
 def _samples(top_model, data, what: str) -> list[dict]:
-    """Input dicts for `top_model` from what a user passes: a directory of images / .npz, a dict
-    of arrays (one sample, or a batch of samples along a new first axis), an array (one-input
-    models), or a list / iterable of those."""
-    from tftpu.ir import attrs as A
-    from tftpu.ir import top
+    """Input dicts for `top_model` from what a user passes (`tftpu.quant.iter_samples`: a
+    directory, glob or TFRecord file, a tf.data.Dataset, a dict of arrays, an array, or a list /
+    iterable of those)."""
+    from tftpu.quant.dataset import iter_samples
 
-    specs = [(op.loc, tuple(op.output.type.get_shape()), A.numpy_dtype(A.dtype_name(op.output.type.element_type)))
-             for op in top_model.ops if isinstance(op, top.Input)]
-    if isinstance(data, (str, Path)):
-        from tftpu.quant.dataset import load_samples
-        return load_samples(top_model, data)
-
-    def split(name, shape, dtype, arr) -> list:
-        arr = np.asarray(arr)
-        if tuple(arr.shape) == shape:
-            return [arr.astype(dtype, copy=False)]
-        if arr.ndim == len(shape) + 1 and tuple(arr.shape[1:]) == shape:
-            return [a.astype(dtype, copy=False) for a in arr]
-        if shape and shape[0] == 1 and tuple(arr.shape[1:]) == shape[1:]:
-            return [a[None].astype(dtype, copy=False) for a in arr]
-        raise errors.ShapeError(f"{what}: {name!r} has shape {list(arr.shape)}; the model wants {list(shape)} "
-                                f"(or a batch of them)")
-
-    def one(item) -> list[dict]:
-        if isinstance(item, dict):
-            from tftpu.utils.inputs import match_inputs
-            arrays = match_inputs([n for n, _, _ in specs], item)
-        else:
-            if len(specs) != 1:
-                raise errors.UsageError(f"{what}: the model has {len(specs)} inputs; give dicts by input name")
-            arrays = [item]
-        columns = [split(n, s, d, a) for (n, s, d), a in zip(specs, arrays)]
-        if len({len(c) for c in columns}) != 1:
-            raise errors.ShapeError(f"{what}: the inputs hold different numbers of samples")
-        return [{n: c[k] for (n, _, _), c in zip(specs, columns)} for k in range(len(columns[0]))]
-
-    if isinstance(data, (dict, np.ndarray)):
-        return one(data)
-    try:
-        items = list(data)
-    except TypeError:
-        raise errors.UsageError(f"{what}: expected a directory, a dict of arrays, an array or a list of them, "
-                                f"not {type(data).__name__}") from None
-    out = []
-    for item in items:
-        if hasattr(item, "numpy") and not isinstance(item, dict):
-            item = item.numpy()
-        elif isinstance(item, dict):
-            item = {k: (v.numpy() if hasattr(v, "numpy") else v) for k, v in item.items()}
-        out.extend(one(item))
-    if not out:
-        raise errors.InputError(f"{what}: no samples")
-    return out
+    return list(iter_samples(top_model, data, what=what))
 
 
 def _synthetic(top_model, count: int = 4) -> list[dict]:
@@ -236,8 +189,11 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None, calib
     directory, a `.tflite`, a `.top.mlir` path or TopModel) for `chip` (a name such as "npu1" or
     "edge16", or a YAML path) in `quantize` mode (INT8, F16, BF16, F32).
 
-    `calibration_data` (INT8): a directory of images / .npz, a dict of arrays, an array, or a
-    list of those; without it a deterministic synthetic set stands in and the report says so.
+    `calibration_data` (INT8): a directory, a glob or a TFRecord file of images / .npz, a
+    `tf.data.Dataset`, a dict of arrays, an array, or a list / iterable of those, streamed with
+    bounded memory (`tftpu.quant.iter_samples`: images enter as pixels, mean 0 and scale 1; map
+    a tf.data.Dataset to preprocess them); without it a deterministic synthetic set stands in
+    and the report says so.
     `test_input` (default: the first calibration sample) is what every stage is checked on.
     `space_to_depth`: rewrite the stem where the chip's cost model gains (the host then makes the
     space-to-depth input). `asymmetric` (INT8): "auto" gives a zero point to the activations
@@ -257,8 +213,11 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None, calib
     stages = [stage]
     extra: dict = {}
     synthetic = calibration_data is None and test_input is None
-    if calibration_data is not None:
-        samples = _samples(top_model, calibration_data, "calibration_data")
+    stream = None
+    if calibration_data is not None:       # streamed: only the check input and deploy's samples are kept
+        from tftpu.quant.dataset import iter_samples
+        stream = iter_samples(top_model, calibration_data, what="calibration_data")
+        samples = stream.head(9)
     elif test_input is not None:
         samples = _samples(top_model, test_input, "test_input")
     else:
@@ -274,9 +233,10 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None, calib
     if mode == "INT8":
         from tftpu import quant
         t0 = time.perf_counter()
-        table = quant.calibrate(top_model, samples, calibration_method, asymmetric=bool(asymmetric))
+        table = quant.calibrate(top_model, samples if stream is None else stream, calibration_method,
+                                asymmetric=bool(asymmetric))
         stages.append(Stage("calibrate", time.perf_counter() - t0,
-                            f"{calibration_method} over {len(samples)} {'synthetic ' if synthetic else ''}samples, "
+                            f"{calibration_method} over {table.samples} {'synthetic ' if synthetic else ''}samples, "
                             f"{len(table.entries)} tensors"))
         say(f"[2] {stages[-1]}")
     t0 = time.perf_counter()

@@ -3,10 +3,18 @@
     tftpu-calibrate --mlir=resnet.top.mlir --dataset=images/ --input_num=20 -o resnet_cali_table
     tftpu-calibrate --mlir=m.top.mlir --dataset=npz_dir/ --calibration_method=kl -o m_cali_table
     tftpu-calibrate --mlir=m.top.mlir --dataset=images/ --calibration_method=auto --asymmetric -o m_cali_table
+    tftpu-calibrate --mlir=m.top.mlir --dataset='val/*.jpg' --input_num=0 --skip_unreadable -o m_cali_table
+    tftpu-calibrate --mlir=m.top.mlir --dataset=val.tfrecord --input_num=1000 -o m_cali_table
 
-Runs the TOP model on the first `--input_num` files of `--dataset` (sorted by name; with fewer
-files it says so and uses them all; images are resized to the input and turned into
-`(pixel - mean) * scale`; `.npz`/`.npy` files are taken as they are) and writes, for every float
+Runs the TOP model on the first `--input_num` inputs of `--dataset` (0: all of them): a directory
+(files sorted by name), a glob, or a TFRecord file of tf.train.Examples (an encoded image under
+`image/encoded`, or one `tf.io.serialize_tensor` per input keyed by its name; see
+`tftpu.quant.dataset`). The inputs are read one at a time, so memory stays bounded however many
+there are; with fewer than asked it says so and uses them all. Images are resized to the input
+and turned into `(pixel - mean) * scale`; `.npz`/`.npy` files are taken as they are. A file that
+cannot be read stops the run naming it (exit 2), or with --skip_unreadable is skipped with a
+warning. A progress bar (images/s, time left) goes to stderr when it is a terminal (--progress /
+--noprogress to choose). It writes, for every float
 tensor, the INT8 threshold chosen by the method (mse, the default: least expected squared error;
 kl: TensorRT's entropy method; percentile: 99.99% of |x|; minmax: the largest |x|;
 aciq_gauss / aciq_laplace: ACIQ's closed-form clip of a fitted Gaussian / Laplace; auto: per
@@ -22,17 +30,13 @@ from absl import flags, logging
 from tftpu import cli
 
 flags.DEFINE_string("mlir", None, "TOP .mlir to calibrate (its weights .npz beside it)")
-flags.DEFINE_string("dataset", None, "directory of images or .npz/.npy inputs")
-flags.DEFINE_integer("input_num", 20, "number of calibration inputs (the first, by file name)", lower_bound=1)
+cli.define_dataset_flags(20, "calibration")
 flags.DEFINE_enum("calibration_method", "mse",
                   ["minmax", "percentile", "kl", "mse", "aciq_gauss", "aciq_laplace", "auto"],
                   "threshold method (mse by default: kl broke mtcnn O-Net, see README; auto picks per tensor)")
 flags.DEFINE_bool("asymmetric", False, "also calibrate each tensor's [min, max] for INT8 asymmetric mode "
                   "(written in the min/max columns; the header says so)")
 flags.DEFINE_integer("tune_num", 5, "inputs auto judges its candidates on (the first ones)", lower_bound=1)
-flags.DEFINE_list("mean", ["0"], "per-channel mean subtracted from image pixels (one value or one per channel)")
-flags.DEFINE_list("scale", ["1"], "per-channel scale applied after the mean (one value or one per channel)")
-flags.DEFINE_enum("pixel_format", "rgb", ["rgb", "bgr", "gray"], "channel order images are fed in")
 flags.DEFINE_string("o", None, "output calibration table")
 flags.DEFINE_bool("simulate", True, "then run the calibration inputs with simulated INT8 and print how close "
                   "the outputs stay to float")
@@ -48,18 +52,17 @@ def main(args):
     for flag in ("mlir", "dataset", "o"):
         if not getattr(FLAGS, flag):
             raise errors.UsageError(f"--{flag} is required")
-    mean, scale = cli.floats(FLAGS.mean, "mean"), cli.floats(FLAGS.scale, "scale")
     model = load(FLAGS.mlir)
-    samples = quant.load_samples(model, FLAGS.dataset, FLAGS.input_num, mean, scale, FLAGS.pixel_format)
-    if FLAGS["input_num"].present and len(samples) < FLAGS.input_num:  # asked for more than there are
-        logging.warning("--input_num=%d, but %s holds %d input(s): calibrating on those %d",
-                        FLAGS.input_num, FLAGS.dataset, len(samples), len(samples))
+    samples = cli.dataset_samples(model)
     table = quant.calibrate(model, samples, FLAGS.calibration_method, asymmetric=FLAGS.asymmetric,
                             tune_num=FLAGS.tune_num)
+    if FLAGS["input_num"].present and FLAGS.input_num and table.samples < FLAGS.input_num:  # asked for more
+        logging.warning("--input_num=%d, but %s holds %d input(s): calibrated on those %d",
+                        FLAGS.input_num, FLAGS.dataset, table.samples, table.samples)
     table.save(FLAGS.o)
     kind = " and asymmetric ranges" if FLAGS.asymmetric else ""
     print(f"{FLAGS.o}: {len(table.entries)} tensors, {FLAGS.calibration_method} thresholds{kind} "
-          f"from {len(samples)} inputs")
+          f"from {table.samples} inputs{cli.skipped_note(samples)}")
     if table.chosen:
         print("auto chose: " + ", ".join(f"{m} for {n} tensors" for m, n in table.counts().items()))
     if FLAGS.simulate:

@@ -75,3 +75,18 @@ def test_bad_tune_num_is_one_line_exit_2(work):
     r = _run(f"--mlir={work / 'r.top.mlir'}", f"--dataset={work / 'data'}", "--calibration_method=auto",
              "--tune_num=0", f"-o={work / 'never.txt'}")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "tune_num" in r.stderr
+
+
+def test_glob_names_an_unreadable_file_or_skips_it(work, tmp_path):
+    for i in range(2):
+        (tmp_path / f"{i}.npy").write_bytes((work / "data" / f"{i}.npy").read_bytes())
+    (tmp_path / "1b.npy").write_bytes(b"\x93NUMPY truncated")
+    args = [f"--mlir={work / 'r.top.mlir'}", f"--dataset={tmp_path}/*.npy", "--input_num=0", "--nosimulate",
+            "--noprogress", f"-o={tmp_path / 't.txt'}"]
+    r = _run(*args)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "1b.npy" in r.stderr
+    assert not (tmp_path / "t.txt").exists()
+    r = _run(*args, "--skip_unreadable")
+    assert r.returncode == 0, r.stderr
+    assert "from 2 inputs (1 unreadable skipped:" in r.stdout and "1b.npy" in r.stderr
+    assert quant.read_table(tmp_path / "t.txt").samples == 2

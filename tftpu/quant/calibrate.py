@@ -37,6 +37,7 @@ import numpy as np
 
 from tftpu.errors import InputError, InternalError, KernelError, TftpuError, UsageError
 from tftpu.interp.top_interpreter import TopInterpreter
+from tftpu.quant.dataset import Samples
 from tftpu.quant.simulation import fake_quant, fake_quant_asymmetric
 from tftpu.quant.table import CalibrationTable
 from tftpu.quant.thresholds import METHODS, asymmetric_range, mse, threshold
@@ -207,17 +208,23 @@ class TensorStatistics:
 def _check(method: str, samples, bins: int) -> None:
     if method not in CALIBRATION_METHODS:
         raise UsageError(f"calibration method {method!r}: expected one of {', '.join(CALIBRATION_METHODS)}")
-    if not samples:
+    if isinstance(samples, (list, tuple)) and not samples:
         raise InputError("calibration needs at least one sample input")
     if isinstance(bins, bool) or not isinstance(bins, (int, np.integer)) or bins <= 128:
         raise UsageError(f"bins {bins!r}: use an integer above 128")
 
 
-def collect(model, samples: list[dict], bins: int = BINS) -> dict[str, TensorStatistics]:
+def collect(model, samples, bins: int = BINS) -> dict[str, TensorStatistics]:
     """Every float tensor's statistics over `samples`, in model order, from one interpreter pass."""
+    return _collect(model, samples, bins)[0]
+
+
+def _collect(model, samples, bins: int = BINS, keep: int = 0) -> tuple[dict[str, TensorStatistics], int, list]:
+    """(statistics, how many samples, the first `keep` samples): one pass over `samples`, a list
+    or any iterable (`tftpu.quant.iter_samples`), taken one sample at a time."""
     interp = TopInterpreter(model)
     stats: dict[str, TensorStatistics] = {}
-    where = [0]
+    where = [""]
 
     def observe(name, arr):
         if arr.dtype.kind == "f" and arr.size:
@@ -227,19 +234,30 @@ def collect(model, samples: list[dict], bins: int = BINS) -> dict[str, TensorSta
             try:
                 st.add(arr)
             except ValueError:
-                raise InputError(f"sample {where[0]}: tensor {name!r} has non-finite values (NaN or inf); "
+                raise InputError(f"{where[0]}: tensor {name!r} has non-finite values (NaN or inf); "
                                  "calibration needs finite inputs") from None
         return arr
 
-    for i, sample in enumerate(progress(samples, desc="calibration statistics", unit="input")):
-        where[0] = i
+    total = len(samples) if isinstance(samples, (list, tuple)) else getattr(samples, "total", None)
+    named = samples.items() if isinstance(samples, Samples) else ((f"sample {i}", x) for i, x in enumerate(samples))
+    head, count = [], 0
+    for count, (where[0], sample) in enumerate(progress(named, desc="calibration statistics", total=total,
+                                                        unit="image"), 1):
+        if count <= keep:
+            head.append(sample)
         interp.run(sample, observe=observe)
-    return stats
+    if count == 0:
+        raise InputError("calibration needs at least one sample input")
+    return stats, count, head
 
 
-def calibrate(model, samples: list[dict], method: str = "mse", bins: int = BINS, asymmetric: bool = False,
+def calibrate(model, samples, method: str = "mse", bins: int = BINS, asymmetric: bool = False,
               tune_num: int = TUNE_NUM) -> CalibrationTable:
-    """A CalibrationTable for every float tensor of `model` over `samples` (input dicts).
+    """A CalibrationTable for every float tensor of `model` over `samples`: a list of input dicts,
+    or any iterable of them read once, one at a time (`tftpu.quant.iter_samples` streams a
+    directory, a glob, TFRecords or a tf.data.Dataset with bounded memory; the table is
+    byte-identical to the one from the same samples in a list). `auto` keeps its first
+    `tune_num` samples to judge candidates on.
 
     `method` defaults to mse: on mtcnn O-Net with its real weights, kl's thresholds cost 1.5% of
     the face/non-face accuracy in simulated INT8 and mse's none (`benchmarks/calibration_quality.py`).
@@ -249,16 +267,16 @@ def calibrate(model, samples: list[dict], method: str = "mse", bins: int = BINS,
     _check(method, samples, bins)
     if isinstance(tune_num, bool) or not isinstance(tune_num, (int, np.integer)) or tune_num < 1:
         raise UsageError(f"tune_num {tune_num!r}: give at least 1")
-    stats = collect(model, samples, bins)
+    stats, count, head = _collect(model, samples, bins, keep=tune_num if method == "auto" else 0)
     chosen: dict[str, str] = {}
     if method == "auto":
-        chosen = _auto(model, samples[:tune_num], stats, asymmetric)
+        chosen = _auto(model, head, stats, asymmetric)
     entries = {}
     for name, st in progress(list(stats.items()), desc=f"{method} thresholds", unit="tensor"):
         m = chosen.get(name, method)
         lo, hi = st.range_of(m) if asymmetric else (st.lo, st.hi)
         entries[name] = (st.threshold(m), lo, hi)
-    return CalibrationTable(entries, method, len(samples), bins, asymmetric=asymmetric, chosen=chosen)
+    return CalibrationTable(entries, method, count, bins, asymmetric=asymmetric, chosen=chosen)
 
 
 def _candidates(st: TensorStatistics, asymmetric: bool) -> list[tuple[str, object]]:

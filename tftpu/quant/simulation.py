@@ -76,12 +76,8 @@ def quantize_weights(model: TopModel) -> TopModel:
     return TopModel(model.module, weights)
 
 
-def simulate(model: TopModel, table, samples: list[dict]) -> list[dict[str, np.ndarray]]:
-    """Outputs of `model` with INT8-quantized weights and activations (from `table`), per sample.
-
-    Activations are symmetric on each threshold, or asymmetric on each [min, max] when the table
-    is asymmetric.
-    """
+def _observer(table):
+    """An `observe` hook that fake-quantizes each activation on its `table` entry."""
     entries = table.entries
     asymmetric = getattr(table, "asymmetric", False)
 
@@ -90,7 +86,16 @@ def simulate(model: TopModel, table, samples: list[dict]) -> list[dict[str, np.n
         if e is None or arr.dtype.kind != "f":
             return arr
         return fake_quant_asymmetric(arr, e[1], e[2]) if asymmetric else fake_quant(arr, e[0])
+    return observe
 
+
+def simulate(model: TopModel, table, samples: list[dict]) -> list[dict[str, np.ndarray]]:
+    """Outputs of `model` with INT8-quantized weights and activations (from `table`), per sample.
+
+    Activations are symmetric on each threshold, or asymmetric on each [min, max] when the table
+    is asymmetric.
+    """
+    observe = _observer(table)
     interp = TopInterpreter(quantize_weights(model))
     return [interp.run(sample, observe=observe) for sample in samples]
 
@@ -106,15 +111,24 @@ class Evaluation:
         return "; ".join(f"{name}: cosine >= {cos:.6f}, SQNR {snr:.1f} dB" for name, (cos, snr) in self.rows.items())
 
 
-def evaluate(model: TopModel, table, samples: list[dict]) -> Evaluation:
-    """Simulated INT8 outputs against the float ones over `samples`."""
-    ref = TopInterpreter(model)
-    floats = [ref.run(s) for s in samples]
-    quants = simulate(model, table, samples)
+def evaluate(model: TopModel, table, samples) -> Evaluation:
+    """Simulated INT8 outputs against the float ones over `samples` (a list, or any iterable
+    such as `tftpu.quant.iter_samples`, read once, one sample at a time)."""
+    ref, quant = TopInterpreter(model), TopInterpreter(quantize_weights(model))
+    observe = _observer(table)
+    cos: dict[str, list] = {name: [] for name in model.output_names}
+    snr: dict[str, list] = {name: [] for name in model.output_names}
+    count = 0
+    for count, sample in enumerate(samples, 1):
+        f, q = ref.run(sample), quant.run(sample, observe=observe)
+        for name in model.output_names:
+            cos[name].append(cosine_similarity(f[name], q[name]))
+            snr[name].append(sqnr(f[name], q[name]))
+    if count == 0:
+        from tftpu.errors import InputError
+        raise InputError("evaluation needs at least one sample input")
     rows = {}
     for name in model.output_names:
-        cos = [cosine_similarity(f[name], q[name]) for f, q in zip(floats, quants)]
-        snr = [sqnr(f[name], q[name]) for f, q in zip(floats, quants)]
-        finite = [v for v in snr if math.isfinite(v)]
-        rows[name] = (min(cos), float(np.mean(finite)) if finite else math.inf)
-    return Evaluation(rows, len(samples))
+        finite = [v for v in snr[name] if math.isfinite(v)]
+        rows[name] = (min(cos[name]), float(np.mean(finite)) if finite else math.inf)
+    return Evaluation(rows, count)
