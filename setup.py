@@ -78,7 +78,7 @@ class build_native(build_ext):
         os.replace(tmp, target)
 
 
-TOOLS = ["optimize", "transform", "calibrate", "deploy", "run", "compare", "tac", "demo", "convert"]
+TOOLS = ["optimize", "transform", "calibrate", "deploy", "run", "compare", "tac", "demo", "convert", "evaluate"]
 
 setup(
     name="tftpu",

@@ -57,7 +57,7 @@ def main(args):
     table = quant.calibrate(model, samples, FLAGS.calibration_method, asymmetric=FLAGS.asymmetric,
                             tune_num=FLAGS.tune_num)
     if FLAGS["input_num"].present and FLAGS.input_num and table.samples < FLAGS.input_num:  # asked for more
-        logging.warning("--input_num=%d, but %s holds %d input(s): calibrated on those %d",
+        logging.warning("--input_num=%d, but %s holds %d input(s): calibrating on those %d",
                         FLAGS.input_num, FLAGS.dataset, table.samples, table.samples)
     table.save(FLAGS.o)
     kind = " and asymmetric ranges" if FLAGS.asymmetric else ""

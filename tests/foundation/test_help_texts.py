@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 BIN = Path(sys.executable).parent
-TOOLS = ["optimize", "transform", "calibrate", "deploy", "run", "compare", "tac", "demo", "convert"]
+TOOLS = ["optimize", "transform", "calibrate", "deploy", "run", "compare", "tac", "demo", "convert", "evaluate"]
 
 
 def _help(tool: str) -> str:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-TOOLS = ["optimize", "transform", "calibrate", "deploy", "run", "compare", "tac", "demo", "convert"]
+TOOLS = ["optimize", "transform", "calibrate", "deploy", "run", "compare", "tac", "demo", "convert", "evaluate"]
 REPO = Path(__file__).resolve().parents[2]
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tftpu.utils.files import write_text
 
-__all__ = ["report_data", "write_report", "html_page"]
+__all__ = ["report_data", "write_report", "html_page", "svg"]
 
 
 def _num(v):
@@ -112,7 +112,6 @@ def _plot(tensors: list[dict]) -> str:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    matplotlib.rcParams["svg.hashsalt"] = "tftpu"          # the same data gives the same bytes
     xs = list(range(len(tensors)))
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(10, 5.5), sharex=True)
     for mode in sorted({t["mode"] for t in tensors}, key=str):
@@ -131,11 +130,20 @@ def _plot(tensors: list[dict]) -> str:
     if xs:
         ax2.set_xlim(-1, len(xs))
     fig.tight_layout()
+    return svg(fig)
+
+
+def svg(fig) -> str:
+    """A matplotlib figure as inline SVG (the same data gives the same bytes), and closed."""
+    import matplotlib
+    import matplotlib.pyplot as plt
+
+    matplotlib.rcParams["svg.hashsalt"] = "tftpu"
     out = io.StringIO()
     fig.savefig(out, format="svg", metadata={"Date": None, "Creator": None})
     plt.close(fig)
-    svg = out.getvalue()
-    return svg[svg.index("<svg"):]
+    text = out.getvalue()
+    return text[text.index("<svg"):]
 
 
 def _table(rows: list[dict], cols: list[tuple[str, str]]) -> str:
@@ -145,7 +153,7 @@ def _table(rows: list[dict], cols: list[tuple[str, str]]) -> str:
         cells = []
         for key, _ in cols:
             v = r.get(key)
-            text = f"{v:.6f}" if isinstance(v, float) and key != "sqnr_db" else (
+            text = f"{v:.6f}" if isinstance(v, float) and "sqnr" not in key else (
                 f"{v:.1f}" if isinstance(v, float) else ("" if v is None else str(v)))
             cls = ' class="fail"' if key == "passed" and v is False else ""
             cells.append(f"<td{cls}>{html.escape(text)}</td>")
