@@ -1,6 +1,7 @@
 """Forward and backprop-filter time of ResNet's 7x7/2 stem on this CPU, original vs S2D.
 
     python benchmarks/s2d_stem.py [--batches 1 8 32] [--repeat 7]
+    python benchmarks/s2d_stem.py --gpu     # the gpu target's decisions beside the H100 figures
 
 Two views, both against the original stem measured in the same run:
 - "conv only": the 4x4/1 conv over the 115x115x12 S2D input (the figure PEERS.md quotes:
@@ -9,6 +10,11 @@ Two views, both against the original stem measured in the same run:
   transform included.
 These are the numbers the cpu target's cost model rests on (tftpu/configs/chips/cpu.yaml); the
 script also prints that model's estimate for each batch. Ratios > 1 mean S2D is faster.
+
+`--gpu` measures nothing (no GPU here): it runs `tftpu.optimize(..., target="gpu")` on the stem's
+training step (forward and weight gradient) at each batch of PEERS.md's H100 table and prints the
+gpu target's decision and estimate beside the ratios measured there (tftpu/configs/chips/gpu.yaml
+is fitted to the forward + backward column).
 """
 
 import argparse
@@ -26,11 +32,41 @@ def _median_time(fn, repeat):
     return statistics.median(times)
 
 
+# PEERS.md, "Space-to-depth on a real GPU": H100, cuDNN bf16 channels-last, ResNet stem, S2D / original
+GPU_MEASURED = {1: (1.37, 1.03), 8: (1.18, 0.95), 32: (1.70, 1.19), 128: (2.10, 1.67), 256: (2.10, 1.77)}
+
+
+def gpu_table():
+    import numpy as np
+    import tensorflow as tf
+
+    from tftpu.pipelines.optimize import optimize
+
+    kernel = tf.Variable(np.random.default_rng(0).standard_normal((7, 7, 3, 64)).astype(np.float32) * 0.1)
+
+    @tf.function
+    def step(x):
+        with tf.GradientTape() as tape:
+            y = tf.nn.conv2d(tf.pad(x, [[0, 0], [3, 3], [3, 3], [0, 0]]), kernel, 2, "VALID")
+            loss = tf.reduce_mean(y * y)
+        return tape.gradient(loss, kernel)
+
+    print("ResNet stem 7x7/2 3->64 at 224x224, training step; gpu target (H100 model) vs PEERS.md's H100")
+    print(f"{'batch':>5} {'decision':>9} {'estimate':>9} {'measured fwd+bwd':>17} {'measured fwd':>13}")
+    for n, (fwd, both) in GPU_MEASURED.items():
+        d = optimize(step, tf.zeros((n, 224, 224, 3)), target="gpu").report["space_to_depth"].decisions[0]
+        print(f"{n:>5} {'applies' if d.applied else 'declines':>9} {d.numbers['speedup']:>8.2f}x {both:>16.2f}x "
+              f"{fwd:>12.2f}x")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--repeat", type=int, default=7)
+    ap.add_argument("--gpu", action="store_true", help="the gpu target's decisions beside PEERS.md's H100 figures")
     args = ap.parse_args()
+    if args.gpu:
+        return gpu_table()
     import numpy as np
     import tensorflow as tf
 

@@ -154,6 +154,7 @@ class Chip:
     s2d_min_speedup: float              # apply S2D only when it is estimated this much faster
     formats: dict                       # "top.Conv" / "io" / "default" -> memory format text
     path: str = ""
+    conv_overhead_us: float = 0.0       # optional: fixed time of each convolution (launches, set-up), us
 
     def peak_flops(self, dtype: str | None = None) -> float:
         """FLOP/s at full utilisation: 2 x lanes x MACs per cycle per lane x clock."""
@@ -272,6 +273,7 @@ def _read(data: dict, path: Path) -> Chip:
                 h.get("flops", float, positive=True))
     h.done()
     min_speedup = f.get("s2d_min_speedup", float, positive=True)
+    overhead = f.get("conv_overhead_us", float, at_least=0.0) if "conv_overhead_us" in f.data else 0.0
     fm = f.section("formats")
     formats = {}
     for key in list(fm.data):
@@ -287,7 +289,7 @@ def _read(data: dict, path: Path) -> Chip:
     fm.done()
     f.done()
     return Chip(name, description, lanes, eu_bytes, local_mem, ddr, reorder, clock, macs, modes, dtypes, matrix,
-                host, min_speedup, formats, str(path))
+                host, min_speedup, formats, str(path), overhead)
 
 
 def from_data(data, where: str) -> Chip:

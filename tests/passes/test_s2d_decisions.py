@@ -140,6 +140,27 @@ def test_cost_model_per_target():
     assert 0.5 < cpu["speedup"]
 
 
+# PEERS.md, "Space-to-depth on a real GPU": the stem's forward + backward on an H100, S2D / original
+H100_MEASURED = {1: 1.03, 8: 0.95, 32: 1.19, 128: 1.67, 256: 1.77}
+
+
+def test_gpu_target_follows_the_measured_h100_figures(tmp_path):
+    gpu = Target.load("gpu")
+    for batch, measured in H100_MEASURED.items():
+        est = gpu.s2d_estimate(ConvGeometry(batch, (224, 224), (112, 112), (7, 7), 3, 64, 1),
+                               ConvGeometry(batch, (115, 115), (112, 112), (4, 4), 12, 64, 1))
+        assert (est["speedup"] >= gpu.min_speedup) == (measured > 1.1), (batch, est["speedup"], measured)
+        assert abs(est["speedup"] - measured) < 0.13, (batch, est["speedup"], measured)
+    f, _ = _conv_fn((7, 7, 3, 8), lambda x, w: tf.nn.conv2d(x, w, 2, "SAME"))
+    d = _decision(f, X, target="gpu")            # batch 2: the fixed launch cost of either form dominates
+    assert not d.applied and "on target gpu" in d.reason
+    text = tmp_path / "bad.yaml"
+    from tftpu.utils.config import DEFAULT_ROOT
+    text.write_text((DEFAULT_ROOT / "chips" / "gpu.yaml").read_text().replace("conv_overhead_us: 70", "conv_overhead_us: -1"))
+    with pytest.raises(ConfigError, match="conv_overhead_us"):
+        Target.load(str(text))
+
+
 def test_user_target_file(tmp_path):
     from tftpu.utils.config import DEFAULT_ROOT
 

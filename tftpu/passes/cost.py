@@ -3,7 +3,9 @@
 A convolution costs max(compute, memory) on the device; compute counts the multiply-adds the
 matrix unit actually issues, with the contraction padded to its rows (per kernel tap on a
 TPU-like unit, over the whole im2col row on a CPU) and output channels padded to its columns.
-S2D adds the host transform, of which the host's overlap is hidden behind the device.
+S2D adds the host transform, of which the host's overlap is hidden behind the device. A chip may
+add a fixed time to every convolution (`conv_overhead_us`: a GPU's kernel launches and set-up),
+which both forms pay, so small batches gain nothing.
 
 >>> t = Target.load("tpu")                                   # doctest: +SKIP
 >>> t.s2d_estimate(stem, stem_s2d)["speedup"] > 1            # doctest: +SKIP
@@ -49,6 +51,7 @@ class Target:
     host_overlap: float
     min_speedup: float
     description: str = ""
+    overhead_s: float = 0.0       # fixed time of each convolution, either form (a GPU's launches)
 
     @classmethod
     def of(cls, chip: chips.Chip) -> "Target":
@@ -56,7 +59,7 @@ class Target:
         m = chip.matrix
         return cls(chip.name, m.contraction, m.rows, m.cols, chip.peak_flops(), chip.ddr_bandwidth,
                    DTYPE_BYTES[m.dtype], chip.host.bandwidth, chip.host.overlap, chip.s2d_min_speedup,
-                   chip.description)
+                   chip.description, chip.conv_overhead_us * 1e-6)
 
     @classmethod
     def load(cls, name_or_path: str | os.PathLike) -> "Target":
@@ -76,7 +79,7 @@ class Target:
                  + taps * g.in_channels * g.out_channels)
         compute = 2.0 * macs / self.peak_flops
         memory = elems * self.dtype_bytes / self.memory_bandwidth
-        return {"seconds": max(compute, memory), "compute_s": compute, "memory_s": memory,
+        return {"seconds": max(compute, memory) + self.overhead_s, "compute_s": compute, "memory_s": memory,
                 "utilization": useful / macs}
 
     def s2d_estimate(self, original: ConvGeometry, rewritten: ConvGeometry) -> dict:
