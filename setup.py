@@ -78,6 +78,8 @@ class build_native(build_ext):
         os.replace(tmp, target)
 
 
+#: The documentation site's generator (installed and built together on Python 3.11, 2026-11).
+DOCS = ["mkdocs==1.6.1", "mkdocs-material==9.8.1", "mkdocstrings==1.0.8", "mkdocstrings-python==2.0.11"]
 TOOLS = ["optimize", "transform", "calibrate", "deploy", "run", "compare", "tac", "demo", "convert", "evaluate"]
 
 setup(
@@ -112,9 +114,12 @@ setup(
     ],
     extras_require={
         # joblib + lz4 read the mtcnn weight pickles once, in tests/material.py, to write .npz
-        # hypothesis sweeps shapes and fuzzes readers; import-linter (on grimp) enforces the layers
+        # hypothesis sweeps shapes and fuzzes readers; import-linter (on grimp) enforces the layers;
+        # the docs extra too: the tests build the site and run its examples
         "test": ["pytest==9.2.0", "pytest-xdist==3.8.0", "joblib==1.6.0", "lz4==4.4.5",
-                 "hypothesis==6.170.15", "import-linter==2.16", "grimp==3.19"],
+                 "hypothesis==6.170.15", "import-linter==2.16", "grimp==3.19", *DOCS],
+        # the documentation site: mkdocs build --strict (mkdocs.yml, docs/)
+        "docs": DOCS,
         # benchmarks/transposes.py compares against onnxsim
         "bench": ["onnxsim==0.8.1"],
     },
