@@ -106,6 +106,13 @@ def floats(values: Sequence[str], flag: str) -> list[float]:
     return numbers
 
 
+def require(*names: str) -> None:
+    """A UsageError naming the first of the flags `names` that was not given."""
+    for name in names:
+        if not getattr(FLAGS, name):
+            raise errors.UsageError(f"--{name} is required")
+
+
 def define_dataset_flags(input_num: int, what: str) -> None:
     """The flags of a tool that reads a dataset (tftpu-calibrate, tftpu-evaluate), defined once:
     --dataset, --input_num (0: all), --mean, --scale, --pixel_format, --skip_unreadable, --progress."""
@@ -127,8 +134,7 @@ def dataset_samples(model):
     from tftpu.quant.dataset import iter_samples
     from tftpu.utils import progress
 
-    if not FLAGS.dataset:
-        raise errors.UsageError("--dataset is required")
+    require("dataset")
     progress.show(FLAGS.progress)
     return iter_samples(model, FLAGS.dataset, FLAGS.input_num or None, floats(FLAGS.mean, "mean"),
                         floats(FLAGS.scale, "scale"), FLAGS.pixel_format, FLAGS.skip_unreadable, what=FLAGS.dataset)

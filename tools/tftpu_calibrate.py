@@ -46,12 +46,10 @@ FLAGS = flags.FLAGS
 
 
 def main(args):
-    from tftpu import errors, quant
+    from tftpu import quant
     from tftpu.ir.module import load
 
-    for flag in ("mlir", "dataset", "o"):
-        if not getattr(FLAGS, flag):
-            raise errors.UsageError(f"--{flag} is required")
+    cli.require("mlir", "dataset", "o")
     model = load(FLAGS.mlir)
     samples = cli.dataset_samples(model)
     table = quant.calibrate(model, samples, FLAGS.calibration_method, asymmetric=FLAGS.asymmetric,

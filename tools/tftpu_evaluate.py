@@ -34,14 +34,11 @@ FLAGS = flags.FLAGS
 
 
 def main(args):
-    from tftpu import errors
     from tftpu.backend import tpumodel
     from tftpu.ir.module import load
     from tftpu.pipelines.evaluate import evaluate, parse_target
 
-    for flag in ("model", "reference", "dataset"):
-        if not getattr(FLAGS, flag):
-            raise errors.UsageError(f"--{flag} is required")
+    cli.require("model", "reference", "dataset")
     target = parse_target(FLAGS.tolerance) if FLAGS.tolerance else None
     program = FLAGS.model.endswith(".tpumodel")
     model = tpumodel.load(FLAGS.model) if program else load(FLAGS.model)

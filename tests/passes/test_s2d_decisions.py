@@ -156,7 +156,8 @@ def test_gpu_target_follows_the_measured_h100_figures(tmp_path):
     assert not d.applied and "on target gpu" in d.reason
     text = tmp_path / "bad.yaml"
     from tftpu.utils.config import DEFAULT_ROOT
-    text.write_text((DEFAULT_ROOT / "chips" / "gpu.yaml").read_text().replace("conv_overhead_us: 70", "conv_overhead_us: -1"))
+    src = (DEFAULT_ROOT / "chips" / "gpu.yaml").read_text()
+    text.write_text(src.replace("conv_overhead_us: 70", "conv_overhead_us: -1"))
     with pytest.raises(ConfigError, match="conv_overhead_us"):
         Target.load(str(text))
 

@@ -209,29 +209,20 @@ class Samples:
     def _records(self, path: Path):
         import tensorflow as tf
         compression = "GZIP" if path.suffix.lower() == ".gz" else ""
-        it = iter(tf.data.TFRecordDataset(str(path), compression_type=compression))
-        for i in itertools.count():
-            try:
-                record = next(it)
-            except StopIteration:
-                return
-            except tf.errors.OpError as exc:
+        for i, record in _each(tf.data.TFRecordDataset(str(path), compression_type=compression)):
+            if isinstance(record, Exception):
                 yield f"{path}#{i}", ModelFileError(path, f"record {i}: not a readable TFRecord "
-                                                          f"({exc.message.splitlines()[0]})")
+                                                          f"({record.message.splitlines()[0]})")
                 return
             yield f"{path}#{i}", _Record(record.numpy())
 
     def _tf_items(self, dataset):
         import tensorflow as tf
-        it = iter(dataset)
-        for i in itertools.count():
-            try:
-                element = next(it)
-            except StopIteration:
-                return
-            except tf.errors.OpError as exc:
-                raise InputError(f"{self.what}: tf.data element {i} cannot be read ({exc.message.splitlines()[0]}); "
-                                 f"`dataset.ignore_errors()` drops such elements") from None
+        for i, element in _each(dataset):
+            if isinstance(element, Exception):
+                raise InputError(f"{self.what}: tf.data element {i} cannot be read "
+                                 f"({element.message.splitlines()[0]}); `dataset.ignore_errors()` drops such "
+                                 f"elements")
             if isinstance(element, tuple) and element:
                 element = element[0]     # (features, label): the features
             yield f"{self.what}[{i}]", tf.nest.map_structure(lambda t: t.numpy() if hasattr(t, "numpy") else t,
@@ -400,6 +391,21 @@ class _Record:
                 raise ModelFileError(where, f"feature {key!r} is empty")
             out[name] = arr
         return out
+
+
+def _each(dataset):
+    """(index, element) of a tf.data.Dataset; a read error ends it as (index, the tf.errors.OpError)."""
+    import tensorflow as tf
+    it = iter(dataset)
+    for i in itertools.count():
+        try:
+            element = next(it)
+        except StopIteration:
+            return
+        except tf.errors.OpError as exc:
+            yield i, exc
+            return
+        yield i, element
 
 
 def _is_tf_dataset(data) -> bool:
