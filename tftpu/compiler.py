@@ -184,7 +184,7 @@ def _check_import(stage: Stage, proto, top_model, sample: dict) -> None:
 def compile(model, *, chip, quantize: str = "INT8", calibration_data=None, calibration_method: str = "mse",
             test_input=None, input_shapes=None, space_to_depth: bool = True, asymmetric: bool | str = "auto",
             mixed_precision: str | None = "auto", quantize_table=None, tolerance=None,
-            bias_correction: bool = True, log=None) -> CompiledModel:
+            bias_correction: bool = True, weight_rounding: bool = True, log=None) -> CompiledModel:
     """Compile `model` (an ONNX path or ModelProto, a Keras model or file, a SavedModel
     directory, a `.tflite`, a `.top.mlir` path or TopModel) for `chip` (a name such as "npu1" or
     "edge16", or a YAML path) in `quantize` mode (INT8, F16, BF16, F32).
@@ -201,8 +201,11 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None, calib
     every activation, False to none. `bias_correction` (INT8): lower a copy of the model whose
     conv / matmul / deconv biases absorb the mean per-channel INT8 error measured on the
     calibration samples (`tftpu.quant.bias_correction`), kept where the worst output SQNR the
-    lower stage reports does not drop; every check still compares against the model as given. `log` (a
-    callable taking a line) reports progress; by
+    lower stage reports does not drop; every check still compares against the model as given.
+    `weight_rounding` (INT8): round the INT8 conv / matmul weights by per-layer reconstruction on
+    the calibration samples (`tftpu.quant.weight_rounding`: each rounding error taken back by the
+    weights not rounded yet, GPTQ-style) rather than to nearest, before the mixed-precision
+    search, kept on the same condition. `log` (a callable taking a line) reports progress; by
     default the `tftpu.compile` logger."""
     from tftpu.pipelines.deploy import deploy
 
@@ -243,8 +246,12 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None, calib
     deployed = deploy(top_model, quantize=mode, chip=chip, calibration_table=table, asymmetric=asymmetric,
                       quantize_table=quantize_table, test_input=check, tolerance=tolerance,
                       mixed_precision=mixed_precision, samples=[s for s in samples if s is not check][:8],
-                      space_to_depth=space_to_depth, bias_correction=bias_correction)
+                      space_to_depth=space_to_depth, bias_correction=bias_correction,
+                      weight_rounding=weight_rounding)
     secs = deployed.seconds
+    if deployed.weight_rounding is not None:
+        stages.append(Stage("weight rounding", secs.get("weight rounding", 0.0), str(deployed.weight_rounding)))
+        extra["weight_rounding"] = deployed.weight_rounding.as_dict()
     if deployed.bias_correction is not None:
         stages.append(Stage("bias correction", secs.get("bias correction", 0.0), str(deployed.bias_correction)))
         extra["bias_correction"] = deployed.bias_correction.as_dict()

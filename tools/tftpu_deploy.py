@@ -43,6 +43,10 @@ flags.DEFINE_bool("space_to_depth", False, "rewrite the first strided conv on th
 flags.DEFINE_bool("bias_correction", False, "INT8: lower a copy whose conv/matmul/deconv biases absorb the mean "
                   "per-channel INT8 error measured on --test_input, kept only where its outputs get no further "
                   "from TOP; every check still compares against the TOP model given")
+flags.DEFINE_bool("weight_rounding", False, "INT8: round the INT8 conv/matmul weights by per-layer reconstruction "
+                  "on --test_input (each rounding error taken back by the weights not rounded yet, through "
+                  "the layer's input statistics: GPTQ) instead of to nearest, before the mixed-precision "
+                  "search; kept only where the outputs get no further from TOP")
 flags.DEFINE_string("tpu_mlir", None, "output TPU module (.tpu.mlir; its weights .npz go beside it)")
 flags.DEFINE_string("report", None, "report file: .json for data, .html (any other suffix) for a page")
 flags.DEFINE_string("model", None, "output model file (.tpumodel): the compiled program for the simulator "
@@ -67,10 +71,12 @@ def main(args):
                     tolerance=FLAGS.tolerance, tpu_mlir=FLAGS.tpu_mlir, report=FLAGS.report,
                     mixed_precision=FLAGS.mixed_precision, mixed_precision_ranking=FLAGS.mixed_precision_ranking,
                     space_to_depth=FLAGS.space_to_depth, model=FLAGS.model, trace=FLAGS.trace,
-                    bias_correction=FLAGS.bias_correction)
+                    bias_correction=FLAGS.bias_correction, weight_rounding=FLAGS.weight_rounding)
     print(result.lowering)
     if result.search is not None:
         print(result.search)
+    if result.weight_rounding is not None:
+        print(f"weight rounding: {result.weight_rounding}")
     if result.bias_correction is not None:
         print(f"bias correction: {result.bias_correction}")
     if result.memory is not None:

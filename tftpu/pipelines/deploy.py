@@ -56,6 +56,7 @@ class DeployResult:
     model_file: Path | None = None
     trace: Path | None = None
     bias_correction: object | None = None       # tftpu.quant.bias_correction.BiasCorrection, when one ran
+    weight_rounding: object | None = None       # tftpu.quant.weight_rounding.WeightRounding, when one ran
 
     @property
     def checked(self) -> bool:
@@ -156,7 +157,7 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
            test_input=None, test_reference=None, tolerance=None, tpu_mlir=None, report=None,
            mixed_precision: str | None = "auto", samples: list[dict] | None = None,
            mixed_precision_ranking: str = "isolated", space_to_depth: bool = False, model=None,
-           trace=None, bias_correction: bool = False) -> DeployResult:
+           trace=None, bias_correction: bool = False, weight_rounding: bool = False) -> DeployResult:
     """Lower the TOP model `mlir` (a path or TopModel) for `chip` in `quantize` mode.
 
     `test_input` (a dict of arrays or an .npz path) checks the TPU model against TOP, and
@@ -173,7 +174,10 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     lowered is a copy whose conv / matmul / deconv biases absorb the mean INT8 error measured on
     `samples` (else the test input; `tftpu.quant.bias_correction`), the ops the search keeps in
     float excepted, kept only if the worst output SQNR verify finds (test input and `samples`)
-    does not drop for it; every check still compares against the model given."""
+    does not drop for it; every check still compares against the model given. `weight_rounding`
+    (INT8): the INT8 ops' weights are rounded by per-layer reconstruction on `samples`
+    (`tftpu.quant.weight_rounding`, GPTQ's error feedback) instead of to nearest, before the
+    search (which then judges with them) and the bias correction; kept on the same condition."""
     from tftpu.ir.module import TopModel, TpuModel, load
     from tftpu.quant.qtable import read_qtable
     from tftpu.quant.table import read_table
@@ -212,6 +216,12 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
         if table is not None:
             table = _entries_for_moves(top_model, table)
         seconds["space-to-depth"] = time.perf_counter() - t1
+    rounded = rounding = None
+    if weight_rounding and mode == "INT8" and table is not None and (samples or inputs is not None):
+        from tftpu.quant.weight_rounding import reconstruct_rounding
+        t1 = time.perf_counter()
+        rounded, rounding = reconstruct_rounding(top_model, samples or [inputs], float_ops=_float_ops(qtable))
+        seconds["weight rounding"] = time.perf_counter() - t1
     search = None
     if mixed_precision in (None, "none", "") or mode != "INT8":
         mixed_precision = None
@@ -224,29 +234,32 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
             raise errors.UsageError("--mixed_precision needs --test_input (or samples) to measure with")
         t1 = time.perf_counter()
         search = search_mixed_precision(top_model, the_chip, table, pool, mixed_precision, asymmetric=asymmetric,
-                                        qtable=qtable, ranking=mixed_precision_ranking)
+                                        qtable=qtable, ranking=mixed_precision_ranking, weights_from=rounded)
         given_qtable, qtable = qtable, search.qtable
         seconds["mixed precision search"] = time.perf_counter() - t1
     lowered, corrected = top_model, None
+    if rounded is not None:
+        from tftpu.quant.weight_rounding import restore_weights
+        lowered = restore_weights(rounded, top_model, _float_ops(qtable))
     if bias_correction and mode == "INT8" and table is not None and (samples or inputs is not None):
         from tftpu.quant.bias_correction import correct_biases
         t1 = time.perf_counter()
-        kept = {name for name, m in (qtable or {}).items() if str(m).upper() != "INT8"}
-        lowered, corrected = correct_biases(top_model, table, samples or [inputs], asymmetric=asymmetric,
-                                            float_ops=kept)
+        lowered, corrected = correct_biases(lowered, table, samples or [inputs], asymmetric=asymmetric,
+                                            float_ops=_float_ops(qtable))
         seconds["bias correction"] = time.perf_counter() - t1
     t1 = time.perf_counter()
     tpu_model, lowering = lower(lowered, the_chip, mode, table, qtable=qtable, asymmetric=asymmetric)
     tpu_model.verify()
     seconds["lower"] = time.perf_counter() - t1
-    if corrected is not None and inputs is not None:
+    reports = [r for r in (rounding, corrected) if r is not None]
+    if reports and inputs is not None:
         t1 = time.perf_counter()                 # kept only where the outputs verify judges do not lose
         plain = lower(top_model, the_chip, mode, table, qtable=qtable, asymmetric=asymmetric)
         judged = [inputs] + [x for x in (samples or []) if x is not inputs]     # what verify judges on
-        if not _keep_correction(top_model, tpu_model, plain[0], judged, corrected):
+        if not _keep_correction(top_model, tpu_model, plain[0], judged, reports):
             tpu_model, lowering = plain
             tpu_model.verify()
-        seconds["bias correction"] += time.perf_counter() - t1
+        seconds["keep check"] = time.perf_counter() - t1
     t1 = time.perf_counter()
     from tftpu.backend import estimate, s2d_stem
     from tftpu.backend.codegen import annotate, generate
@@ -282,7 +295,7 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     if all_int8_us is not None:
         search.latency_ratio = cycles.latency_us / all_int8_us if all_int8_us > 0 else 1.0
     result = DeployResult(tpu_model, lowering, tol, search=search, memory=memory, cycles=cycles, s2d=stem,
-                          program=program, profile=prof, bias_correction=corrected)
+                          program=program, profile=prof, bias_correction=corrected, weight_rounding=rounding)
     if inputs is not None:
         t1 = time.perf_counter()
         pool = [inputs] + [s for s in (samples or []) if s is not inputs]
@@ -312,10 +325,16 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     return result
 
 
-def _keep_correction(top_model, corrected_tpu, plain_tpu, held: list[dict], report) -> bool:
-    """Whether the bias-corrected TPU model's worst SQNR against TOP over `held` (the test input
-    first, and the samples verify judges on), of any output or part of a concatenated output, is
-    at least the uncorrected one's; notes the figures in `report`."""
+def _float_ops(qtable) -> set:
+    """The ops a quantize table keeps out of INT8."""
+    return {name for name, m in (qtable or {}).items() if str(m).upper() != "INT8"}
+
+
+def _keep_correction(top_model, corrected_tpu, plain_tpu, held: list[dict], reports) -> bool:
+    """Whether the corrected TPU model's (reconstructed rounding, bias correction) worst SQNR
+    against TOP over `held` (the test input first, and the samples verify judges on), of any
+    output or part of a concatenated output, is at least the uncorrected one's; notes the
+    figures in each of `reports`."""
     from tftpu.interp.similarity import sqnr
 
     parts = [spec for specs in output_parts(top_model).values() for spec in specs]
@@ -333,10 +352,12 @@ def _keep_correction(top_model, corrected_tpu, plain_tpu, held: list[dict], repo
         return min((-math.inf if math.isnan(v) else v) for v in vals) if vals else math.inf
 
     before, after = worst(plain_tpu), worst(corrected_tpu)
-    report.kept = after >= before
+    kept = after >= before
     where = "the test input" + (f" and {len(held) - 1} sample{'s' if len(held) > 2 else ''}" if len(held) > 1 else "")
-    report.check = f"{'kept' if report.kept else 'not kept'}: worst output SQNR on {where} {before:.2f} -> {after:.2f} dB"
-    return report.kept
+    for report in reports:
+        report.kept = kept
+        report.check = f"{'kept' if kept else 'not kept'}: worst output SQNR on {where} {before:.2f} -> {after:.2f} dB"
+    return kept
 
 
 def _entries_for_moves(model, table):

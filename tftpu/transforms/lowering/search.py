@@ -314,7 +314,8 @@ def ancestors(model, tensor_names: set) -> set[str]:
     return seen
 
 
-def _search(model, chip, table, samples, target, asymmetric, qtable, float_mode, ranking) -> MixedPrecisionResult:
+def _search(model, chip, table, samples, target, asymmetric, qtable, float_mode, ranking,
+            weights_from=None) -> MixedPrecisionResult:
     t0 = time.perf_counter()
     chip = chips.load(chip)
     cos_t, snr_t = parse_target(target)
@@ -339,7 +340,8 @@ def _search(model, chip, table, samples, target, asymmetric, qtable, float_mode,
         first ATTRIBUTION_SAMPLES runs."""
         nonlocal evaluations
         evaluations += 1
-        tpu_model, report = lower(model, chip, "INT8", table, qtable={**base, **extra}, asymmetric=asymmetric)
+        tpu_model, report = lower(_lowered(model, weights_from, {**base, **extra}), chip, "INT8", table,
+                                  qtable={**base, **extra}, asymmetric=asymmetric)
         run = TpuInterpreter(tpu_model)
         pooled: dict = {}
         for i, (s, ref) in enumerate(list(zip(samples, refs))[:n_samples]):
@@ -382,7 +384,8 @@ def _search(model, chip, table, samples, target, asymmetric, qtable, float_mode,
             (_, snr), _, _ = evaluate({n: fmode for n in int8_ops if n != name}, n_samples=RANK_SAMPLES)
             alone[name] = snr
     else:
-        tpu_model, _ = lower(model, chip, "INT8", table, qtable=base, asymmetric=asymmetric)
+        tpu_model, _ = lower(_lowered(model, weights_from, base), chip, "INT8", table, qtable=base,
+                             asymmetric=asymmetric)
         alone = isolated_errors(model, tpu_model, samples[:RANK_SAMPLES], set(int8_ops))
     flops = {op.loc: op.flops() for op in model.ops if op.loc in set(int8_ops)}
     total = max(1, sum(flops.values()))
@@ -414,6 +417,14 @@ def _search(model, chip, table, samples, target, asymmetric, qtable, float_mode,
     return MixedPrecisionResult({**base, **{n: m for n, m, _ in kept}}, kept, (cos_t, snr_t), best, int8_reached,
                                 evaluations, time.perf_counter() - t0, len(int8_ops), asked, reached_hi,
                                 ranking=ranking)
+
+
+def _lowered(model, weights_from, qtable: dict):
+    """What a trial lowers: `model`, or its copy with reconstructed weights for the ops in INT8."""
+    if weights_from is None:
+        return model
+    from tftpu.quant.weight_rounding import restore_weights
+    return restore_weights(weights_from, model, {n for n, m in qtable.items() if str(m).upper() != "INT8"})
 
 
 def _lowered_target(target, all_float) -> tuple[float, float]:
@@ -499,16 +510,18 @@ def _grow_and_prune(model, samples, int8_ops, flops, fmode, evaluate, state, mee
 
 def search_mixed_precision(model, chip, table, samples: list[dict], target, *, asymmetric: bool = False,
                            qtable: dict | None = None, float_mode: str | None = None,
-                           ranking: str = "isolated") -> MixedPrecisionResult:
+                           ranking: str = "isolated", weights_from=None) -> MixedPrecisionResult:
     """Ops to keep in float for the INT8 model to reach `target` ("cosine,sqnr_db"), judged
     over the samples pooled. `ranking`: "isolated" (each op's own error on exact inputs per share
     of the FLOPs, then the shortest prefix, pruned), "effect" (grow the float set where the error
     appears, cheapest ops first, then prune it: slower) or "alone" (the outputs with only that
-    op in INT8: one inference per op)."""
+    op in INT8: one inference per op). `weights_from`: a copy of `model` with reconstructed INT8
+    weights (`tftpu.quant.weight_rounding`) that the INT8 ops are lowered from (the float ops
+    keep the model's own); the outputs are still judged against `model`'s."""
     if ranking not in RANKINGS:
         raise UsageError(f"mixed precision ranking {ranking!r}: expected one of {', '.join(RANKINGS)}")
     if not samples:
         raise UsageError("the mixed precision search needs at least one sample input")
     if table is None:
         raise UsageError("the mixed precision search needs a calibration table")
-    return _search(model, chip, table, samples, target, asymmetric, qtable, float_mode, ranking)
+    return _search(model, chip, table, samples, target, asymmetric, qtable, float_mode, ranking, weights_from)
