@@ -8,7 +8,7 @@ line. A python block whose first line is `# NAME.py` is a file the reader saves:
 not run. `<!-- not-run: reason -->` just before a block leaves it out (only where it cannot run).
 The figures the README quotes that are deterministic are checked against what the blocks print.
 The README stays one screen or two: the guides live in docs/ (tests/docs/test_docs.py runs
-theirs). By hand: `python tests/test_readme.py` prints each block's output.
+theirs). By hand: `python -m tests.test_readme` prints each block's output.
 """
 
 from __future__ import annotations

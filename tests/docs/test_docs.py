@@ -3,7 +3,7 @@
 Each page of docs/ runs in its own temporary directory, its ```bash and ```python blocks in
 order (tests/docs/markdown_blocks.py: the rules, shared with tests/test_readme.py), so a reader
 can start at any guide. The figures a page quotes that are deterministic are checked against
-what its blocks print (CHECKS). By hand: `python tests/docs/test_docs.py docs/guides/tac.md`
+what its blocks print (CHECKS). By hand: `python -m tests.docs.test_docs docs/guides/tac.md`
 prints each block's output.
 """
 
