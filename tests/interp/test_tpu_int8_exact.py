@@ -687,3 +687,33 @@ def test_conv_integer_path_equals_float64_path_at_extremes(c, k, group, stride, 
         want = conv_accumulate(x.astype(np.float64) - zp, w, attrs)
         assert got is not None and got.dtype == np.int32
         np.testing.assert_array_equal(got.astype(np.int64), np.rint(want).astype(np.int64))
+
+
+@pytest.mark.parametrize("mode", ["F16", "BF16"])
+def test_whole_tensor_float_ops_differ_from_rows_by_round_off_only(mode):
+    """`exact_rows=False` (accuracy figures: the mixed-precision search, evaluation) runs float
+    window ops on whole tensors: INT8 ops bit-equal, float ops within round-off of the by-rows
+    results the simulator is checked against."""
+    rng = np.random.default_rng(7)
+    b = TopBuilder("rows")
+    x = b.input("x", (2, 3, 13, 11))
+    c1 = b.op("Conv", [x, b.weight("w1", W(rng, 8, 3, 3, 3)), b.weight("b1", W(rng, 8))],
+              {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "strides": [2, 2], "do_relu": True}, "c1")
+    p = b.op("MaxPool", [c1], {"kernel_shape": [2, 2], "strides": [1, 1]}, "p")
+    c2 = b.op("Conv", [p, b.weight("w2", W(rng, 4, 8, 3, 3)), b.none()], {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]},
+              "c2")
+    model = b.finish([c2])
+    feed = feeds({"x": (2, 3, 13, 11)}, 3)
+    table = table_for(model, feed)
+    tpu, _ = lower(model, "npu1", "INT8", table, qtable={"c2": mode, "p": mode})
+    exact = TpuInterpreter(tpu).run(feed, dump_all=True)
+    fast = TpuInterpreter(tpu, exact_rows=False).run(feed, dump_all=True)
+    assert exact.keys() == fast.keys()
+    for name, want in exact.items():
+        got = fast[name]
+        if want.dtype.kind != "f":
+            np.testing.assert_array_equal(got, want, err_msg=name)
+        else:
+            tol = 2.0 ** -7 if mode == "BF16" else 2.0 ** -10
+            np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=tol,
+                                       atol=tol * float(np.max(np.abs(want.astype(np.float32)))), err_msg=name)

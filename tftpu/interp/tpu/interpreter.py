@@ -29,17 +29,19 @@ def module_mode(op) -> str | None:
     return None
 
 
-def kernel_of(op):
+def kernel_of(op, exact_rows: bool = True):
     """A `(operands, attrs) -> results` callable for one TPU (or TOP) op, None if none exists.
     Float window ops run by rows (bit-equal to the simulator's slices) except in F32 modules,
-    whose ops are the TOP kernels on whole tensors (bit-equal to TOP)."""
+    whose ops are the TOP kernels on whole tensors (bit-equal to TOP), and without
+    `exact_rows` (whole tensors: the same up to the float kernels' summation order, many times
+    faster; for accuracy figures, not for the simulator's bit-for-bit check)."""
     if not isinstance(op, tpu.TpuOp):
         return KERNELS.get(op.name)
     info = OpInfo.of(op)
     fn = OWN.get(op.name)
     if fn is None:
         fn = INT8.get(op.name) if op.quantized else \
-            float_kernels.float_kernel(op.TOP.name, by_rows=module_mode(op) != "F32")
+            float_kernels.float_kernel(op.TOP.name, by_rows=exact_rows and module_mode(op) != "F32")
     if fn is None:
         return None
 
@@ -51,9 +53,11 @@ def kernel_of(op):
 
 
 class TpuInterpreter(TopInterpreter):
-    """A compiled plan for running one TPU model many times (per-op path only)."""
+    """A compiled plan for running one TPU model many times (per-op path only). `exact_rows`:
+    see `kernel_of`; INT8 ops are bit-exact either way."""
 
-    def __init__(self, model):
+    def __init__(self, model, exact_rows: bool = True):
+        self.exact_rows = exact_rows
         super().__init__(model, backend="eager")
         self.infos = {}
         for op in model.ops:
@@ -63,7 +67,7 @@ class TpuInterpreter(TopInterpreter):
                     self.infos[value_name(r)] = info
 
     def kernel_for(self, op):
-        return kernel_of(op)
+        return kernel_of(op, self.exact_rows)
 
     def run(self, inputs: dict, dump_all: bool = False, observe=None, dequantize: bool = False) -> dict:
         """Outputs (every tensor when `dump_all`) by name; `dequantize` turns INT8 tensors into

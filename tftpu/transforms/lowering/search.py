@@ -200,7 +200,7 @@ def isolated_errors(top_model, tpu_model, samples: list[dict], names: set) -> di
         top_name = op.loc if op.loc in names else op.loc.rsplit("_", 1)[0]
         if top_name not in names:
             continue
-        kernel = kernel_of(op)
+        kernel = kernel_of(op, exact_rows=False)
         out_info = info_of(op.results[0].type)
         attrs = op.attrs()
         for ref in refs:
@@ -342,7 +342,7 @@ def _search(model, chip, table, samples, target, asymmetric, qtable, float_mode,
         evaluations += 1
         tpu_model, report = lower(_lowered(model, weights_from, {**base, **extra}), chip, "INT8", table,
                                   qtable={**base, **extra}, asymmetric=asymmetric)
-        run = TpuInterpreter(tpu_model)
+        run = TpuInterpreter(tpu_model, exact_rows=False)
         pooled: dict = {}
         for i, (s, ref) in enumerate(list(zip(samples, refs))[:n_samples]):
             dump = dumps is not None and i < ATTRIBUTION_SAMPLES
