@@ -496,3 +496,45 @@ def test_matmul_over_other_axes_stays():
     m = b.finish([b.op("Reshape", [mm], {"shape": [2, 3, 8]}, "y")])
     rep = check(m, {"x": rand(2, 3, 5, 4)}, [C.PointwiseMatMulToConv, C.DeadCode], ["Reshape", "MatMul", "Reshape"])
     assert rep.counts["pointwise-matmul-to-conv"] == 0
+
+
+@pytest.mark.parametrize("layout,sizes,bias,relu,kernel,returned", [
+    ("NCHW", [10, 32], True, False, 1, True), ("NCHW", [3, 3, 2], False, True, 3, False),
+    ("NHWC", [4, 4], True, False, 3, True), ("NCHW", [1, 7], True, True, 1, False)])
+def test_split_conv_by_parts(layout, sizes, bias, relu, kernel, returned):
+    """conv -> Split along its output channels -> one conv per part, same values and names."""
+    c = sum(sizes)
+    b = TopBuilder("head")
+    shape = (1, 5, 7, 6) if layout == "NCHW" else (1, 7, 6, 5)
+    x = b.input("x", shape)
+    w = rand(c, 5, kernel, kernel) if layout == "NCHW" else rand(kernel, kernel, 5, c)
+    conv = b.op("Conv", [x, b.weight("w", w), b.weight("b", rand(c)) if bias else b.none()],
+                {"kernel_shape": [kernel, kernel], "pads": [kernel // 2] * 4, "layout": layout, "do_relu": relu,
+                 "kernel_layout": "OIHW" if layout == "NCHW" else "HWIO"}, "head_conv")
+    parts = b.op("Split", [conv], {"axis": 1 if layout == "NCHW" else 3, "split_size": sizes},
+                 [f"part{i}" for i in range(len(sizes))])
+    outs = list(parts) if returned else [b.op("Sigmoid", [p], {}, f"act{i}") for i, p in enumerate(parts)]
+    model = b.finish(outs)
+    report = check(model, {"x": rand(*shape)}, [C.SplitConvByParts, C.DeadCode],
+                   expect_ops=["Conv"] * len(sizes) + ([] if returned else ["Sigmoid"] * len(sizes)))
+    assert report.counts["split-conv-by-parts"] == 1
+    convs = [op for op in model.ops if op.op_name == "Conv"]
+    assert [op.loc for op in convs] == [f"part{i}" for i in range(len(sizes))]
+    assert [op.output.type.get_shape()[1 if layout == "NCHW" else 3] for op in convs] == sizes
+
+
+def test_split_conv_by_parts_leaves_shared_and_spatial_splits():
+    b = TopBuilder("keep")
+    x = b.input("x", (1, 4, 6, 6))
+    conv = b.op("Conv", [x, b.weight("w", rand(6, 4, 1, 1)), b.none()], {"kernel_shape": [1, 1]}, "c")
+    spatial = b.op("Split", [conv], {"axis": 2, "split_size": [3, 3]}, ["s0", "s1"])
+    model = b.finish(list(spatial))
+    report = check(model, {"x": rand(1, 4, 6, 6)}, [C.SplitConvByParts])
+    assert not report.counts
+    b = TopBuilder("shared")
+    x = b.input("x", (1, 4, 6, 6))
+    conv = b.op("Conv", [x, b.weight("w", rand(6, 4, 1, 1)), b.none()], {"kernel_shape": [1, 1]}, "c")
+    chans = b.op("Split", [conv], {"axis": 1, "split_size": [2, 4]}, ["s0", "s1"])
+    model = b.finish(list(chans) + [conv])
+    report = check(model, {"x": rand(1, 4, 6, 6)}, [C.SplitConvByParts])
+    assert not report.counts

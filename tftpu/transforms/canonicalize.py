@@ -34,7 +34,7 @@ from xdsl.rewriter import InsertPoint
 
 from tftpu.ir import attrs as A
 from tftpu.ir import top
-from tftpu.ir.base import Commutative
+from tftpu.ir.base import Commutative, value_name
 from tftpu.ir.module import TopModel, make_op
 from tftpu.transforms.pipeline import ModulePass, register
 from tftpu.utils.decisions import PassResult
@@ -860,9 +860,50 @@ class DeadCode(TopPattern):
                 self.fired()
 
 
+class SplitConvByParts(TopPattern):
+    """A Split along the output channels of a conv that only it reads -> one conv per part
+    (its slice of the filter and bias). The same FLOPs and values, but each part is its own
+    tensor with its own INT8 grid: a detector head's conv that computes class logits and box
+    distributions together (PicoDet, YOLO heads) no longer puts both on one grid that erases
+    the narrower part."""
+
+    NAME = "split-conv-by-parts"
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: top.Split, rewriter: PatternRewriter) -> None:
+        conv = op.operands[0].owner
+        if not isinstance(conv, top.Conv) or not _single_use(conv.output) or len(op.results) < 2:
+            return
+        attrs = conv.attrs()
+        shape = conv.output.type.get_shape()
+        axis = op.attrs()["axis"] % len(shape)
+        if attrs["group"] != 1 or axis != (1 if attrs["layout"] == "NCHW" else len(shape) - 1):
+            return
+        wt = self.w.get(conv.filter)
+        has_bias = not isinstance(conv.bias.type, NoneType)
+        bias = self.w.get(conv.bias) if has_bias else None
+        if wt is None or (has_bias and bias is None):
+            return
+        w_axis = 0 if attrs.get("kernel_layout", "OIHW") == "OIHW" else wt.ndim - 1
+        start, parts = 0, []
+        for size, result in zip(op.attrs()["split_size"], op.results):
+            name = value_name(result)
+            part = np.take(wt, np.arange(start, start + size), axis=w_axis)
+            nw = self.w.add(rewriter, op, f"{name}_filter", part)
+            nb = self.w.add(rewriter, op, f"{name}_bias", bias.reshape(-1)[start:start + size]) if has_bias \
+                else conv.bias
+            new = make_op(conv.op_name, [conv.input, nw, nb], attrs, name)
+            rewriter.insert(new, InsertPoint.before(op))
+            parts.append(new.output)
+            start += size
+        rewriter.replace(op, [], parts)
+        rewriter.erase(conv)
+        self.fired()
+
+
 PATTERNS = [DeadCode, FoldConstants, ClipToRelu, FoldBatchNorm, FoldScaleIntoConv, FoldMulAddIntoConv, FuseRelu,
             FuseSiLU, FusePRelu, FuseHardSigmoid, FuseHardSwish, FuseGELU, FuseLayerNorm, PointwiseMatMulToConv,
-            FoldPadIntoConv,
+            FoldPadIntoConv, SplitConvByParts,
             DropNoOps, MergePermutes, MergeReshapes]
 
 
