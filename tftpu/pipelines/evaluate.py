@@ -144,6 +144,14 @@ class DatasetEvaluation:
     def write_json(self, path) -> None:
         write_text(path, _json.dumps(self.summary(), indent=1) + "\n")
 
+    def to_json(self) -> dict:
+        """Everything measured (every image's figures, exactly), for `from_json`."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> "DatasetEvaluation":
+        return cls(**{**data, "rows": [Figures(**r) for r in data["rows"]]})
+
     def write_html(self, path) -> None:
         write_text(path, html_page(self))
 
@@ -298,7 +306,7 @@ def _sides(model, reference, engine: str):
 
 def evaluate(model, dataset, *, reference=None, input_num: int | None = None, mean=None, scale=None,
              pixel_format: str = "rgb", skip_unreadable: bool = False, engine: str = "interpreter",
-             worst: int = 5, json=None, html=None) -> DatasetEvaluation:
+             worst: int = 5, json=None, html=None, workers: int = 1, cluster=None) -> DatasetEvaluation:
     """Cosine and SQNR of `model` against float on every image of `dataset` (see the module doc).
 
     `model`: a `CompiledModel`, a TPU model, a program (`tftpu.backend.tpumodel.load`), or a
@@ -308,17 +316,33 @@ def evaluate(model, dataset, *, reference=None, input_num: int | None = None, me
     `scale`, `pixel_format`, `skip_unreadable`: as `tftpu.quant.iter_samples` (or pass a
     stream it made: those arguments are then its own). `worst`: how
     many of the worst images to name per output and part. `json` / `html`: paths to write the
-    summary to (JSON, or a self-contained HTML page with plots), checked writable first."""
-    from tftpu.quant.dataset import Samples, iter_samples
+    summary to (JSON, or a self-contained HTML page with plots), checked writable first.
+
+    `workers=N` spreads the images over N worker processes on this machine, `cluster`
+    (`tftpu.utils.distributed.Cluster.from_tf_config()`) over the tf.distribute workers of
+    `TF_CONFIG`, this process being one (only the chief writes `json` / `html`); either way the
+    figures of every image are those of one process, in dataset order."""
+    from tftpu.quant.dataset import Samples, iter_samples, stream_spec
+    from tftpu.utils import distributed
 
     if isinstance(worst, bool) or not isinstance(worst, int) or worst < 0:
         raise errors.UsageError(f"worst {worst!r}: give a count >= 0")
+    distributed.check_workers(workers, cluster)
     outs = [p for p in (json, html) if p is not None]
     if outs:
         check_writable(*outs)
+    if workers > 1:
+        spec = dataset.spec() if isinstance(dataset, Samples) else \
+            stream_spec(dataset, input_num, mean, scale, pixel_format, skip_unreadable)
+        result = _launch(model, reference, spec, workers, engine=engine, worst=worst)
+        if isinstance(dataset, Samples):
+            dataset.skipped = list(result.skipped)
+        return _written(result, json, html)
+    cluster = cluster or distributed.LOCAL
     got_run, ref_run, parts, tpu, ref_label, engine = _sides(model, reference, engine)
     samples = dataset if isinstance(dataset, Samples) else \
         iter_samples(tpu, dataset, input_num, mean, scale, pixel_format, skip_unreadable)
+    part = samples.shard(cluster.rank, cluster.size) if cluster.size > 1 else samples
     rows = {n: Figures(n, n) for n in tpu.output_names}
     for out, specs in parts.items():
         for k, spec in enumerate(specs):
@@ -326,10 +350,12 @@ def evaluate(model, dataset, *, reference=None, input_num: int | None = None, me
             for p, _ in spec[2]:
                 rows[f"{label}[{p}]"] = Figures(f"{label}[{p}]", out)
     names: list[str] = []
+    indices: list[int] = []
     t0 = time.perf_counter()
-    for name, sample in progress(samples.items(), desc="evaluation", total=samples.total, unit="image"):
+    for index, name, sample in progress(part.indexed(), desc="evaluation", total=part.total, unit="image"):
         ref, got = ref_run.run(sample), got_run.run(sample)
         names.append(name)
+        indices.append(index)
         for n in tpu.output_names:
             if n not in ref:
                 raise errors.InputError(f"the reference has no output {n!r} (it has {', '.join(sorted(ref)[:5])})")
@@ -339,15 +365,84 @@ def evaluate(model, dataset, *, reference=None, input_num: int | None = None, me
                 label = out if k == 0 else spec[0]
                 for (p, a), (_, b) in zip(part_slices(ref, spec), part_slices(got, spec)):
                     rows[f"{label}[{p}]"].add(a, b)
+    skipped = list(samples.skipped)
+    if part is not samples:
+        names, skipped = _gathered(cluster, indices, names, rows, part.skipped)
+        samples.skipped = skipped
+        if not names:
+            raise errors.InputError(f"{samples.what}: no samples")
     seconds = time.perf_counter() - t0
     kept = [r for r in rows.values() if len(r.cosine) == len(names)]    # parts the engine could see
-    result = DatasetEvaluation(tpu.name, tpu.mode, ref_label, engine, names, kept, list(samples.skipped),
-                               seconds, worst)
+    result = DatasetEvaluation(tpu.name, tpu.mode, ref_label, engine, names, kept, skipped, seconds, worst)
+    return _written(result, json, html) if cluster.is_chief else result
+
+
+def _written(result: DatasetEvaluation, json, html) -> DatasetEvaluation:
     if json is not None:
         result.write_json(json)
     if html is not None:
         result.write_html(html)
     return result
+
+
+def _gathered(cluster, indices: list[int], names: list[str], rows: dict, skipped: list[str]):
+    """Every worker's images (names, and each row's figures, in place) in dataset order, and the
+    unreadable files all skipped."""
+    parts = cluster.gather_json({"index": indices, "names": names, "skipped": skipped,
+                                 "rows": {k: [r.cosine, r.sqnr] for k, r in rows.items()}})
+    order = sorted((i, w, k) for w, p in enumerate(parts) for k, i in enumerate(p["index"]))
+    for key, row in rows.items():
+        whole = all(len(p["rows"][key][0]) == len(p["index"]) for p in parts)
+        row.cosine = [parts[w]["rows"][key][0][k] for _, w, k in order] if whole else []
+        row.sqnr = [parts[w]["rows"][key][1][k] for _, w, k in order] if whole else []
+    return [parts[w]["names"][k] for _, w, k in order], sorted(s for p in parts for s in p["skipped"])
+
+
+def _launch(model, reference, spec: dict, workers: int, **options) -> DatasetEvaluation:
+    """`evaluate` on `workers` local processes (`tftpu.utils.distributed.launch`): the models go
+    to them as files."""
+    import tempfile
+
+    from tftpu.utils import distributed
+    with tempfile.TemporaryDirectory(prefix="tftpu_evaluate_") as tmp:
+        model_path, reference = _portable(model, reference, options["engine"], Path(tmp))
+        result = distributed.launch("tftpu.pipelines.evaluate:evaluate_job",
+                                    {"model": model_path, "reference": reference, "samples": spec, **options},
+                                    workers)
+    return DatasetEvaluation.from_json(result)
+
+
+def _portable(model, reference, engine: str, tmp: Path) -> tuple[str, str | None]:
+    """(model path, reference path or None) that a worker process loads as `_sides` takes them."""
+    from tftpu.ir.module import TopModel, TpuModel
+
+    def saved(m, name):
+        if isinstance(m, (str, Path)):
+            return str(Path(m).absolute())
+        if hasattr(m, "commands"):                   # a program
+            from tftpu.backend import tpumodel
+            return str(tpumodel.save(m, tmp / f"{name}.tpumodel"))
+        if isinstance(m, TopModel):
+            return str(m.save(tmp / f"{name}.{'tpu' if isinstance(m, TpuModel) else 'top'}.mlir")[0])
+        if type(m).__name__ == "ModelProto":
+            import onnx
+            onnx.save(m, str(tmp / f"{name}.onnx"))
+            return str(tmp / f"{name}.onnx")
+        raise errors.UsageError(f"evaluate: expected a CompiledModel, a TPU model, a .tpu.mlir or .tpumodel path, "
+                                f"not {type(m).__name__}")
+
+    if hasattr(model, "tpu_model") and hasattr(model, "top_model"):           # a CompiledModel
+        if reference is None:
+            reference = model.top_model
+        model = model.program if engine == "simulator" else model.tpu_model
+    return saved(model, "model"), None if reference is None else saved(reference, "reference")
+
+
+def evaluate_job(cluster, model: str, reference, samples: dict, **options) -> dict:
+    """One worker's part of `evaluate(workers=N)` (run by `tftpu.utils.distributed`)."""
+    spec = dict(samples)
+    spec.pop("what", None)
+    return evaluate(model, spec.pop("dataset"), reference=reference, cluster=cluster, **spec, **options).to_json()
 
 
 # -- the HTML page ----------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ with `tftpu-run` dumps.
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -89,7 +90,10 @@ class TensorStatistics:
     `range` is a power of two (the smallest at or above the first sample's largest |x|), and
     when a sample reaches past it, pairs of bins merge and the range doubles. With `half` a power
     of two (the default), every bin edge is an exact dyadic number and a value's bin is exact
-    (x * half / range scales by a power of two, then floor).
+    (x * half / range scales by a power of two, then floor). The histogram at a given range does
+    not depend on the order values came in (a value at exactly +range, kept in the last bin, moves
+    to its own bin when the range doubles), so statistics of shards of a dataset `merge` into
+    exactly those of the whole (`tftpu.quant.calibrate(..., workers=N)`).
 
     The float kernels of different CPUs round activations differently in the last bits, so
     nothing written in a table is a raw float: `lo`/`hi` are the observed min/max rounded
@@ -100,13 +104,14 @@ class TensorStatistics:
     between candidates that lie 2^-8 apart.
     """
 
-    __slots__ = ("half", "vmin", "vmax", "range", "hist")
+    __slots__ = ("half", "vmin", "vmax", "range", "hist", "top")
 
     def __init__(self, half: int):
         self.half = half
         self.vmin, self.vmax = math.inf, -math.inf
         self.range = 0.0
         self.hist: np.ndarray | None = None
+        self.top = 0            # values exactly at +range (in the last bin until the range doubles)
 
     def add(self, arr: np.ndarray) -> None:
         a = arr.reshape(-1)
@@ -123,10 +128,7 @@ class TensorStatistics:
         if self.hist is None:
             self.range, self.hist = _power_of_two_at_least(absmax), np.zeros(2 * n, np.int64)
         while absmax > self.range:
-            merged = self.hist.reshape(n, 2).sum(1)
-            self.hist = np.zeros(2 * n, np.int64)
-            self.hist[n // 2:n // 2 + n] = merged
-            self.range *= 2.0
+            self._double()
         scale = n / self.range                  # a power of two: x * scale is exact
         if a.dtype == np.float32 and not scale < 2.0 ** 127:
             a = a.astype(np.float64)
@@ -136,8 +138,50 @@ class TensorStatistics:
         idx += n
         counts = np.bincount(idx, minlength=2 * n)
         counts[n] -= a.size - np.count_nonzero(a)   # the exact zeros
-        counts[2 * n - 1] += counts[2 * n:].sum()    # x == +range
+        top = int(counts[2 * n:].sum())               # x == +range: counted in the last bin
+        counts[2 * n - 1] += top
+        self.top += top
         self.hist += counts[:2 * n]
+
+    def _double(self) -> None:
+        """Double the range: adjacent bins merge (exact); the values at the old +range, counted in
+        the last bin, move to the bin they fall in now, so the histogram at a given range is the
+        same whatever the order the values came in (and statistics merge exactly)."""
+        n = self.half
+        self.hist[2 * n - 1] -= self.top
+        merged = self.hist.reshape(n, 2).sum(1)
+        self.hist = np.zeros(2 * n, np.int64)
+        self.hist[n // 2:n // 2 + n] = merged
+        self.hist[n + n // 2] += self.top
+        self.top = 0
+        self.range *= 2.0
+
+    def grow(self, range_: float) -> None:
+        """Widen the grid to `range_` (a power of two at or above the range; no-op without values)."""
+        if self.hist is not None:
+            while self.range < range_:
+                self._double()
+
+    def merge(self, other: "TensorStatistics") -> None:
+        """Add `other`'s values (same `half`): the result is exactly the statistics of both
+        streams of values, in any order (the grid of the wider widens the other first)."""
+        if other.half != self.half:
+            raise InternalError(f"merging statistics of {self.half} and {other.half} half-bins")
+        self.vmin, self.vmax = min(self.vmin, other.vmin), max(self.vmax, other.vmax)
+        if other.hist is None:
+            return
+        if self.hist is None:
+            self.range, self.hist, self.top = other.range, other.hist.copy(), other.top
+            return
+        self.grow(other.range)
+        hist, top = other.hist, other.top
+        if other.range < self.range:
+            widened = TensorStatistics(other.half)
+            widened.range, widened.hist, widened.top = other.range, other.hist.copy(), other.top
+            widened.grow(self.range)
+            hist, top = widened.hist, widened.top
+        self.hist += hist
+        self.top += top
 
     @property
     def width(self) -> float:
@@ -219,9 +263,10 @@ def collect(model, samples, bins: int = BINS) -> dict[str, TensorStatistics]:
     return _collect(model, samples, bins)[0]
 
 
-def _collect(model, samples, bins: int = BINS, keep: int = 0) -> tuple[dict[str, TensorStatistics], int, list]:
+def _collect(model, samples, bins: int = BINS, keep: int = 0,
+             empty: bool = False) -> tuple[dict[str, TensorStatistics], int, list]:
     """(statistics, how many samples, the first `keep` samples): one pass over `samples`, a list
-    or any iterable (`tftpu.quant.iter_samples`), taken one sample at a time."""
+    or any iterable (`tftpu.quant.iter_samples`), taken one sample at a time (none only if `empty`)."""
     interp = TopInterpreter(model)
     stats: dict[str, TensorStatistics] = {}
     where = [""]
@@ -246,13 +291,47 @@ def _collect(model, samples, bins: int = BINS, keep: int = 0) -> tuple[dict[str,
         if count <= keep:
             head.append(sample)
         interp.run(sample, observe=observe)
-    if count == 0:
+    if count == 0 and not empty:
         raise InputError("calibration needs at least one sample input")
     return stats, count, head
 
 
+def merge_statistics(stats: dict[str, TensorStatistics], count: int, bins: int,
+                     cluster) -> tuple[dict[str, TensorStatistics], int]:
+    """Every worker's statistics and sample count merged, on every worker (`cluster`, a
+    `tftpu.utils.distributed.Cluster`): the extremes and ranges gathered, each histogram widened to
+    the common range, then summed by an int64 all-reduce, so the result is exactly the statistics
+    of all the workers' samples in one stream."""
+    lists = cluster.gather_json(list(stats))
+    names = next((n for n in lists if n), [])
+    if any(n and n != names for n in lists):
+        raise InternalError("workers saw different tensors of the same model")
+    half = 2 * bins
+    local = [stats.get(n) or TensorStatistics(half) for n in names]
+    extremes = [np.asarray(e, np.float64).reshape(-1, 3) for e in
+                cluster.gather_json([[st.vmin, st.vmax, st.range] for st in local])]
+    extremes = [e for e in extremes if e.size]
+    lo = np.min([e[:, 0] for e in extremes], axis=0) if names else []
+    hi = np.max([e[:, 1] for e in extremes], axis=0) if names else []
+    ranges = np.max([e[:, 2] for e in extremes], axis=0) if names else []
+    hists = np.zeros((len(names), 2 * half + 1), np.int64)      # the last column: values at +range
+    for i, st in enumerate(local):
+        if st.hist is not None:
+            st.grow(float(ranges[i]))
+            hists[i, :2 * half], hists[i, 2 * half] = st.hist, st.top
+    hists = cluster.all_sum(hists)
+    total = int(cluster.all_sum(np.array([count]))[0])
+    merged = {}
+    for i, name in enumerate(names):
+        st = merged[name] = TensorStatistics(half)
+        st.vmin, st.vmax = float(lo[i]), float(hi[i])
+        if ranges[i] > 0:
+            st.range, st.hist, st.top = float(ranges[i]), hists[i, :2 * half].copy(), int(hists[i, 2 * half])
+    return merged, total
+
+
 def calibrate(model, samples, method: str = "mse", bins: int = BINS, asymmetric: bool = False,
-              tune_num: int = TUNE_NUM) -> CalibrationTable:
+              tune_num: int = TUNE_NUM, *, workers: int = 1, cluster=None) -> CalibrationTable:
     """A CalibrationTable for every float tensor of `model` over `samples`: a list of input dicts,
     or any iterable of them read once, one at a time (`tftpu.quant.iter_samples` streams a
     directory, a glob, TFRecords or a tf.data.Dataset with bounded memory; the table is
@@ -263,11 +342,41 @@ def calibrate(model, samples, method: str = "mse", bins: int = BINS, asymmetric:
     the face/non-face accuracy in simulated INT8 and mse's none (`benchmarks/calibration_quality.py`).
     With `asymmetric`, each entry's min/max is the method's clipped range for INT8 asymmetric
     mode (the header says so); otherwise the observed min/max.
+
+    `workers=N` spreads the statistics over N worker processes on this machine, and `cluster`
+    (`tftpu.utils.distributed.Cluster.from_tf_config()`) over the tf.distribute workers of
+    `TF_CONFIG`, this process being one: each runs the model on every N-th sample (`samples` then
+    a `tftpu.quant.iter_samples` stream of a path, which each worker reads itself, or, with
+    `cluster`, the same list on every worker), the statistics merge exactly, and the table is
+    byte-identical to the one-process table (see `tftpu.utils.distributed`).
     """
+    from tftpu.utils import distributed
     _check(method, samples, bins)
     if isinstance(tune_num, bool) or not isinstance(tune_num, (int, np.integer)) or tune_num < 1:
         raise UsageError(f"tune_num {tune_num!r}: give at least 1")
-    stats, count, head = _collect(model, samples, bins, keep=tune_num if method == "auto" else 0)
+    distributed.check_workers(workers, cluster)
+    if workers > 1:
+        return _launch(model, samples, workers, method=method, bins=bins, asymmetric=asymmetric, tune_num=tune_num)
+    if cluster is None or cluster.size == 1:
+        stats, count, head = _collect(model, samples, bins, keep=tune_num if method == "auto" else 0)
+        return _table(model, stats, count, head, method, bins, asymmetric)
+    if not isinstance(samples, Samples):
+        samples = Samples(model, samples, what="calibration samples")
+    part = samples.shard(cluster.rank, cluster.size)
+    stats, count, _ = _collect(model, part, bins, empty=True)
+    stats, count = merge_statistics(stats, count, bins, cluster)
+    samples.skipped = sorted(name for names in cluster.gather_json(part.skipped) for name in names)
+    if count == 0:
+        raise InputError("calibration needs at least one sample input" + (
+            f" ({len(samples.skipped)} unreadable skipped)" if samples.skipped else ""))
+    table = None
+    if cluster.is_chief:                 # the thresholds (and auto's judging) once, then shared
+        head = list(itertools.islice(samples, tune_num)) if method == "auto" else []
+        table = _table(model, stats, count, head, method, bins, asymmetric)
+    return CalibrationTable.from_json(cluster.broadcast_json(table.to_json() if table else None))
+
+
+def _table(model, stats, count, head, method, bins, asymmetric) -> CalibrationTable:
     chosen: dict[str, str] = {}
     if method == "auto":
         chosen = _auto(model, head, stats, asymmetric)
@@ -277,6 +386,33 @@ def calibrate(model, samples, method: str = "mse", bins: int = BINS, asymmetric:
         lo, hi = st.range_of(m) if asymmetric else (st.lo, st.hi)
         entries[name] = (st.threshold(m), lo, hi)
     return CalibrationTable(entries, method, count, bins, asymmetric=asymmetric, chosen=chosen)
+
+
+def _launch(model, samples, workers: int, **options) -> CalibrationTable:
+    """`calibrate` on `workers` local processes (`tftpu.utils.distributed.launch`)."""
+    import tempfile
+
+    from tftpu.utils import distributed
+    if not isinstance(samples, Samples):
+        raise UsageError("calibrate(workers=N) reads the dataset in each worker: pass "
+                         "tftpu.quant.iter_samples(model, path) of a directory, a glob or TFRecord files")
+    spec = samples.spec()
+    with tempfile.TemporaryDirectory(prefix="tftpu_calibrate_") as tmp:
+        path = model.save(f"{tmp}/model.top.mlir")[0]
+        result = distributed.launch("tftpu.quant.calibrate:calibrate_job",
+                                    {"model": str(path), "samples": spec, **options}, workers)
+    samples.skipped = result["skipped"]
+    return CalibrationTable.from_json(result["table"])
+
+
+def calibrate_job(cluster, model: str, samples: dict, **options) -> dict:
+    """One worker's part of `calibrate(workers=N)` (run by `tftpu.utils.distributed`)."""
+    from tftpu.ir.module import load
+    from tftpu.quant.dataset import iter_samples
+    top = load(model)
+    stream = iter_samples(top, **samples)
+    table = calibrate(top, stream, cluster=cluster, **options)
+    return {"table": table.to_json(), "skipped": stream.skipped}
 
 
 def _candidates(st: TensorStatistics, asymmetric: bool) -> list[tuple[str, object]]:

@@ -57,8 +57,8 @@ from tftpu.ir import top
 from tftpu.utils.inputs import match_inputs
 from tftpu.utils.npz import load_npz
 
-__all__ = ["load_samples", "iter_samples", "Samples", "IMAGE_SUFFIXES", "ARRAY_SUFFIXES", "TFRECORD_SUFFIXES",
-           "IMAGE_FEATURE"]
+__all__ = ["load_samples", "iter_samples", "stream_spec", "Samples", "IMAGE_SUFFIXES", "ARRAY_SUFFIXES",
+           "TFRECORD_SUFFIXES", "IMAGE_FEATURE"]
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp")
 ARRAY_SUFFIXES = (".npz", ".npy")
@@ -151,6 +151,8 @@ class Samples:
         self._once = False
         self._used = False
         self._resume = None          # (samples read by `head`, the pass they began)
+        self._shard: tuple[int, int] | None = None       # (this worker, workers): `shard`
+        self._args = (dataset, input_num, mean, scale, pixel_format, skip_unreadable, what)
         self._source, count = self._open(dataset)
         self.total = input_num if count is None else count if input_num is None else min(count, input_num)
 
@@ -302,34 +304,64 @@ class Samples:
 
     def items(self) -> Iterator[tuple[str, dict]]:
         """(where, input dict) for each sample, in order, up to `input_num`."""
+        return ((where, sample) for _, where, sample in self.indexed())
+
+    def indexed(self) -> Iterator[tuple[int, str, dict]]:
+        """(index in the whole stream, where, input dict) for each sample (of this shard), in order."""
         if self._resume is not None:
             (first, live), self._resume = self._resume, None
-            yield from first
-            yield from live
+            yield from ((i, where, sample) for i, (where, sample) in enumerate(first))
+            yield from ((i, where, sample) for i, (where, sample) in enumerate(live, len(first)))
             return
         yield from self._read()
 
-    def _read(self) -> Iterator[tuple[str, dict]]:
+    def spec(self) -> dict:
+        """The arguments that make this stream again in another process (`stream_spec`)."""
+        return stream_spec(*self._args)
+
+    def shard(self, index: int, count: int) -> "Samples":
+        """The samples of worker `index` of `count`: those whose index in the whole stream is
+        `index` modulo `count` (the same split on every worker, whatever the source). An image
+        file or an encoded-image record is one sample, so the other workers pass it by unread;
+        other items (arrays, records of tensors) are read by each worker to count their samples.
+        With `skip_unreadable`, an unreadable image file keeps its index (no sample has it), so
+        with `input_num` it counts towards the number where a single process would not."""
+        if not (0 <= index < count):
+            raise UsageError(f"worker {index} of {count}: expected 0 <= worker < workers")
+        part = Samples.__new__(Samples)
+        part.__dict__.update(self.__dict__)
+        part._shard, part._resume, part.skipped = (index, count), None, []
+        part.total = None if self.total is None else len(range(index, self.total, count))
+        return part
+
+    def _read(self) -> Iterator[tuple[int, str, dict]]:
         if self._once and self._used:
             raise UsageError(f"{self.what}: an iterator can be read once only; pass a list, a path or a "
                              f"tf.data.Dataset to read it again")
         self._used = True
         self.skipped = []
+        mine, workers = self._shard or (0, 1)
         n = 0
         for where, item in self._source():
-            try:
-                got = self._decode(where, item)
-            except ModelFileError as exc:
-                if not self.skip_unreadable:
-                    raise
-                self.skipped.append(where)
-                _LOG.warning("skipping %s (skip_unreadable)", exc)
-                continue
-            for k, sample in enumerate(got):
-                if self.input_num is not None and n >= self.input_num:
-                    return
-                yield (where if len(got) == 1 else f"{where}[{k}]"), sample
+            single = workers > 1 and _single(item)
+            if single and n % workers != mine:       # another worker's image: not even read
                 n += 1
+            else:
+                try:
+                    got = self._decode(where, item)
+                except ModelFileError as exc:
+                    if not self.skip_unreadable:
+                        raise
+                    self.skipped.append(where)
+                    _LOG.warning("skipping %s (skip_unreadable)", exc)
+                    n += single                      # its index stays taken (see `shard`)
+                    continue
+                for k, sample in enumerate(got):
+                    if self.input_num is not None and n >= self.input_num:
+                        return
+                    if n % workers == mine:
+                        yield n, (where if len(got) == 1 else f"{where}[{k}]"), sample
+                    n += 1
             if self.input_num is not None and n >= self.input_num:
                 return
         if n == 0:
@@ -340,6 +372,14 @@ class Samples:
         return (sample for _, sample in self.items())
 
 
+def _single(item) -> bool:
+    """Whether `item` is surely one sample, known without decoding it: an image file, or a record
+    holding one encoded image."""
+    if isinstance(item, (str, Path)):
+        return _suffix(Path(item)) in IMAGE_SUFFIXES
+    return isinstance(item, _Record) and item.single()
+
+
 class _Record:
     """One TFRecord record: a serialized tf.train.Example (see the module doc)."""
 
@@ -347,6 +387,16 @@ class _Record:
 
     def __init__(self, data: bytes):
         self.data = data
+
+    def single(self) -> bool:
+        """Whether the record holds one encoded image (its Example parsed, not the image decoded)."""
+        import tensorflow as tf
+        from google.protobuf.message import DecodeError
+        try:
+            features = tf.train.Example.FromString(self.data).features.feature
+        except DecodeError:
+            return False
+        return IMAGE_FEATURE in features and len(features[IMAGE_FEATURE].bytes_list.value) == 1
 
     def arrays(self, samples: Samples, where: str) -> dict:
         import tensorflow as tf
@@ -419,6 +469,27 @@ def _cardinality(dataset) -> int | None:
     except Exception:    # noqa: BLE001 - an unknown count is fine
         return None
     return n if n >= 0 else None
+
+
+def stream_spec(dataset, input_num: int | None = None, mean=None, scale=None, pixel_format: str = "rgb",
+                skip_unreadable: bool = False, what: str = "dataset") -> dict:
+    """`iter_samples`'s arguments as JSON, for a worker process (`tftpu.utils.distributed`) to read
+    the same stream: the dataset must be a path, a glob or a list of file paths (each worker reads
+    it), not arrays or a tf.data.Dataset."""
+    if isinstance(dataset, (list, tuple)) and dataset and all(isinstance(x, (str, Path)) for x in dataset):
+        dataset = [str(Path(x).absolute()) for x in dataset]
+    elif isinstance(dataset, Path) or (isinstance(dataset, str) and any(ch in dataset for ch in _GLOB_CHARS)):
+        dataset = str(dataset) if Path(str(dataset)).is_absolute() else str(Path.cwd() / str(dataset))
+    elif isinstance(dataset, str):
+        dataset = str(Path(dataset).absolute())
+    else:
+        raise UsageError(f"{what}: worker processes read the dataset themselves: give a directory, a glob, "
+                         f"TFRecord files or a list of file paths, not {type(dataset).__name__}")
+
+    def floats(v):
+        return None if v is None else np.asarray(v, np.float64).reshape(-1).tolist()
+    return {"dataset": dataset, "input_num": input_num, "mean": floats(mean), "scale": floats(scale),
+            "pixel_format": pixel_format, "skip_unreadable": skip_unreadable, "what": what}
 
 
 def iter_samples(model, dataset, input_num: int | None = None, mean=None, scale=None, pixel_format: str = "rgb",

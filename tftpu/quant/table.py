@@ -39,6 +39,16 @@ class CalibrationTable:
     asymmetric: bool = False
     chosen: dict[str, str] = dataclasses.field(default_factory=dict)
 
+    def to_json(self) -> dict:
+        """The table as JSON-able data, every number exactly (`from_json` reads it back)."""
+        return {"entries": [[n, *map(float, v)] for n, v in self.entries.items()], "method": self.method,
+                "samples": self.samples, "bins": self.bins, "asymmetric": self.asymmetric, "chosen": self.chosen}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "CalibrationTable":
+        return cls({e[0]: tuple(e[1:]) for e in data["entries"]}, data["method"], data["samples"], data["bins"],
+                   asymmetric=data["asymmetric"], chosen=dict(data["chosen"]))
+
     def counts(self) -> dict[str, int]:
         """How many tensors each method was chosen for (auto), by method name."""
         out: dict[str, int] = {}
