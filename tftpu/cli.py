@@ -115,7 +115,8 @@ def require(*names: str) -> None:
 
 def define_dataset_flags(input_num: int, what: str) -> None:
     """The flags of a tool that reads a dataset (tftpu-calibrate, tftpu-evaluate), defined once:
-    --dataset, --input_num (0: all), --mean, --scale, --pixel_format, --skip_unreadable, --progress."""
+    --dataset, --input_num (0: all), --mean, --scale, --pixel_format, --skip_unreadable, --progress,
+    --workers, --tf_config (`cluster()`)."""
     flags.DEFINE_string("dataset", None, "a directory, a glob (quoted: 'val/*.jpg') or a TFRecord file of images or "
                         ".npz/.npy inputs, read lazily")
     flags.DEFINE_integer("input_num", input_num, f"number of {what} inputs (the first, by file name); 0 for all",
@@ -127,6 +128,21 @@ def define_dataset_flags(input_num: int, what: str) -> None:
                       "stopping at the first")
     flags.DEFINE_bool("progress", None, "a progress bar (images/s, time left) on stderr; by default only when "
                       "stderr is a terminal")
+    flags.DEFINE_integer("workers", 1, "worker processes to start on this machine (tf.distribute "
+                         "MultiWorkerMirroredStrategy on loopback), each running every N-th input; 1: this process",
+                         lower_bound=1)
+    flags.DEFINE_bool("tf_config", False, "run as one worker of the tf.distribute cluster the TF_CONFIG environment "
+                      "variable describes (the same command on every machine); the chief, worker 0, writes the outputs")
+
+
+def cluster():
+    """The tf.distribute cluster `--tf_config` joins (before TensorFlow runs any op), or None."""
+    if not FLAGS.tf_config:
+        return None
+    if FLAGS.workers > 1:
+        raise errors.UsageError("--workers starts local workers, --tf_config joins TF_CONFIG's cluster: not both")
+    from tftpu.utils.distributed import Cluster
+    return Cluster.from_tf_config()
 
 
 def dataset_samples(model):

@@ -23,6 +23,11 @@ inputs) with the observed min and max (with --asymmetric: the method's clipped r
 asymmetric mode), in TPU-MLIR's table layout. Then (`--simulate`, on by default) it runs the
 inputs again with simulated INT8 weights and activations and prints each output's worst cosine
 and mean SQNR against float. The same inputs give a byte-identical table.
+
+`--workers=N` starts N worker processes on this machine (tf.distribute's MultiWorkerMirroredStrategy
+on loopback), each running every N-th input; `--tf_config` makes this process one worker of the
+cluster the TF_CONFIG variable describes (run the same command on every machine; worker 0 writes
+the table). Their statistics merge exactly: the table is byte-identical to one process's.
 """
 
 from absl import flags, logging
@@ -50,20 +55,27 @@ def main(args):
     from tftpu.ir.module import load
 
     cli.require("mlir", "dataset", "o")
+    cluster = cli.cluster()
     model = load(FLAGS.mlir)
     samples = cli.dataset_samples(model)
     table = quant.calibrate(model, samples, FLAGS.calibration_method, asymmetric=FLAGS.asymmetric,
-                            tune_num=FLAGS.tune_num)
+                            tune_num=FLAGS.tune_num, workers=FLAGS.workers, cluster=cluster)
     if FLAGS["input_num"].present and FLAGS.input_num and table.samples < FLAGS.input_num:  # asked for more
         logging.warning("--input_num=%d, but %s holds %d input(s): calibrating on those %d",
                         FLAGS.input_num, FLAGS.dataset, table.samples, table.samples)
+    if cluster is not None and not cluster.is_chief:
+        print(f"worker {cluster.rank} of {cluster.size}: done (the chief writes {FLAGS.o})")
+        return 0
     table.save(FLAGS.o)
     kind = " and asymmetric ranges" if FLAGS.asymmetric else ""
     print(f"{FLAGS.o}: {len(table.entries)} tensors, {FLAGS.calibration_method} thresholds{kind} "
           f"from {table.samples} inputs{cli.skipped_note(samples)}")
     if table.chosen:
         print("auto chose: " + ", ".join(f"{m} for {n} tensors" for m, n in table.counts().items()))
-    if FLAGS.simulate:
+    if FLAGS.simulate and (FLAGS.workers > 1 or cluster is not None):
+        print("simulated INT8 vs float: not run with --workers / --tf_config (it runs in one process); "
+              "tftpu-evaluate --workers judges the deployed model")
+    elif FLAGS.simulate:
         print(f"simulated INT8 vs float on those inputs: {quant.evaluate(model, table, samples)}")
     return 0
 

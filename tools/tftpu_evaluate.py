@@ -13,6 +13,8 @@ per part of an output made by concatenation, it prints the cosine and SQNR again
 worst images of each, `--html` a self-contained page with per-image plots. With `--tolerance`
 (cosine,SQNR dB) the run fails (exit 1) where an output's or part's 1st percentile is below it.
 A file that cannot be read stops the run naming it (exit 2), unless --skip_unreadable.
+`--workers=N` runs the images on N worker processes of this machine, `--tf_config` as one worker
+of TF_CONFIG's tf.distribute cluster (worker 0 writes --json / --html): the same per-image figures.
 """
 
 from absl import flags
@@ -39,15 +41,17 @@ def main(args):
     from tftpu.pipelines.evaluate import evaluate, parse_target
 
     cli.require("model", "reference", "dataset")
+    cluster = cli.cluster()
     target = parse_target(FLAGS.tolerance) if FLAGS.tolerance else None
     program = FLAGS.model.endswith(".tpumodel")
     model = tpumodel.load(FLAGS.model) if program else load(FLAGS.model)
     samples = cli.dataset_samples(model.model if program else model)
     result = evaluate(model, samples, reference=FLAGS.reference, worst=FLAGS.worst, json=FLAGS.json,
-                      html=FLAGS.html, engine=FLAGS.engine or ("simulator" if program else "interpreter"))
+                      html=FLAGS.html, engine=FLAGS.engine or ("simulator" if program else "interpreter"),
+                      workers=FLAGS.workers, cluster=cluster)
     print(result)
     for path in (FLAGS.json, FLAGS.html):
-        if path:
+        if path and (cluster is None or cluster.is_chief):
             print(f"wrote {path}")
     bad = result.below(*target) if target is not None else []
     if bad:
