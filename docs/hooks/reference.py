@@ -35,12 +35,18 @@ spec = importlib.util.spec_from_file_location(name, path)
 module = importlib.util.module_from_spec(spec)
 sys.modules[name] = module
 spec.loader.exec_module(module)
-described = []
-for f in flags.FLAGS.get_flags_for_module(module):
-    described.append({"name": f.name, "short_name": f.short_name, "type": f.flag_type(),
-                      "boolean": bool(f.boolean), "default": f.default_as_str, "help": f.help,
-                      "enum_values": list(getattr(f, "enum_values", None) or
-                                          getattr(getattr(f, "parser", None), "enum_values", None) or [])})
+described, seen = [], set()
+# as `tftpu-X --help` lists them: every flag a non-absl module defined while the tool was imported
+# (a tool's own, and those a helper such as tftpu.cli.define_dataset_flags defined for it)
+by_module = flags.FLAGS.flags_by_module_dict()
+for key in [name] + [m for m in by_module if m != name and not m.startswith("absl")]:
+    for f in by_module.get(key, []):
+        if f.name not in seen:
+            seen.add(f.name)
+            described.append({"name": f.name, "short_name": f.short_name, "type": f.flag_type(),
+                              "boolean": bool(f.boolean), "default": f.default_as_str, "help": f.help,
+                              "enum_values": list(getattr(f, "enum_values", None) or
+                                                  getattr(getattr(f, "parser", None), "enum_values", None) or [])})
 print(json.dumps({"doc": module.__doc__ or "", "flags": described}))
 """
 
