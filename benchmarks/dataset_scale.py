@@ -98,6 +98,19 @@ def child_calibrate(images: Path, count: int, mode: str, table: Path) -> dict:
             "peak_rss_mb": peak_rss_mb()}
 
 
+def compile_int8(model, images: Path, calib: int):
+    """(the model compiled pure INT8 for npu1, calibrated on the first `calib` images; seconds)."""
+    import tftpu
+    from tftpu import quant
+
+    shapes = {model.input_names[0]: (1, 3, SIZE, SIZE)}
+    t0 = time.perf_counter()
+    compiled = tftpu.compile(model, chip="npu1", calibration_data=quant.iter_samples(
+        shapes, images, calib, MEAN, SCALE, "bgr"), mixed_precision="none", bias_correction=False,
+        space_to_depth=False)
+    return compiled, time.perf_counter() - t0
+
+
 def child_evaluate(images: Path, count: int, calib: int) -> dict:
     import onnxruntime as ort
 
@@ -107,11 +120,7 @@ def child_evaluate(images: Path, count: int, calib: int) -> dict:
 
     model = _model()
     shapes = {model.input_names[0]: (1, 3, SIZE, SIZE)}
-    t0 = time.perf_counter()
-    compiled = tftpu.compile(model, chip="npu1", calibration_data=quant.iter_samples(
-        shapes, images, calib, MEAN, SCALE, "bgr"), mixed_precision="none", bias_correction=False,
-        space_to_depth=False)
-    compile_s = time.perf_counter() - t0
+    compiled, compile_s = compile_int8(model, images, calib)
     samples = quant.load_samples(shapes, images, count, MEAN, SCALE, "bgr")   # decoded once, for both sides
     xs = [s[model.input_names[0]] for s in samples]
     tpu = TpuInterpreter(compiled.tpu_model)

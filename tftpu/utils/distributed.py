@@ -7,8 +7,8 @@ the merge: a ring all-reduce sums the calibration histograms (int64, so exactly)
 collects per-image evaluation figures; every worker ends with the same result, and the chief
 (worker 0) writes the outputs.
 
-Why not Apache Beam or Ray (checked 2026-11 against `constraints.txt`): Beam 2.73-2.77 pins
-pillow < 13 and older protobuf than the stack's 7.36 (pip finds no solution beside TF 2.21);
+Why not Apache Beam or Ray (checked 2026-11 against `constraints.txt`): Beam 2.73-2.77 require
+pillow < 13 where the stack pins 13.0, and pip finds no older Beam that installs beside TF 2.21;
 Ray 2.60 installs, but would add a second cluster manager (GCS, raylets, a dashboard) to machines
 that already run tf.distribute jobs. tf.distribute needs nothing installed, and the statistics
 are built to merge exactly (`TensorStatistics.merge`), which is all a collective needs.
@@ -48,9 +48,12 @@ import numpy as np
 from tftpu import errors
 from tftpu.utils.files import write_text
 
-__all__ = ["Cluster", "LOCAL", "launch", "check_workers"]
+__all__ = ["Cluster", "LOCAL", "launch", "check_workers", "LAST_RUN"]
 
 _JOB_PREFIX = "tftpu."
+# The chief's timings of the last `launch` in this process (for benchmarks): "startup_s" from its
+# process start to the cluster being ready (Python, TensorFlow, the strategy), "job_s" the job itself.
+LAST_RUN: dict = {}
 
 
 class Cluster:
@@ -195,7 +198,10 @@ def launch(job: str, args: dict, workers: int, threads: int | None = None) -> An
                 tail = (tmp / f"worker{failed}.log").read_text(errors="replace").strip().splitlines()[-3:]
                 raise errors.InternalError(f"worker {failed} of {workers} exited with status "
                                            f"{procs[failed].returncode}: {' | '.join(tail)}")
-            return json.loads((tmp / "result.json").read_text())
+            out = json.loads((tmp / "result.json").read_text())
+            LAST_RUN.clear()
+            LAST_RUN.update(out["timing"])
+            return out["result"]
         finally:
             for p in procs:
                 if p.poll() is None:
@@ -224,16 +230,29 @@ def worker_main(argv: list[str]) -> int:
     try:
         threads = int(os.environ.get("TFTPU_WORKER_THREADS", "0")) or None
         cluster = Cluster.from_tf_config(threads)
+        ready = time.perf_counter()
         module, name = spec["job"].split(":")
         if not module.startswith(_JOB_PREFIX):
             raise errors.InternalError(f"job {spec['job']!r} is not a tftpu function")
         result = getattr(importlib.import_module(module), name)(cluster, **spec["args"])
         if cluster.is_chief:
-            write_text(spec["result"], json.dumps(result))
+            timing = {"startup_s": time.time() - _process_start() - (time.perf_counter() - ready),
+                      "job_s": time.perf_counter() - ready}
+            write_text(spec["result"], json.dumps({"result": result, "timing": timing}))
         return 0
     except (errors.TftpuError, errors.InternalError) as e:
         write_text(spec_path.parent / f"error{index}.json", json.dumps({"type": type(e).__name__, "message": str(e)}))
         return e.exit_code
+
+
+def _process_start() -> float:
+    """This process's start, in time.time() seconds (from /proc; now where it cannot be read)."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return time.time() - uptime + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return time.time()
 
 
 if __name__ == "__main__":
