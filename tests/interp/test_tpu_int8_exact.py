@@ -717,3 +717,69 @@ def test_whole_tensor_float_ops_differ_from_rows_by_round_off_only(mode):
             tol = 2.0 ** -7 if mode == "BF16" else 2.0 ** -10
             np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=tol,
                                        atol=tol * float(np.max(np.abs(want.astype(np.float32)))), err_msg=name)
+
+
+def quant_calibrate(model, samples):
+    from tftpu import quant
+    return quant.calibrate(model, samples, "minmax")
+
+
+def _score_head(rng, through_moves: bool, more_users: bool = False):
+    """conv logits (mostly very negative, a few objects) -> sigmoid -> [reshape, transpose] -> output."""
+    b = TopBuilder("scores")
+    x = b.input("x", (1, 4, 6, 8))
+    w = W(rng, 3, 4, 1, 1)
+    c = b.op("Conv", [x, b.weight("w", w), b.weight("b", np.full(3, -7.0, np.float32))], {"kernel_shape": [1, 1]}, "logits")
+    s = b.op("Sigmoid", [c], {}, "scores")
+    outs = [s]
+    if through_moves:
+        r = b.op("Reshape", [s], {"shape": [1, 3, 48]}, "flat")
+        outs = [b.op("Permute", [r], {"order": [0, 2, 1]}, "per_anchor")]
+    if more_users:
+        outs.append(b.op("Mul", [s, s], {}, "squared"))
+    return b.finish(outs)
+
+
+@pytest.mark.parametrize("through_moves", [False, True])
+def test_score_maps_leave_on_a_fixed_16_bit_grid(through_moves):
+    """A sigmoid whose values only leave the model is written on the fixed grid 1/65536 (i16):
+    exact to the table, whatever range the calibration photos gave it; the simulator agrees."""
+    from tftpu.interp.similarity import sqnr
+    from tftpu.ir.quant import UniformQuantType
+    from tftpu.pipelines.deploy import deploy
+
+    rng = np.random.default_rng(11)
+    model = _score_head(rng, through_moves)
+    calib = [{"x": rng.normal(size=(1, 4, 6, 8)).astype(np.float32)} for _ in range(4)]
+    held = {"x": rng.normal(size=(1, 4, 6, 8)).astype(np.float32)}
+    table = quant_calibrate(model, calib)
+    tpu, _ = lower(model, "npu1", "INT8", table)
+    lut = next(op for op in tpu.ops if op.name == "tpu.Lut")
+    t = lut.results[0].type.element_type
+    assert isinstance(t, UniformQuantType) and t.storage == "i16" and t.scales == (1.0 / 65536,)
+    got = TpuInterpreter(tpu).run(held, dequantize=True)
+    ref = TopInterpreter(model).run(held)
+    out = model.output_names[0]
+    # the sigmoid of the INT8 logits, exactly as the table holds it (16-bit rounding only)
+    logits = TpuInterpreter(tpu).run(held, dump_all=True, dequantize=True)["logits"]
+    want = np.clip(np.floor(1.0 / (1.0 + np.exp(-logits.astype(np.float64))) * 65536 + 0.5), 0, 65535) / 65536
+    want = want.reshape(1, 3, 48).transpose(0, 2, 1) if through_moves else want
+    np.testing.assert_allclose(got[out].ravel(), np.minimum(want.ravel(), 32767 / 65536 + 0.5), atol=1.0 / 65536)
+    # what an 8-bit grid over the calibrated score range would have made of them
+    lo, hi = table.entries["scores"][1:]
+    step = (hi - lo) / 255
+    eight = np.clip(np.round(got[out] / step), 0, 255) * step
+    assert sqnr(ref[out], got[out]) > sqnr(ref[out], eight) + 3.0
+    res = deploy(model, quantize="INT8", chip="npu1", calibration_table=table, test_input=held, mixed_precision="none")
+    assert res.simulator["passed"] and all(r["bit_exact"] for r in res.simulator["outputs"])
+
+
+def test_a_sigmoid_other_ops_read_keeps_its_8_bit_grid():
+    from tftpu.ir.quant import UniformQuantType
+
+    rng = np.random.default_rng(12)
+    model = _score_head(rng, True, more_users=True)
+    calib = [{"x": rng.normal(size=(1, 4, 6, 8)).astype(np.float32)} for _ in range(4)]
+    tpu, _ = lower(model, "npu1", "INT8", quant_calibrate(model, calib))
+    t = next(op for op in tpu.ops if op.name == "tpu.Lut").results[0].type.element_type
+    assert isinstance(t, UniformQuantType) and t.storage == "i8"

@@ -20,6 +20,7 @@ import math
 import numpy as np
 
 from tftpu import rounding
+from tftpu.ir.quant import STORAGE
 from tftpu.errors import UsageError
 
 __all__ = ["QParams", "activation", "weights_per_channel", "deconv_weights", "weights_per_tensor", "bias", "requant",
@@ -38,8 +39,8 @@ class QParams:
     storage: str = "i8"
 
     def quantize(self, x) -> np.ndarray:
-        """Float values to this grid (round half away from zero, saturate)."""
-        return rounding.quantize(x, self.scale, self.zero_point, np.int8)
+        """Float values to this grid (round half away from zero, saturate to the storage type)."""
+        return rounding.quantize(x, self.scale, self.zero_point, np.dtype(STORAGE[self.storage][0]).type)
 
     def dequantize(self, q) -> np.ndarray:
         return (self.scale * (np.asarray(q, np.float64) - self.zero_point)).astype(np.float32)

@@ -103,10 +103,33 @@ ACTIVATIONS = ("top.Relu", "top.Clip", "top.LeakyRelu", "top.Sigmoid", "top.Hard
                "top.GELU")
 
 
+# [0, 1] activations whose values only leave the model (a detector's score maps): written on a
+# fixed 16-bit grid, not the calibrated 8-bit one, which would erase the many low scores and clip
+# the high ones an image scores above the calibration photos
+SCORES = ("top.Sigmoid", "top.HardSigmoid")
+SCORE_GRID = P.QParams(1.0 / 65536, -32768, "i16")
+_MOVES = ("top.Reshape", "top.Flatten", "top.Permute", "top.Squeeze", "top.Unsqueeze")
+
+
+def only_output(op) -> bool:
+    """Whether `op`'s results reach nothing but the model's outputs, through reshapes and transposes."""
+    todo = list(op.results)
+    while todo:
+        for use in todo.pop().uses:
+            user = use.operation
+            if user.name in _MOVES:
+                todo.extend(user.results)
+            elif user.name != "func.return":
+                return False
+    return True
+
+
 @int8(*ACTIVATIONS)
 def activation(ctx, op):
     x = op.operands[0]
     pin, pout = ctx.grid(x), ctx.qparams(op.results[0])
+    if pin is not None and op.name in SCORES and only_output(op):
+        pout = SCORE_GRID
     if pin is None or pout is None:
         return f"no calibration entry for {value_name(x if pin is None else op.results[0])!r}"
     grid = np.arange(-128, 128, dtype=np.int32)
