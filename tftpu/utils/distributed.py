@@ -169,17 +169,18 @@ def _error(record: dict) -> Exception:
 def launch(job: str, args: dict, workers: int, threads: int | None = None) -> Any:
     """Run `job` ("tftpu.module:function", called as `function(cluster, **args)`) on `workers`
     local processes joined by tf.distribute on loopback, and return the chief's result (JSON).
-    Each worker gets `threads` TensorFlow threads (default: this machine's cores / workers)."""
+    Each worker gets `threads` TensorFlow threads when given; by default TensorFlow's own count,
+    as one process has: oneDNN's float kernels may sum in another order with fewer threads, and
+    evaluation figures would then differ from one process's in the last bits."""
     if not job.startswith(_JOB_PREFIX) or ":" not in job:
         raise errors.InternalError(f"launch: job {job!r} is not a tftpu function")
-    threads = threads or max(1, (os.cpu_count() or 1) // workers)
     ports = _free_ports(workers)
     with tempfile.TemporaryDirectory(prefix="tftpu_workers_") as tmp:
         tmp = Path(tmp)
         spec = tmp / "job.json"
         spec.write_text(json.dumps({"job": job, "args": args, "result": str(tmp / "result.json")}))
-        base = {**os.environ, "TFTPU_WORKER_THREADS": str(threads), "OMP_NUM_THREADS": str(threads),
-                "TF_CPP_MIN_LOG_LEVEL": "2", "TFTPU_PROGRESS": "0"}
+        base = {**os.environ, "TFTPU_WORKER_THREADS": str(threads or 0), "TF_CPP_MIN_LOG_LEVEL": "2",
+                "TFTPU_PROGRESS": "0"}
         base.pop("TF_CONFIG", None)
         procs, logs = [], []
         try:
