@@ -87,7 +87,7 @@ def small_net(layout="NCHW"):
     """conv 3x3 -> depthwise 3x3 -> 1x1 conv -> flatten -> matmul: every reconstructed kind."""
     rng = np.random.default_rng(5)
     b = TopBuilder("wr")
-    x = b.input("x", (1, 4, 9, 9))
+    x = b.input("x", (1, 4, 20, 20))
     w1 = rng.normal(size=(8, 4, 3, 3)).astype(np.float32) * 0.3
     c1 = b.op("Conv", [x, b.weight("w1", w1), b.weight("b1", rng.normal(size=8).astype(np.float32))],
               {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "do_relu": True}, "c1")
@@ -96,10 +96,10 @@ def small_net(layout="NCHW"):
     c3 = b.op("Conv", [dw, b.weight("w3", rng.normal(size=(6, 8, 1, 1)).astype(np.float32) * 0.2), b.none()],
               {"kernel_shape": [1, 1]}, "c3")
     flat = b.op("Flatten", [c3], {}, "flat")
-    mm = b.op("MatMul", [flat, b.weight("w4", rng.normal(size=(150, 5)).astype(np.float32) * 0.1), b.none()],
+    mm = b.op("MatMul", [flat, b.weight("w4", rng.normal(size=(600, 5)).astype(np.float32) * 0.05), b.none()],
               {}, "mm")
     model = b.finish([mm])
-    samples = [{"x": (rng.normal(size=(1, 4, 9, 9)) + 0.5).astype(np.float32)} for _ in range(6)]
+    samples = [{"x": (rng.normal(size=(1, 4, 20, 20)) + 0.5).astype(np.float32)} for _ in range(6)]
     return model, samples
 
 
@@ -112,9 +112,12 @@ def net():
 def test_reconstructed_weights_lie_on_the_lowerings_grid(net):
     model, samples, table = net
     rounded, report = W.reconstruct_rounding(model, samples)
-    assert [r["name"] for r in report.ops] == ["c1", "dw", "c3", "mm"] and report.samples == 6
+    assert [r["name"] for r in report.ops] == ["c1", "dw", "c3"] and report.samples == 6
     assert all(r["sqnr_db"] >= r["nearest_sqnr_db"] for r in report.ops)
-    axes = {"w1": 0, "w2": 0, "w3": 0, "w4": -1}
+    # the matmul sees one row a sample: 6 rows cannot pin 600 weights a channel down
+    assert report.skipped["mm"].startswith("6 input rows on the samples for 600 weights") and \
+        rounded.weights["w4"] is model.weights["w4"]
+    axes = {"w1": 0, "w2": 0, "w3": 0}
     for key, axis in axes.items():
         q0, s0 = P.weights_per_channel(model.weights[key], axis)
         q1, s1 = P.weights_per_channel(rounded.weights[key], axis)
@@ -133,7 +136,7 @@ def test_reconstructed_weights_lie_on_the_lowerings_grid(net):
 def test_float_ops_and_shared_weights_are_left_alone(net):
     model, samples, _ = net
     rounded, report = W.reconstruct_rounding(model, samples, float_ops={"c3"})
-    assert report.skipped == {"c3": "kept in float"}
+    assert report.skipped["c3"] == "kept in float"
     assert rounded.weights["w3"] is model.weights["w3"]
     back = W.restore_weights(rounded, model, {"dw"})
     assert back.weights["w2"] is model.weights["w2"] and back.weights["w1"] is rounded.weights["w1"]
@@ -164,7 +167,7 @@ def test_compile_rounds_by_default_and_reports_it(net):
     on = tftpu.compile(model, chip="npu1", calibration_data=samples, test_input=samples[0], mixed_precision="none",
                        space_to_depth=False, bias_correction=False)
     stage = next(s for s in on.stages if s.name == "weight rounding")
-    assert "weights re-rounded over" in stage.check and on.report["weight_rounding"]["ops"] == 4
+    assert "weights re-rounded over" in stage.check and on.report["weight_rounding"]["ops"] == 3
     off = tftpu.compile(model, chip="npu1", calibration_data=samples, test_input=samples[0], mixed_precision="none",
                         space_to_depth=False, bias_correction=False, weight_rounding=False)
     assert "weight_rounding" not in off.report and all(s.name != "weight rounding" for s in off.stages)
@@ -184,4 +187,4 @@ def test_tftpu_deploy_flag(net, tmp_path):
             "--mixed_precision=none", "--weight_rounding"]
     run = subprocess.run(args, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
-    assert "weight rounding: 4 conv/matmul weights re-rounded over 1 samples" in run.stdout
+    assert "weight rounding: 3 conv/matmul weights re-rounded over 1 samples" in run.stdout

@@ -43,6 +43,7 @@ BLOCK = 128                          # columns rounded before the rest is update
 ROWS = 1 << 14                       # patch rows multiplied at a time (bounded memory)
 MAX_ROWS = 1 << 15                   # at most this many input patches per layer and sample (evenly spaced)
 QMAX = P.QMAX
+MIN_ROWS = 4                         # input rows seen per column, at least: fewer, and the feedback fits the samples
 
 
 @dataclasses.dataclass
@@ -168,11 +169,12 @@ def conv_patches(x: np.ndarray, kernel: tuple, attrs: dict):
             yield block.reshape(-1, g, c // g * kh * kw)                 # [rows, Wo, C, kh, kw] flattened
 
 
-def _accumulate(h: np.ndarray, rows: np.ndarray) -> None:
+def _accumulate(h: np.ndarray, rows: np.ndarray) -> int:
     """h [g, d, d] += rows^T rows per group (rows [P, g, d]; float32 products of at most ROWS
-    rows, summed in float64)."""
+    rows, summed in float64); the number of rows."""
     r = np.ascontiguousarray(rows.transpose(1, 0, 2), dtype=np.float32)
     h += np.swapaxes(r, 1, 2) @ r
+    return rows.shape[0]
 
 
 class _Layer:
@@ -194,17 +196,18 @@ class _Layer:
             self.blocks = np.asarray(oihw, np.float64).reshape(self.group, o // self.group, -1)
         d = self.blocks.shape[2]
         self.h = np.zeros((self.blocks.shape[0], d, d))
+        self.rows = 0
 
     def observe(self, x: np.ndarray) -> None:
         if isinstance(self.op, top.MatMul):
-            _accumulate(self.h, x.reshape(-1, 1, x.shape[-1]))
+            self.rows += _accumulate(self.h, x.reshape(-1, 1, x.shape[-1]))
             return
         a = self.op.attrs()
         if a["layout"] == "NHWC":
             x = x.transpose(0, 3, 1, 2)
         kernel = tuple(a["kernel_shape"]) or self.shape[2:]
         for rows in conv_patches(x, kernel, a):
-            _accumulate(self.h, rows)
+            self.rows += _accumulate(self.h, rows)
 
     def weights(self, levels: np.ndarray, scales: np.ndarray) -> np.ndarray:
         """The reconstructed weights in the op's own layout and dtype."""
@@ -275,6 +278,11 @@ def reconstruct_rounding(model: TopModel, samples: list[dict], *, float_ops: set
     weights = dict(model.weights)
     rows = []
     for layer in (x for group in layers.values() for x in group):
+        d = layer.blocks.shape[2]
+        if layer.rows < MIN_ROWS * d:
+            skipped[layer.op.loc] = (f"{layer.rows} input rows on the samples for {d} weights a channel: "
+                                     f"too few to reconstruct from (at least {MIN_ROWS} a weight)")
+            continue
         amax = np.abs(layer.blocks).max(axis=2)
         scales = np.where(amax > 0, amax / QMAX, 1.0)
         levels, near_db, db = _levels(layer.blocks, layer.h, scales)
