@@ -145,6 +145,12 @@ def cluster():
     return Cluster.from_tf_config()
 
 
+def check_dataset_flags() -> None:
+    """The dataset flags' numbers checked before any file is read (a UsageError naming the flag)."""
+    floats(FLAGS.mean, "mean")
+    floats(FLAGS.scale, "scale")
+
+
 def dataset_samples(model):
     """The lazy sample stream (`tftpu.quant.iter_samples`) the dataset flags describe."""
     from tftpu.quant.dataset import iter_samples

@@ -55,6 +55,7 @@ def main(args):
     from tftpu.ir.module import load
 
     cli.require("mlir", "dataset", "o")
+    cli.check_dataset_flags()
     cluster = cli.cluster()
     model = load(FLAGS.mlir)
     samples = cli.dataset_samples(model)

@@ -41,6 +41,7 @@ def main(args):
     from tftpu.pipelines.evaluate import evaluate, parse_target
 
     cli.require("model", "reference", "dataset")
+    cli.check_dataset_flags()
     cluster = cli.cluster()
     target = parse_target(FLAGS.tolerance) if FLAGS.tolerance else None
     program = FLAGS.model.endswith(".tpumodel")

@@ -27,7 +27,7 @@ import time
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from tftpu import rounding
+from tftpu import geometry, rounding
 from tftpu.interp.top_interpreter import TopInterpreter
 from tftpu.ir import top
 from tftpu.ir.base import value_name
@@ -157,7 +157,7 @@ def conv_patches(x: np.ndarray, kernel: tuple, attrs: dict):
     g = int(attrs.get("group", 1) or 1)
     n, c = x.shape[:2]
     xp = np.pad(x, ((0, 0), (0, 0), (pt, pb), (pl, pr)))
-    win = sliding_window_view(xp, ((kh - 1) * dh + 1, (kw - 1) * dw + 1), axis=(2, 3))
+    win = sliding_window_view(xp, (geometry.span(kh, dh), geometry.span(kw, dw)), axis=(2, 3))
     win = win[:, :, ::sh, ::sw, ::dh, ::dw]                   # [N, C, Ho, Wo, kh, kw]
     ho, wo = win.shape[2:4]
     every = max(1, math.ceil(ho * wo / MAX_ROWS))            # a large map: every few output rows
