@@ -101,8 +101,9 @@ def measure(name, asymmetric):
           f"({report})", flush=True)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(measure=measure, doc=__doc__):
+    """`measure(name, asymmetric)` for each model of --models (benchmarks/weight_rounding.py too)."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--asymmetric", default="auto", choices=["auto", "0", "1"])
     args = ap.parse_args()

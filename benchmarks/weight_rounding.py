@@ -13,7 +13,6 @@ weights rounded to nearest and by reconstruction:
 and the reconstruction's seconds.
 """
 
-import argparse
 import sys
 import time
 from pathlib import Path
@@ -23,7 +22,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bias_correction import MODELS, model_and_folds  # noqa: E402  (the same models and folds)
+from bias_correction import main, model_and_folds  # noqa: E402  (the same models, folds and flags)
 
 SIDES = ("weights only", "pure INT8", "pure INT8 + bias correction")
 
@@ -68,15 +67,5 @@ def measure(name, asymmetric):
               flush=True)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", default=",".join(MODELS))
-    ap.add_argument("--asymmetric", default="auto", choices=["auto", "0", "1"])
-    args = ap.parse_args()
-    asym = {"auto": "auto", "0": False, "1": True}[args.asymmetric]
-    for name in args.models.split(","):
-        measure(name, asym)
-
-
 if __name__ == "__main__":
-    main()
+    main(measure, __doc__)

@@ -145,10 +145,13 @@ def cluster():
     return Cluster.from_tf_config()
 
 
-def check_dataset_flags() -> None:
-    """The dataset flags' numbers checked before any file is read (a UsageError naming the flag)."""
+def dataset_tool(*required: str):
+    """A dataset tool's flags checked before any file is read (the `required` ones given, the
+    dataset numbers finite: a UsageError naming the flag); its cluster (`cluster()`)."""
+    require(*required)
     floats(FLAGS.mean, "mean")
     floats(FLAGS.scale, "scale")
+    return cluster()
 
 
 def dataset_samples(model):

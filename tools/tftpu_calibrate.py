@@ -54,9 +54,7 @@ def main(args):
     from tftpu import quant
     from tftpu.ir.module import load
 
-    cli.require("mlir", "dataset", "o")
-    cli.check_dataset_flags()
-    cluster = cli.cluster()
+    cluster = cli.dataset_tool("mlir", "dataset", "o")
     model = load(FLAGS.mlir)
     samples = cli.dataset_samples(model)
     table = quant.calibrate(model, samples, FLAGS.calibration_method, asymmetric=FLAGS.asymmetric,

@@ -40,9 +40,7 @@ def main(args):
     from tftpu.ir.module import load
     from tftpu.pipelines.evaluate import evaluate, parse_target
 
-    cli.require("model", "reference", "dataset")
-    cli.check_dataset_flags()
-    cluster = cli.cluster()
+    cluster = cli.dataset_tool("model", "reference", "dataset")
     target = parse_target(FLAGS.tolerance) if FLAGS.tolerance else None
     program = FLAGS.model.endswith(".tpumodel")
     model = tpumodel.load(FLAGS.model) if program else load(FLAGS.model)
