@@ -184,7 +184,8 @@ def _check_import(stage: Stage, proto, top_model, sample: dict) -> None:
 def compile(model, *, chip, quantize: str = "INT8", calibration_data=None, calibration_method: str = "mse",
             test_input=None, input_shapes=None, space_to_depth: bool = True, asymmetric: bool | str = "auto",
             mixed_precision: str | None = "auto", quantize_table=None, tolerance=None,
-            bias_correction: bool = True, weight_rounding: bool = True, log=None) -> CompiledModel:
+            bias_correction: bool = True, weight_rounding: bool = True,
+            mixed_precision_budget: float | None = None, log=None) -> CompiledModel:
     """Compile `model` (an ONNX path or ModelProto, a Keras model or file, a SavedModel
     directory, a `.tflite`, a `.top.mlir` path or TopModel) for `chip` (a name such as "npu1" or
     "edge16", or a YAML path) in `quantize` mode (INT8, F16, BF16, F32).
@@ -205,8 +206,10 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None, calib
     `weight_rounding` (INT8): round the INT8 conv / matmul weights by per-layer reconstruction on
     the calibration samples (`tftpu.quant.weight_rounding`: each rounding error taken back by the
     weights not rounded yet, GPTQ-style) rather than to nearest, before the mixed-precision
-    search, kept on the same condition. `log` (a callable taking a line) reports progress; by
-    default the `tftpu.compile` logger."""
+    search, kept on the same condition. `mixed_precision_budget`: the most of the model's FLOPs
+    the mixed-precision search may keep in float (e.g. 0.05; None: as many as the target needs);
+    where the target needs more, the lower stage reports it missed. `log` (a callable taking a
+    line) reports progress; by default the `tftpu.compile` logger."""
     from tftpu.pipelines.deploy import deploy
 
     say = log or _LOG.info
@@ -247,7 +250,7 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None, calib
                       quantize_table=quantize_table, test_input=check, tolerance=tolerance,
                       mixed_precision=mixed_precision, samples=[s for s in samples if s is not check][:8],
                       space_to_depth=space_to_depth, bias_correction=bias_correction,
-                      weight_rounding=weight_rounding)
+                      weight_rounding=weight_rounding, mixed_precision_budget=mixed_precision_budget)
     secs = deployed.seconds
     if deployed.weight_rounding is not None:
         stages.append(Stage("weight rounding", secs.get("weight rounding", 0.0), str(deployed.weight_rounding)))

@@ -38,6 +38,10 @@ flags.DEFINE_enum("mixed_precision_ranking", "isolated", ["isolated", "effect", 
                   "the way to the outputs that miss, a few ops a round; slower) or 'alone' (the outputs "
                   "with only that op in INT8, TPU-MLIR's measure; one inference per op); each then tries "
                   "the float ops holding the most FLOPs back in INT8")
+flags.DEFINE_float("mixed_precision_budget", None, "the most of the model's FLOPs the search may keep in float "
+                   "(a share, e.g. 0.05 for 95% of the FLOPs in INT8; isolated and alone rankings): where the "
+                   "target needs more, the search keeps what fits and reports the target missed",
+                   lower_bound=0.0, upper_bound=1.0)
 flags.DEFINE_bool("space_to_depth", False, "rewrite the first strided conv on the image to its space-to-depth "
                   "form first, where the chip's matrix unit gains (the image is rearranged in the module)")
 flags.DEFINE_bool("bias_correction", False, "INT8: lower a copy whose conv/matmul/deconv biases absorb the mean "
@@ -70,6 +74,7 @@ def main(args):
                     asymmetric=FLAGS.asymmetric, test_input=FLAGS.test_input, test_reference=FLAGS.test_reference,
                     tolerance=FLAGS.tolerance, tpu_mlir=FLAGS.tpu_mlir, report=FLAGS.report,
                     mixed_precision=FLAGS.mixed_precision, mixed_precision_ranking=FLAGS.mixed_precision_ranking,
+                    mixed_precision_budget=FLAGS.mixed_precision_budget,
                     space_to_depth=FLAGS.space_to_depth, model=FLAGS.model, trace=FLAGS.trace,
                     bias_correction=FLAGS.bias_correction, weight_rounding=FLAGS.weight_rounding)
     print(result.lowering)

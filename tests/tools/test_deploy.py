@@ -347,3 +347,31 @@ def test_conv_without_a_calibration_entry_declines():
     _, report = lower(model, "npu1", "INT8", CalibrationTable(entries, "mse"))
     c2 = next(d for d in report.decisions if d.name == "c2")
     assert c2.mode != "INT8" and "no calibration entry for 'c2'" in c2.reason
+
+
+def test_a_float_budget_caps_the_float_flops(cnn_case):
+    """`float_budget`: the ops kept in float never hold more of the model's FLOPs; where the
+    target needs more, the search keeps what fits and says the target was missed."""
+    from tftpu.transforms.lowering.search import search_mixed_precision
+
+    model, table, samples = cnn_case
+    base = {"prob": "F32"}
+    flops = {op.loc: op.flops() for op in model.ops}
+    total = sum(flops.values())
+    pure = search_mixed_precision(model, "npu1", table, samples, "0.99,20", qtable=base).int8_reached[1]
+    target = f"0.99,{pure + 3:.2f}"                   # out of pure INT8's reach, within float's
+    free = search_mixed_precision(model, "npu1", table, samples, target, qtable=base)
+    assert free.kept and free.met
+    share = sum(flops[n] for n, _, _ in free.kept) / total
+    budget = share / 2
+    capped = search_mixed_precision(model, "npu1", table, samples, target, qtable=base, float_budget=budget)
+    assert sum(flops[n] for n, _, _ in capped.kept) + flops["prob"] <= budget * total + 1e-9
+    assert capped.budget_limited and not capped.met and capped.target == free.target
+    assert f"within the float budget of {budget:.1%} of the FLOPs" in capped.summary
+    assert capped.as_dict()["budget_limited"] is True and capped.as_dict()["float_budget"] == budget
+    roomy = search_mixed_precision(model, "npu1", table, samples, target, qtable=base, float_budget=1.0)
+    assert not roomy.budget_limited and roomy.qtable == free.qtable
+    with pytest.raises(errors.UsageError, match="isolated and alone"):
+        search_mixed_precision(model, "npu1", table, samples, "0.99,60", ranking="effect", float_budget=0.1)
+    with pytest.raises(errors.UsageError, match=r"\[0, 1\]"):
+        search_mixed_precision(model, "npu1", table, samples, "0.99,60", float_budget=1.5)

@@ -156,7 +156,8 @@ def _worse(a, b) -> bool:
 def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=None, asymmetric: bool = False,
            test_input=None, test_reference=None, tolerance=None, tpu_mlir=None, report=None,
            mixed_precision: str | None = "auto", samples: list[dict] | None = None,
-           mixed_precision_ranking: str = "isolated", space_to_depth: bool = False, model=None,
+           mixed_precision_ranking: str = "isolated", mixed_precision_budget: float | None = None,
+           space_to_depth: bool = False, model=None,
            trace=None, bias_correction: bool = False, weight_rounding: bool = False) -> DeployResult:
     """Lower the TOP model `mlir` (a path or TopModel) for `chip` in `quantize` mode.
 
@@ -177,7 +178,9 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     does not drop for it; every check still compares against the model given. `weight_rounding`
     (INT8): the INT8 ops' weights are rounded by per-layer reconstruction on `samples`
     (`tftpu.quant.weight_rounding`, GPTQ's error feedback) instead of to nearest, before the
-    search (which then judges with them) and the bias correction; kept on the same condition."""
+    search (which then judges with them) and the bias correction; kept on the same condition.
+    `mixed_precision_budget`: the most of the model's FLOPs the search may keep in float (a share,
+    0..1; None: no limit); where the target needs more, it keeps what fits and says so."""
     from tftpu.ir.module import TopModel, TpuModel, load
     from tftpu.quant.qtable import read_qtable
     from tftpu.quant.table import read_table
@@ -234,7 +237,8 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
             raise errors.UsageError("--mixed_precision needs --test_input (or samples) to measure with")
         t1 = time.perf_counter()
         search = search_mixed_precision(top_model, the_chip, table, pool, mixed_precision, asymmetric=asymmetric,
-                                        qtable=qtable, ranking=mixed_precision_ranking, weights_from=rounded)
+                                        qtable=qtable, ranking=mixed_precision_ranking, weights_from=rounded,
+                                        float_budget=mixed_precision_budget)
         given_qtable, qtable = qtable, search.qtable
         seconds["mixed precision search"] = time.perf_counter() - t1
     lowered, corrected = top_model, None

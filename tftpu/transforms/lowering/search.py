@@ -70,6 +70,8 @@ class MixedPrecisionResult:
     all_float: tuple = ()      # worst (cosine, sqnr) with every candidate in float
     ranking: str = "isolated"
     latency_ratio: float | None = None   # estimated latency over the all-INT8 program's (set by deploy)
+    float_budget: float | None = None    # the most of the model's FLOPs the search could keep in float
+    budget_limited: bool = False         # the target was missed because the budget stopped the search
 
     @property
     def met(self) -> bool:
@@ -94,8 +96,10 @@ class MixedPrecisionResult:
         if not self.kept:
             return f"pure INT8 reaches the target (cosine {c8:.5f}, SQNR {s8:.1f} dB)"
         status = "reaches" if self.met else "does NOT reach"
+        budget = (f" within the float budget of {self.float_budget:.1%} of the FLOPs"
+                  if self.budget_limited else "")
         return note + (f"keeping {len(self.kept)} of {self.candidates} INT8 ops in float {status} the target "
-                f"{self.target[0]},{self.target[1]} dB: cosine {c:.5f}, SQNR {s:.1f} dB "
+                f"{self.target[0]},{self.target[1]} dB{budget}: cosine {c:.5f}, SQNR {s:.1f} dB "
                 f"(pure INT8: {c8:.5f}, {s8:.1f} dB; {self.evaluations} trial lowerings, {self.seconds:.1f} s)")
 
     def __str__(self) -> str:
@@ -116,7 +120,7 @@ class MixedPrecisionResult:
                 "reached": list(self.reached),
                 "int8_reached": list(self.int8_reached), "met": self.met, "evaluations": self.evaluations,
                 "seconds": round(self.seconds, 3),
-                "ranking": self.ranking,
+                "ranking": self.ranking, "float_budget": self.float_budget, "budget_limited": self.budget_limited,
                 "latency_vs_all_int8": None if self.latency_ratio is None else round(self.latency_ratio, 4),
                 "kept": [{"name": n, "mode": m, _KEPT_FIGURE[self.ranking]: round(d, 3)} for n, m, d in self.kept]}
 
@@ -315,7 +319,7 @@ def ancestors(model, tensor_names: set) -> set[str]:
 
 
 def _search(model, chip, table, samples, target, asymmetric, qtable, float_mode, ranking,
-            weights_from=None) -> MixedPrecisionResult:
+            weights_from=None, float_budget=None) -> MixedPrecisionResult:
     t0 = time.perf_counter()
     chip = chips.load(chip)
     cos_t, snr_t = parse_target(target)
@@ -394,10 +398,14 @@ def _search(model, chip, table, samples, target, asymmetric, qtable, float_mode,
     else:                                        # the most noise per share of the FLOPs first: cheap
         ranked = sorted(((name, alone.get(name, _CAP)) for name in int8_ops),   # ops before big convs
                         key=lambda t: (-10.0 ** (-t[1] / 10.0) / (flops.get(t[0], 0) / total + FLOP_SHARE_EPS), t[0]))
+    limited = False
+    if float_budget is not None:                 # the ranking's ops that fit in the budget, in its order
+        ranked, limited = _within_budget(model, ranked, flops, base, float_budget)
     lo, hi = 0, len(ranked)                          # invariant: keeping `hi` ops meets (checked below)
     reached_hi, _, _ = evaluate({n: fmode for n, _ in ranked})
     best = reached_hi
-    if not meets(reached_hi):
+    limited = limited and not meets(reached_hi)
+    if not meets(reached_hi) and not limited:
         cos_t, snr_t = _lowered_target((cos_t, snr_t), reached_hi)
     if meets(reached_hi):
         steps = progress(range(max(1, math.ceil(math.log2(len(ranked) + 1)))), desc="mixed precision search",
@@ -416,7 +424,20 @@ def _search(model, chip, table, samples, target, asymmetric, qtable, float_mode,
         kept, best = _prune(kept, flops, total, fmode, evaluate, meets, best)
     return MixedPrecisionResult({**base, **{n: m for n, m, _ in kept}}, kept, (cos_t, snr_t), best, int8_reached,
                                 evaluations, time.perf_counter() - t0, len(int8_ops), asked, reached_hi,
-                                ranking=ranking)
+                                ranking=ranking, float_budget=float_budget, budget_limited=limited)
+
+
+def _within_budget(model, ranked: list, flops: dict, base: dict, budget: float) -> tuple[list, bool]:
+    """(the ranked ops that fit, in order, while the float ops' FLOPs, the quantize table's own
+    float ops included, stay within `budget` of the model's; whether any op was left out)."""
+    total = max(1, sum(op.flops() for op in model.ops))
+    spent = sum(op.flops() for op in model.ops if op.loc in base and str(base[op.loc]).upper() != "INT8")
+    fit = []
+    for name, db in ranked:
+        if spent + flops.get(name, 0) <= budget * total:
+            fit.append((name, db))
+            spent += flops.get(name, 0)
+    return fit, len(fit) < len(ranked)
 
 
 def _lowered(model, weights_from, qtable: dict):
@@ -510,18 +531,27 @@ def _grow_and_prune(model, samples, int8_ops, flops, fmode, evaluate, state, mee
 
 def search_mixed_precision(model, chip, table, samples: list[dict], target, *, asymmetric: bool = False,
                            qtable: dict | None = None, float_mode: str | None = None,
-                           ranking: str = "isolated", weights_from=None) -> MixedPrecisionResult:
+                           ranking: str = "isolated", weights_from=None,
+                           float_budget: float | None = None) -> MixedPrecisionResult:
     """Ops to keep in float for the INT8 model to reach `target` ("cosine,sqnr_db"), judged
     over the samples pooled. `ranking`: "isolated" (each op's own error on exact inputs per share
     of the FLOPs, then the shortest prefix, pruned), "effect" (grow the float set where the error
     appears, cheapest ops first, then prune it: slower) or "alone" (the outputs with only that
     op in INT8: one inference per op). `weights_from`: a copy of `model` with reconstructed INT8
     weights (`tftpu.quant.weight_rounding`) that the INT8 ops are lowered from (the float ops
-    keep the model's own); the outputs are still judged against `model`'s."""
+    keep the model's own); the outputs are still judged against `model`'s. `float_budget` (a share
+    of the model's FLOPs, 0..1; isolated and alone rankings): the ops kept in float never hold
+    more; where the target needs more, the search keeps what fits and says the target was missed.
+    """
     if ranking not in RANKINGS:
         raise UsageError(f"mixed precision ranking {ranking!r}: expected one of {', '.join(RANKINGS)}")
     if not samples:
         raise UsageError("the mixed precision search needs at least one sample input")
     if table is None:
         raise UsageError("the mixed precision search needs a calibration table")
-    return _search(model, chip, table, samples, target, asymmetric, qtable, float_mode, ranking, weights_from)
+    if float_budget is not None and not 0.0 <= float_budget <= 1.0:
+        raise UsageError(f"mixed precision float budget {float_budget}: expected a share of the FLOPs in [0, 1]")
+    if float_budget is not None and ranking == "effect":
+        raise UsageError("a mixed precision float budget works with the isolated and alone rankings, not effect")
+    return _search(model, chip, table, samples, target, asymmetric, qtable, float_mode, ranking, weights_from,
+                   float_budget)
