@@ -208,7 +208,7 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None, calib
     weights not rounded yet, GPTQ-style) rather than to nearest, before the mixed-precision
     search, kept on the same condition. `mixed_precision_budget`: the most of the model's FLOPs
     the mixed-precision search may keep in float (e.g. 0.05; None: as many as the target needs);
-    where the target needs more, the lower stage reports it missed. `log` (a callable taking a
+    where the target needs more, the search reports it missed. `log` (a callable taking a
     line) reports progress; by default the `tftpu.compile` logger."""
     from tftpu.pipelines.deploy import deploy
 
