@@ -188,3 +188,27 @@ def test_tftpu_deploy_flag(net, tmp_path):
     run = subprocess.run(args, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     assert "weight rounding: 3 conv/matmul weights re-rounded over 1 samples" in run.stdout
+
+
+def test_channels_last_convs_are_reconstructed_like_channels_first():
+    """An NHWC conv with an HWIO filter gets the same levels as its NCHW / OIHW twin."""
+    rng = np.random.default_rng(9)
+    w = rng.normal(size=(6, 4, 3, 3)).astype(np.float32)
+    xs = [(rng.normal(size=(1, 4, 20, 20)) + 0.3).astype(np.float32) for _ in range(3)]
+
+    def net(layout):
+        b = TopBuilder(f"conv_{layout}")
+        nchw = layout == "NCHW"
+        x = b.input("x", (1, 4, 20, 20) if nchw else (1, 20, 20, 4))
+        y = b.op("Conv", [x, b.weight("w", w if nchw else w.transpose(2, 3, 1, 0)), b.none()],
+                 {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "strides": [2, 2], "layout": layout,
+                  "kernel_layout": "OIHW" if nchw else "HWIO"}, "y")
+        return b.finish([y]), [{"x": v if nchw else v.transpose(0, 2, 3, 1)} for v in xs]
+
+    first, s1 = net("NCHW")
+    last, s2 = net("NHWC")
+    r1, rep1 = W.reconstruct_rounding(first, s1)
+    r2, rep2 = W.reconstruct_rounding(last, s2)
+    assert [r["name"] for r in rep1.ops] == [r["name"] for r in rep2.ops] == ["y"]
+    np.testing.assert_array_equal(r2.weights["w"].transpose(3, 2, 0, 1), r1.weights["w"])
+    assert not np.array_equal(P.weights_per_channel(r1.weights["w"], 0)[0], P.weights_per_channel(w, 0)[0])
