@@ -129,7 +129,7 @@ def _levels(w: np.ndarray, h: np.ndarray, scales: np.ndarray) -> tuple[np.ndarra
     for bi, oi in zip(*np.nonzero((amax > 0) & (np.abs(q).max(axis=2) < QMAX))):
         j = int(np.argmax(np.abs(w[bi, oi])))            # the lowering's scale needs one level at +-127
         q[bi, oi, j] = QMAX * np.sign(w[bi, oi, j])
-    near = np.clip(rounding.round_half_away(w / scales[:, :, None]), -QMAX, QMAX)
+    near = _nearest(w, scales)
 
     def power(x):
         return float(np.sum((x @ h) * x))
@@ -137,6 +137,11 @@ def _levels(w: np.ndarray, h: np.ndarray, scales: np.ndarray) -> tuple[np.ndarra
     signal = power(np.asarray(w, np.float64))
     s = scales[:, :, None]
     return q, _db(signal, power(w - near * s)), _db(signal, power(w - q * s))
+
+
+def _nearest(w: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """Round-to-nearest levels of `w` [B, O, d] on `scales` [B, O], as the lowering rounds."""
+    return np.clip(rounding.round_half_away(w / scales[:, :, None]), -QMAX, QMAX)
 
 
 def _db(signal: float, noise: float) -> float:
@@ -283,12 +288,11 @@ def reconstruct_rounding(model: TopModel, samples: list[dict], *, float_ops: set
             skipped[layer.op.loc] = (f"{layer.rows} input rows on the samples for {d} weights a channel: "
                                      f"too few to reconstruct from (at least {MIN_ROWS} a weight)")
             continue
-        amax = np.abs(layer.blocks).max(axis=2)
-        scales = np.where(amax > 0, amax / QMAX, 1.0)
+        _, scales = P.weights_per_channel(layer.blocks.reshape(-1, d), 0)   # the lowering's grid
+        scales = scales.reshape(layer.blocks.shape[:2])
         levels, near_db, db = _levels(layer.blocks, layer.h, scales)
         if not db >= near_db:        # the reconstruction never loses to nearest rounding on what it saw
-            levels = np.clip(rounding.round_half_away(layer.blocks / scales[:, :, None]), -QMAX, QMAX)
-            db = near_db
+            levels, db = _nearest(layer.blocks, scales), near_db
         weights[layer.key] = layer.weights(levels, scales)
         rows.append({"name": layer.op.loc, "op": layer.op.name, "columns": int(layer.blocks.shape[2]),
                      "nearest_sqnr_db": round(near_db, 3), "sqnr_db": round(db, 3)})
