@@ -3,9 +3,15 @@
     tftpu-convert --saved_model_dir=DIR | --keras_model_file=M.keras --output_file=m.tflite
         [--signature_key=serving_default] [--device_specs=GPU,CPU] [--space_to_depth [--s2d_block_size=2]
         [--s2d_input] [--s2d_target=tpu]] [--quantize=int8 --representative_data=DIR
-        [--calibration_method=mse] [--mean=127.5 --scale=0.0078125]] [--report=report.json]
+        [--calibration_method=mse] [--mean=127.5 --scale=0.0078125] [--skip_unreadable]] [--report=report.json]
 
 Without tftpu flags the output is TensorFlow's converter output, byte for byte.
+
+`--representative_data` is read as tftpu-calibrate reads `--dataset`: a directory (files sorted
+by name), a glob or a TFRecord file of images or `.npz`/`.npy` inputs, streamed one sample at a
+time (memory stays bounded however many there are), with a progress bar on stderr when it is a
+terminal. A file that cannot be read stops the conversion naming it (exit 2), or with
+--skip_unreadable is skipped with a warning.
 """
 
 from absl import flags
@@ -24,11 +30,17 @@ flags.DEFINE_bool("s2d_input", False, "the model takes space-to-depth input (Ker
                   "transform is recorded in the metadata)")
 flags.DEFINE_string("s2d_target", "tpu", "chip whose cost model decides S2D (tftpu/configs/chips/NAME.yaml or a path)")
 flags.DEFINE_enum("quantize", None, ["int8"], "full-integer post-training quantization")
-flags.DEFINE_string("representative_data", None, "directory of images or .npz/.npy inputs for INT8 calibration")
-flags.DEFINE_integer("input_num", 100, "number of calibration inputs (the first, by file name)", lower_bound=1)
+flags.DEFINE_string("representative_data", None, "INT8 calibration inputs: a directory, a glob (quoted: "
+                    "'val/*.jpg') or a TFRecord file of images or .npz/.npy inputs, read lazily")
+flags.DEFINE_integer("input_num", 100, "number of calibration inputs (the first, by file name); 0 for all",
+                     lower_bound=0)
 flags.DEFINE_list("mean", ["0"], "per-channel mean subtracted from image pixels")
 flags.DEFINE_list("scale", ["1"], "per-channel scale applied after the mean")
 flags.DEFINE_enum("pixel_format", "rgb", ["rgb", "bgr", "gray"], "channel order images are fed in")
+flags.DEFINE_bool("skip_unreadable", False, "skip (with a warning) representative files that cannot be read, "
+                  "instead of stopping at the first")
+flags.DEFINE_bool("progress", None, "a progress bar (images/s, time left) on stderr; by default only when "
+                  "stderr is a terminal")
 flags.DEFINE_enum("calibration_method", None, ["mse", "kl", "percentile", "minmax", "aciq_gauss", "aciq_laplace",
                                                "auto"],
                   "tftpu's ranges for INT8 (default mse with --quantize=int8)")
@@ -41,6 +53,9 @@ FLAGS = flags.FLAGS
 def main(args):
     from tftpu import errors
     from tftpu.lite import command
+    from tftpu.utils import progress
+
+    progress.show(FLAGS.progress)
 
     if FLAGS.s2d_block_size and not FLAGS.space_to_depth:
         raise errors.UsageError("--s2d_block_size needs --space_to_depth")
@@ -51,7 +66,7 @@ def main(args):
         s2d_input=FLAGS.s2d_input, s2d_target=FLAGS.s2d_target, quantize=FLAGS.quantize,
         representative_data=FLAGS.representative_data, input_num=FLAGS.input_num,
         mean=cli.floats(FLAGS.mean, "mean"), scale=cli.floats(FLAGS.scale, "scale"), pixel_format=FLAGS.pixel_format,
-        calibration_method=FLAGS.calibration_method, report=FLAGS.report)
+        skip_unreadable=FLAGS.skip_unreadable, calibration_method=FLAGS.calibration_method, report=FLAGS.report)
     print(command.summary(FLAGS.output_file, report))
     return 0
 

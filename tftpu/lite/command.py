@@ -44,17 +44,22 @@ def converter_for(saved_model_dir=None, keras_model_file=None, signature_key=Non
 
 def convert(output_file, *, saved_model_dir=None, keras_model_file=None, signature_key=None, device_specs=None,
             space_to_depth=None, s2d_input=False, s2d_target="tpu", quantize=None, representative_data=None,
-            input_num=None, mean=None, scale=None, pixel_format="rgb", calibration_method=None,
-            report=None) -> dict:
-    """Convert and write `output_file` (and `report` JSON); returns the report."""
+            input_num=None, mean=None, scale=None, pixel_format="rgb", skip_unreadable=False,
+            calibration_method=None, report=None) -> dict:
+    """Convert and write `output_file` (and `report` JSON); returns the report. The
+    representative data is streamed (`tftpu.lite.samples.dataset`): its first `input_num` samples
+    (None or 0: all), an unreadable file a `ModelFileError` naming it unless `skip_unreadable`."""
     if not output_file:
         raise errors.UsageError("--output_file is required")
     if quantize not in (None, "int8"):
         raise errors.UsageError(f"--quantize={quantize}: only int8 is supported")
     if quantize and not representative_data:
-        raise errors.UsageError("--quantize=int8 needs --representative_data=DIR (images or .npz/.npy files)")
+        raise errors.UsageError("--quantize=int8 needs --representative_data=DIR (images, .npz/.npy or TFRecord "
+                                "files)")
     if representative_data and not quantize:
         raise errors.UsageError("--representative_data is used with --quantize=int8")
+    if skip_unreadable and not representative_data:
+        raise errors.UsageError("--skip_unreadable is used with --representative_data")
     if calibration_method and not quantize:
         raise errors.UsageError("--calibration_method is used with --quantize=int8")
     files.check_writable(*[p for p in (output_file, report) if p])
@@ -63,18 +68,22 @@ def convert(output_file, *, saved_model_dir=None, keras_model_file=None, signatu
     converter.space_to_depth = space_to_depth
     converter.s2d_input = s2d_input
     converter.s2d_target = s2d_target
+    representative = None
     if quantize:
         import tensorflow as tf
 
         from tftpu.lite import samples
 
         converter.optimizations = [tf.lite.Optimize.DEFAULT]
-        converter.representative_dataset = samples.dataset(converter, representative_data, input_num, mean, scale,
-                                                           pixel_format)
+        representative = samples.dataset(converter, representative_data, input_num or None, mean, scale,
+                                         pixel_format, skip_unreadable)
+        converter.representative_dataset = representative
         converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
         converter.calibration_method = calibration_method or "mse"
     data = run_converter(converter, saved_model_dir or keras_model_file)
     out = converter.report or {}
+    if representative is not None:
+        out["representative_data"] = {"samples": representative.count, "skipped": list(representative.samples.skipped)}
     files.write_bytes(output_file, data)
     if report:
         files.write_text(report, json.dumps(out, indent=2, default=str) + "\n")
@@ -95,6 +104,12 @@ def run_converter(converter, label) -> bytes:
 def summary(output_file, report: dict) -> str:
     """A few lines on what tftpu did (printed by tftpu-convert)."""
     lines = [f"{output_file}: written"]
+    data = report.get("representative_data")
+    if data:
+        skipped = data["skipped"]
+        more = ", ..." if len(skipped) > 3 else ""
+        note = f" ({len(skipped)} unreadable skipped: {', '.join(skipped[:3])}{more})" if skipped else ""
+        lines.append(f"representative data: {data['samples']} inputs{note}")
     s2d = report.get("space_to_depth")
     if s2d:
         lines.append(f"space-to-depth: {'applied' if s2d.get('applies') else 'declined'}"

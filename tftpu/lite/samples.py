@@ -1,5 +1,6 @@
-"""Representative data for `tftpu-convert --representative_data=DIR`: images or `.npz`/`.npy`
-files read by `tftpu.quant.load_samples` against the source model's input shapes (batch 1)."""
+"""Representative data for `tftpu-convert --representative_data=DATA`: images, `.npz`/`.npy`
+files or TFRecords streamed by `tftpu.quant.iter_samples` against the source model's input shapes
+(batch 1), one sample in memory at a time."""
 
 from __future__ import annotations
 
@@ -33,14 +34,34 @@ def input_shapes(converter) -> dict[str, tuple]:
     return out
 
 
-def dataset(converter, directory, input_num=None, mean=None, scale=None, pixel_format="rgb"):
-    """A `representative_dataset` callable over the files of `directory` (loaded once, checked)."""
-    from tftpu.quant import load_samples
+class Representative:
+    """A `representative_dataset` callable over a `tftpu.quant.Samples` stream: each call reads
+    the files again, one sample at a time (TensorFlow's calibrator makes one pass, tftpu's ranges
+    another), with a progress bar. `samples` is the stream (its `skipped` files); `count` the
+    samples the last full pass gave."""
+
+    def __init__(self, samples, names: list[str], as_list: bool):
+        self.samples, self.names, self.as_list = samples, names, as_list
+        self.count = 0
+
+    def __call__(self):
+        from tftpu.utils.progress import progress
+
+        self.count = 0
+        for sample in progress(self.samples, desc="representative data", total=self.samples.total, unit="image"):
+            self.count += 1
+            yield [sample[n] for n in self.names] if self.as_list else dict(sample)
+
+
+def dataset(converter, data, input_num=None, mean=None, scale=None, pixel_format="rgb",
+            skip_unreadable=False) -> Representative:
+    """A `representative_dataset` callable streaming `data` (a directory, a glob, a file or a
+    TFRecord file; see `tftpu.quant.dataset`), its first `input_num` samples. The files are listed
+    now; an unreadable one stops the conversion with a `ModelFileError` naming it, unless
+    `skip_unreadable`."""
+    from tftpu.quant.dataset import iter_samples
 
     shapes = input_shapes(converter)
-    samples = load_samples(shapes, directory, input_num=input_num, mean=mean, scale=scale,
-                           pixel_format=pixel_format)
+    samples = iter_samples(shapes, data, input_num, mean, scale, pixel_format, skip_unreadable, what=str(data))
     names = list(shapes)
-    if converter._tftpu_source[0] == "keras" or len(names) == 1:
-        return lambda: ([s[n] for n in names] for s in samples)
-    return lambda: (dict(s) for s in samples)
+    return Representative(samples, names, converter._tftpu_source[0] == "keras" or len(names) == 1)

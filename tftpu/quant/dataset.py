@@ -133,7 +133,8 @@ class Samples:
     Iterating yields input dicts; `items()` yields (name, input dict) with a name that says where
     the sample came from (a file, `file.tfrecord#7`, `dataset[3]`). `total` is the number of
     samples when it is known without reading them (files, lists, `input_num`), else None.
-    `skipped` lists the unreadable files passed over on the last pass (`skip_unreadable`).
+    `skipped` lists the unreadable files passed over on the last pass (`skip_unreadable`); each is
+    logged once, on the first pass that meets it.
     A generator or iterator given as `dataset` can be read once only.
     """
 
@@ -148,6 +149,7 @@ class Samples:
         self.skip_unreadable = skip_unreadable
         self.what = what
         self.skipped: list[str] = []
+        self._warned: set[str] = set()       # files whose skip was logged (once, not on every pass)
         self._once = False
         self._used = False
         self._resume = None          # (samples read by `head`, the pass they began)
@@ -353,7 +355,9 @@ class Samples:
                     if not self.skip_unreadable:
                         raise
                     self.skipped.append(where)
-                    _LOG.warning("skipping %s (skip_unreadable)", exc)
+                    if where not in self._warned:
+                        self._warned.add(where)
+                        _LOG.warning("skipping %s (skip_unreadable)", exc)
                     n += single                      # its index stays taken (see `shard`)
                     continue
                 for k, sample in enumerate(got):
