@@ -185,7 +185,7 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None, calib
             test_input=None, input_shapes=None, space_to_depth: bool = True, asymmetric: bool | str = "auto",
             mixed_precision: str | None = "auto", quantize_table=None, tolerance=None,
             bias_correction: bool = True, weight_rounding: bool = True,
-            mixed_precision_budget: float | None = None, log=None) -> CompiledModel:
+            mixed_precision_budget: float | None = None, wide_links: bool = True, log=None) -> CompiledModel:
     """Compile `model` (an ONNX path or ModelProto, a Keras model or file, a SavedModel
     directory, a `.tflite`, a `.top.mlir` path or TopModel) for `chip` (a name such as "npu1" or
     "edge16", or a YAML path) in `quantize` mode (INT8, F16, BF16, F32).
@@ -208,7 +208,10 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None, calib
     weights not rounded yet, GPTQ-style) rather than to nearest, before the mixed-precision
     search, kept on the same condition. `mixed_precision_budget`: the most of the model's FLOPs
     the mixed-precision search may keep in float (e.g. 0.05; None: as many as the target needs);
-    where the target needs more, the search reports it missed. `log` (a callable taking a
+    where the target needs more, the search reports it missed. `wide_links` (INT8): a tensor that
+    only INT8 Add / Sub / PReLU ops read (a residual branch, a conv before its PReLU) is written on
+    a 16-bit grid by its conv or Add, the FLOPs staying INT8 (`tftpu.quant.links`); False keeps
+    every activation on 8 bits. `log` (a callable taking a
     line) reports progress; by default the `tftpu.compile` logger."""
     from tftpu.pipelines.deploy import deploy
 
@@ -250,7 +253,8 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None, calib
                       quantize_table=quantize_table, test_input=check, tolerance=tolerance,
                       mixed_precision=mixed_precision, samples=[s for s in samples if s is not check][:8],
                       space_to_depth=space_to_depth, bias_correction=bias_correction,
-                      weight_rounding=weight_rounding, mixed_precision_budget=mixed_precision_budget)
+                      weight_rounding=weight_rounding, mixed_precision_budget=mixed_precision_budget,
+                      wide_links=wide_links)
     secs = deployed.seconds
     if deployed.weight_rounding is not None:
         stages.append(Stage("weight rounding", secs.get("weight rounding", 0.0), str(deployed.weight_rounding)))
@@ -294,7 +298,7 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None, calib
         if isinstance(qtable, dict):
             qtable = {k: v for k, v in qtable.items() if k in names}
         plain = deploy(top_model, quantize=mode, chip=chip, calibration_table=table, asymmetric=asymmetric,
-                       quantize_table=qtable, mixed_precision=None)
+                       quantize_table=qtable, mixed_precision=None, wide_links=wide_links)
         extra["latency_us_without_s2d"] = round(plain.profile.latency_us, 3)
     extra["seconds"] = round(time.perf_counter() - t_all, 3)
     compiled = CompiledModel(deployed, top_model, stages, extra)

@@ -51,6 +51,9 @@ flags.DEFINE_bool("weight_rounding", False, "INT8: round the INT8 conv/matmul we
                   "on --test_input (each rounding error taken back by the weights not rounded yet, through "
                   "the layer's input statistics: GPTQ) instead of to nearest, before the mixed-precision "
                   "search; kept only where the outputs get no further from TOP")
+flags.DEFINE_bool("wide_links", True, "INT8: a tensor that only INT8 Add/Sub/PReLU ops read (a residual branch, "
+                  "a conv before its PReLU) is written on a 16-bit grid by its conv or Add, the FLOPs staying "
+                  "INT8; --nowide_links keeps every activation on 8 bits")
 flags.DEFINE_string("tpu_mlir", None, "output TPU module (.tpu.mlir; its weights .npz go beside it)")
 flags.DEFINE_string("report", None, "report file: .json for data, .html (any other suffix) for a page")
 flags.DEFINE_string("model", None, "output model file (.tpumodel): the compiled program for the simulator "
@@ -76,7 +79,8 @@ def main(args):
                     mixed_precision=FLAGS.mixed_precision, mixed_precision_ranking=FLAGS.mixed_precision_ranking,
                     mixed_precision_budget=FLAGS.mixed_precision_budget,
                     space_to_depth=FLAGS.space_to_depth, model=FLAGS.model, trace=FLAGS.trace,
-                    bias_correction=FLAGS.bias_correction, weight_rounding=FLAGS.weight_rounding)
+                    bias_correction=FLAGS.bias_correction, weight_rounding=FLAGS.weight_rounding,
+                    wide_links=FLAGS.wide_links)
     print(result.lowering)
     if result.search is not None:
         print(result.search)

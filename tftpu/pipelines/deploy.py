@@ -158,7 +158,8 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
            mixed_precision: str | None = "auto", samples: list[dict] | None = None,
            mixed_precision_ranking: str = "isolated", mixed_precision_budget: float | None = None,
            space_to_depth: bool = False, model=None,
-           trace=None, bias_correction: bool = False, weight_rounding: bool = False) -> DeployResult:
+           trace=None, bias_correction: bool = False, weight_rounding: bool = False,
+           wide_links: bool = True) -> DeployResult:
     """Lower the TOP model `mlir` (a path or TopModel) for `chip` in `quantize` mode.
 
     `test_input` (a dict of arrays or an .npz path) checks the TPU model against TOP, and
@@ -180,7 +181,9 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     (`tftpu.quant.weight_rounding`, GPTQ's error feedback) instead of to nearest, before the
     search (which then judges with them) and the bias correction; kept on the same condition.
     `mixed_precision_budget`: the most of the model's FLOPs the search may keep in float (a share,
-    0..1; None: no limit); where the target needs more, it keeps what fits and says so."""
+    0..1; None: no limit); where the target needs more, it keeps what fits and says so.
+    `wide_links` (INT8, on by default): a tensor that only INT8 Add / Sub / PReLU ops read is
+    written on a 16-bit grid by the conv or Add that makes it (`tftpu.quant.links`)."""
     from tftpu.ir.module import TopModel, TpuModel, load
     from tftpu.quant.qtable import read_qtable
     from tftpu.quant.table import read_table
@@ -238,7 +241,7 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
         t1 = time.perf_counter()
         search = search_mixed_precision(top_model, the_chip, table, pool, mixed_precision, asymmetric=asymmetric,
                                         qtable=qtable, ranking=mixed_precision_ranking, weights_from=rounded,
-                                        float_budget=mixed_precision_budget)
+                                        float_budget=mixed_precision_budget, wide_links=wide_links)
         given_qtable, qtable = qtable, search.qtable
         seconds["mixed precision search"] = time.perf_counter() - t1
     lowered, corrected = top_model, None
@@ -249,16 +252,17 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
         from tftpu.quant.bias_correction import correct_biases
         t1 = time.perf_counter()
         lowered, corrected = correct_biases(lowered, table, samples or [inputs], asymmetric=asymmetric,
-                                            float_ops=_float_ops(qtable))
+                                            float_ops=_float_ops(qtable), wide_links=wide_links)
         seconds["bias correction"] = time.perf_counter() - t1
     t1 = time.perf_counter()
-    tpu_model, lowering = lower(lowered, the_chip, mode, table, qtable=qtable, asymmetric=asymmetric)
+    tpu_model, lowering = lower(lowered, the_chip, mode, table, qtable=qtable, asymmetric=asymmetric,
+                                wide_links=wide_links)
     tpu_model.verify()
     seconds["lower"] = time.perf_counter() - t1
     reports = [r for r in (rounding, corrected) if r is not None]
     if reports and inputs is not None:
         t1 = time.perf_counter()                 # kept only where the outputs verify judges do not lose
-        plain = lower(top_model, the_chip, mode, table, qtable=qtable, asymmetric=asymmetric)
+        plain = lower(top_model, the_chip, mode, table, qtable=qtable, asymmetric=asymmetric, wide_links=wide_links)
         judged = [inputs] + [x for x in (samples or []) if x is not inputs]     # what verify judges on
         if not _keep_correction(top_model, tpu_model, plain[0], judged, reports):
             tpu_model, lowering = plain
@@ -272,7 +276,7 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     all_int8_us = None
     if search is not None and search.kept:       # what the float ops cost: the program all in INT8
         all_int8_us = estimate(lower(top_model, the_chip, mode, table, qtable=given_qtable,
-                                     asymmetric=asymmetric)[0], the_chip).latency_us
+                                     asymmetric=asymmetric, wide_links=wide_links)[0], the_chip).latency_us
     program = generate(tpu_model, the_chip)
     annotate(program)                 # addresses and group_info into the module's text
     memory = program.memory

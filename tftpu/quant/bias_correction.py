@@ -37,7 +37,9 @@ from tftpu.interp.top_interpreter import TopInterpreter
 from tftpu.ir import attrs as A
 from tftpu.ir import top
 from tftpu.ir.module import TopModel, parse_module
+from tftpu.ir.quant import STORAGE
 from tftpu.quant import params as P
+from tftpu.quant.links import wide_grids
 from tftpu.utils.names import unique_name
 
 __all__ = ["correct_biases", "BiasCorrection", "MAX_SAMPLES"]
@@ -87,7 +89,8 @@ def _fake_quant(x: np.ndarray, q: P.QParams) -> np.ndarray:
     if x.dtype.kind != "f":
         return x
     inv = np.float32(1.0 / q.scale)
-    v = np.clip(np.rint(x.astype(np.float32, copy=False) * inv) + np.float32(q.zero_point), -128, 127)
+    _, lo, hi = STORAGE[q.storage]
+    v = np.clip(np.rint(x.astype(np.float32, copy=False) * inv) + np.float32(q.zero_point), lo, hi)
     return ((v - np.float32(q.zero_point)) * np.float32(q.scale)).astype(x.dtype, copy=False)
 
 
@@ -137,13 +140,13 @@ def _why_not(op, model, table) -> str | None:
 
 
 def correct_biases(model: TopModel, table, samples: list[dict], asymmetric: bool | str = False, *,
-                   float_ops: set | None = None, max_samples: int = MAX_SAMPLES) -> tuple[TopModel, BiasCorrection]:
+                   float_ops: set | None = None, max_samples: int = MAX_SAMPLES, wide_links: bool = True) -> tuple[TopModel, BiasCorrection]:
     """(corrected copy of `model`, report): each Conv / Deconv / MatMul with constant weights
     and calibrated input and output gets the bias that cancels the mean per-channel difference
     between its simulated INT8 output and its float output on `samples` (the first
     `max_samples`, fewer for large inputs: INPUT_BUDGET), in model order. `asymmetric` is the
     lowering's (False, True, "auto"); `float_ops` names ops that will not run in INT8 (not
-    corrected, simulated in float)."""
+    corrected, simulated in float); `wide_links`: the lowering's (16-bit links simulated on their grid)."""
     t0 = time.perf_counter()
     samples = list(samples)
     size = max(sum(int(np.asarray(a).size) for a in samples[0].values()), 1) if samples else 1
@@ -151,6 +154,8 @@ def correct_biases(model: TopModel, table, samples: list[dict], asymmetric: bool
     float_ops = set(float_ops or ())
     interp = TopInterpreter(model)
     grids = {name: P.activation(*entry[:3], asymmetric=asymmetric) for name, entry in table.entries.items()}
+    if wide_links:
+        grids.update(wide_grids(model, table, asymmetric, lambda name: name not in float_ops))
     steps_ops = [op for op in model.ops if not isinstance(op, (top.NoneOp, top.Input, top.Weight))]
     assert len(steps_ops) == len(interp.steps)
 

@@ -45,8 +45,10 @@ class Decision:
 class Lowering:
     """Builds the TPU module of `model` for `chip` in `mode` (see `tftpu.transforms.lowering.lower`)."""
 
-    def __init__(self, model, chip, mode: str, table=None, asymmetric: bool | str = False):
+    def __init__(self, model, chip, mode: str, table=None, asymmetric: bool | str = False,
+                 wide: dict | None = None):
         self.src = model
+        self.wide = dict(wide or {})        # tensor name -> its 16-bit grid (`tftpu.quant.links`)
         self.chip = chip
         self.mode = mode
         self.table = table
@@ -117,9 +119,12 @@ class Lowering:
     # ------------------------------------------------------------ quantization parameters
 
     def qparams(self, v: SSAValue) -> P.QParams | None:
-        """The INT8 grid of a TOP tensor from the calibration table (None if it has no entry)."""
+        """The INT8 grid of a TOP tensor from the calibration table (None if it has no entry),
+        or the 16-bit one of a link that only INT8 element-wise ops read."""
         if self.table is None:
             return None
+        if value_name(v) in self.wide:
+            return self.wide[value_name(v)]
         entry = self.table.entries.get(value_name(v))
         if entry is None:
             return None

@@ -19,6 +19,7 @@ from tftpu.errors import UsageError
 from tftpu.ir import attrs as A
 from tftpu.ir import top, tpu
 from tftpu.ir.base import set_loc, loc_names, value_name
+from tftpu.quant.links import wide_grids
 from tftpu.transforms.lowering import int8_conv, int8_elementwise, int8_movement, int8_pool, int8_resize  # noqa: F401
 from tftpu.transforms.lowering.context import Decision, Lowering, float_dtype
 from tftpu.transforms.lowering.float_ops import lower_float
@@ -84,13 +85,16 @@ class LoweringReport:
 ASYMMETRIC = (False, True, "auto")
 
 
-def lower(model, chip, mode: str, table=None, qtable: dict | None = None, asymmetric: bool | str = False):
+def lower(model, chip, mode: str, table=None, qtable: dict | None = None, asymmetric: bool | str = False,
+          wide_links: bool = True):
     """(TpuModel, LoweringReport): `model` lowered for `chip` (name, path or Chip) in `mode`.
 
     `table` (a CalibrationTable) is required for INT8. `qtable` maps TOP op names to the mode
     each must run in (TPU-MLIR's quantize table). `asymmetric`: activations with zero points
     (True), symmetric (False), or "auto": a zero point where the range is one-sided (best with a
-    table calibrated `asymmetric=True`, whose min/max are the clipped asymmetric ranges)."""
+    table calibrated `asymmetric=True`, whose min/max are the clipped asymmetric ranges).
+    `wide_links`: a tensor that only INT8 Add / Sub / PReLU ops read is written on a 16-bit grid
+    by its INT8 conv or Add (`tftpu.quant.links`); False keeps every activation on 8 bits."""
     chip = chips.load(chip)
     mode = mode.upper()
     if mode not in chips.MODES:
@@ -113,7 +117,10 @@ def lower(model, chip, mode: str, table=None, qtable: dict | None = None, asymme
         if m not in chip.modes:
             raise UsageError(f"quantize table: {name}: chip {chip.name} does not run {m}")
     fallback = float_mode_of(chip)
-    ctx = Lowering(model, chip, mode, table, asymmetric)
+    wide = None
+    if wide_links and table is not None:
+        wide = wide_grids(model, table, asymmetric, lambda name: qtable.get(name, mode) == "INT8")
+    ctx = Lowering(model, chip, mode, table, asymmetric, wide)
     for op in model.ops:
         if isinstance(op, top.NoneOp):
             continue

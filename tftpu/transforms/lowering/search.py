@@ -319,7 +319,7 @@ def ancestors(model, tensor_names: set) -> set[str]:
 
 
 def _search(model, chip, table, samples, target, asymmetric, qtable, float_mode, ranking,
-            weights_from=None, float_budget=None) -> MixedPrecisionResult:
+            weights_from=None, float_budget=None, wide_links=True) -> MixedPrecisionResult:
     t0 = time.perf_counter()
     chip = chips.load(chip)
     cos_t, snr_t = parse_target(target)
@@ -345,7 +345,7 @@ def _search(model, chip, table, samples, target, asymmetric, qtable, float_mode,
         nonlocal evaluations
         evaluations += 1
         tpu_model, report = lower(_lowered(model, weights_from, {**base, **extra}), chip, "INT8", table,
-                                  qtable={**base, **extra}, asymmetric=asymmetric)
+                                  qtable={**base, **extra}, asymmetric=asymmetric, wide_links=wide_links)
         run = TpuInterpreter(tpu_model, exact_rows=False)
         pooled: dict = {}
         for i, (s, ref) in enumerate(list(zip(samples, refs))[:n_samples]):
@@ -389,7 +389,7 @@ def _search(model, chip, table, samples, target, asymmetric, qtable, float_mode,
             alone[name] = snr
     else:
         tpu_model, _ = lower(_lowered(model, weights_from, base), chip, "INT8", table, qtable=base,
-                             asymmetric=asymmetric)
+                             asymmetric=asymmetric, wide_links=wide_links)
         alone = isolated_errors(model, tpu_model, samples[:RANK_SAMPLES], set(int8_ops))
     flops = {op.loc: op.flops() for op in model.ops if op.loc in set(int8_ops)}
     total = max(1, sum(flops.values()))
@@ -532,7 +532,7 @@ def _grow_and_prune(model, samples, int8_ops, flops, fmode, evaluate, state, mee
 def search_mixed_precision(model, chip, table, samples: list[dict], target, *, asymmetric: bool = False,
                            qtable: dict | None = None, float_mode: str | None = None,
                            ranking: str = "isolated", weights_from=None,
-                           float_budget: float | None = None) -> MixedPrecisionResult:
+                           float_budget: float | None = None, wide_links: bool = True) -> MixedPrecisionResult:
     """Ops to keep in float for the INT8 model to reach `target` ("cosine,sqnr_db"), judged
     over the samples pooled. `ranking`: "isolated" (each op's own error on exact inputs per share
     of the FLOPs, then the shortest prefix, pruned), "effect" (grow the float set where the error
@@ -542,6 +542,7 @@ def search_mixed_precision(model, chip, table, samples: list[dict], target, *, a
     keep the model's own); the outputs are still judged against `model`'s. `float_budget` (a share
     of the model's FLOPs, 0..1; isolated and alone rankings): the ops kept in float never hold
     more; where the target needs more, the search keeps what fits and says the target was missed.
+    `wide_links`: the lowering's (`tftpu.transforms.lowering.lower`).
     """
     if ranking not in RANKINGS:
         raise UsageError(f"mixed precision ranking {ranking!r}: expected one of {', '.join(RANKINGS)}")
@@ -554,4 +555,4 @@ def search_mixed_precision(model, chip, table, samples: list[dict], target, *, a
     if float_budget is not None and ranking == "effect":
         raise UsageError("a mixed precision float budget works with the isolated and alone rankings, not effect")
     return _search(model, chip, table, samples, target, asymmetric, qtable, float_mode, ranking, weights_from,
-                   float_budget)
+                   float_budget, wide_links)

@@ -1,0 +1,135 @@
+"""16-bit links (`tftpu.quant.links`): which tensors get a 16-bit grid, that INT8 inference over
+them stays bit-exact against the independent integer reference, and that they lower the error."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from xdsl.dialects.builtin import TensorType
+
+from tests.interp import int8_reference as R
+from tests.interp.test_tpu_int8_exact import FEW, W, feeds, make_model, table_for
+from tftpu.interp.top_interpreter import TopInterpreter
+from tftpu.interp.tpu import TpuInterpreter
+from tftpu.ir import quant
+from tftpu.ir.base import value_name
+from tftpu.quant import CalibrationTable
+from tftpu.quant.links import I16_MAX, wide_grids
+from tftpu.transforms.lowering import lower
+
+
+def residual_stack(blocks: int = 3, c: int = 4, seed: int = 0, tail_conv: bool = False):
+    """x -> [dw conv -> 1x1 conv -> + x -> PReLU] * blocks, the blocks of a BlazeFace-style
+    detector; names: c{i} (1x1 conv), a{i} (add), p{i} (PReLU)."""
+    rng = np.random.default_rng(seed)
+
+    def body(b, xs):
+        x = xs[0]
+        for i in range(blocks):
+            d = b.op("Conv", [x, b.weight(f"dw{i}", W(rng, c, 1, 3, 3, scale=0.5)), b.none()],
+                     {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "group": c}, f"d{i}")
+            y = b.op("Conv", [d, b.weight(f"w{i}", W(rng, c, c, 1, 1)), b.weight(f"b{i}", W(rng, c, scale=0.1))],
+                     {"kernel_shape": [1, 1]}, f"c{i}")
+            s = b.op("Add", [y, x], {}, f"a{i}")
+            slope = rng.uniform(0.05, 0.5, (1, c, 1, 1)).astype(np.float32)
+            x = b.op("PRelu", [s, b.weight(f"s{i}", slope)], {}, f"p{i}")
+        if tail_conv:
+            x = b.op("Conv", [x, b.weight("wt", W(rng, c, c, 1, 1)), b.none()], {"kernel_shape": [1, 1]}, "tail")
+        return x
+
+    return make_model({"x": (1, c, 6, 6)}, body)
+
+
+def _types(tpu_model) -> dict[str, str]:
+    return {value_name(r): str(r.type.element_type) for op in tpu_model.ops for r in op.results
+            if isinstance(r.type, TensorType)}
+
+
+def test_links_are_the_tensors_only_elementwise_int8_ops_read():
+    model = residual_stack()
+    inputs = feeds({"x": (1, 4, 6, 6)}, 1)
+    table = table_for(model, inputs)
+    grids = wide_grids(model, table, False, lambda name: True)
+    # each 1x1 conv feeds only its Add, each Add only its PReLU; the depthwise outputs feed convs,
+    # the PReLU outputs feed a conv and an Add, the last one is the model output
+    assert sorted(grids) == sorted([f"c{i}" for i in range(3)] + [f"a{i}" for i in range(3)])
+    assert all(g.storage == "i16" and g.zero_point == 0 for g in grids.values())
+    for name, g in grids.items():               # the whole calibrated range fits the 16 bits
+        t, lo, hi = table.entries[name][:3]
+        assert max(abs(t), abs(lo), abs(hi)) <= g.scale * I16_MAX * (1 + 1e-12)
+    # a conv read by an Add: its scale is the Add output's over a power of two
+    for i in range(3):
+        ratio = grids[f"c{i}"].scale / grids[f"a{i}"].scale
+        assert ratio == 2.0 ** round(np.log2(ratio))
+    # a reader kept in float, or a producer in float, leaves the link on 8 bits
+    floated = wide_grids(model, table, False, lambda name: name != "a1")
+    assert "c1" not in floated and "a1" not in floated and "c0" in floated
+    # a model output is never a link
+    assert "p2" not in grids
+
+
+@FEW
+@given(st.data())
+def test_int8_over_links_is_bit_exact(data):
+    d = data.draw
+    c = d(st.integers(1, 5), "channels")
+    blocks = d(st.integers(1, 3), "blocks")
+    asym = d(st.sampled_from([False, True, "auto"]), "asymmetric")
+    seed = d(st.integers(0, 2 ** 16), "seed")
+    model = residual_stack(blocks, c, seed, tail_conv=d(st.booleans(), "tail conv"))
+    inputs = feeds({"x": (1, c, 6, 6)}, seed)
+    table = table_for(model, inputs, seed)
+    tm, _ = lower(model, "npu1", "INT8", table, asymmetric=asym)
+    tm.verify()
+    types = _types(tm)
+    assert sum("i16" in t for t in types.values()) == 2 * blocks
+    dump = TpuInterpreter(tm).run(inputs, dump_all=True)
+    seen = R.check_model(tm, dump)
+    assert seen.get("tpu.Add", 0) == blocks and seen.get("tpu.PRelu", 0) == blocks
+    # the Add's multiplier for its 16-bit input is exact: m / 2**rshift is the ratio of the scales
+    for op in tm.ops:
+        if op.name == "tpu.Add":
+            a = op.attrs()
+            et0, eto = op.operands[0].type.element_type, op.results[0].type.element_type
+            if quant.is_quant(et0) and "i16" in str(et0):
+                assert a["multiplier"][0] / 2.0 ** a["rshift"][0] == et0.scale / eto.scale
+
+
+def _sqnr(ref, got) -> float:
+    ref, got = np.asarray(ref, np.float64), np.asarray(got, np.float64)
+    return float(10 * np.log10(np.sum(ref ** 2) / max(np.sum((ref - got) ** 2), 1e-30)))
+
+
+@pytest.mark.parametrize("blocks,c,seed", [(6, 8, 3), (6, 16, 1)])
+def test_links_lower_the_int8_error_of_a_residual_stack(blocks, c, seed):
+    model = residual_stack(blocks, c, seed)
+    samples = [feeds({"x": (1, c, 6, 6)}, s) for s in range(4)]
+    refs = [TopInterpreter(model).run(x, dump_all=True) for x in samples]
+    entries = {}                                   # min / max calibration over the samples
+    for name in refs[0]:
+        v = np.concatenate([np.ravel(r[name]) for r in refs]).astype(np.float64)
+        entries[name] = (float(np.abs(v).max()), float(min(v.min(), 0.0)), float(max(v.max(), 0.0)))
+    table = CalibrationTable(entries)
+    out = f"p{blocks - 1}"
+    got = {}
+    for wide in (False, True):
+        tm, _ = lower(model, "npu1", "INT8", table, asymmetric="auto", wide_links=wide)
+        assert any("i16" in t for t in _types(tm).values()) == wide
+        run = TpuInterpreter(tm)
+        got[wide] = np.mean([_sqnr(r[out], run.run(x, dequantize=True)[out]) for x, r in zip(samples, refs)])
+    # half the rounding points of each block are gone: about 2-3 dB here
+    assert got[True] > got[False] + 1.5, got
+
+
+@pytest.mark.parametrize("wide", [True, False])
+def test_deploy_simulator_matches_tpu_inference_over_links(tmp_path, wide):
+    from tftpu.pipelines.deploy import deploy
+    model = residual_stack(blocks=2, c=4, seed=5)
+    x = feeds({"x": (1, 4, 6, 6)}, 2)
+    table = table_for(model, x, spread=(1.0, 1.0))
+    result = deploy(model, quantize="INT8", chip="npu1", calibration_table=table, test_input=x,
+                    mixed_precision="none", wide_links=wide, model=str(tmp_path / "m.tpumodel"))
+    assert result.simulator["passed"] and all(r["bit_exact"] for r in result.simulator["outputs"])
+    assert ("i16" in result.model.text()) == wide

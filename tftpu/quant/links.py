@@ -1,0 +1,102 @@
+"""16-bit links: a tensor that only INT8 element-wise ops read is written on a 16-bit grid.
+
+A conv whose output goes only into a residual Add, or an Add whose output goes only into a
+PReLU, would round its int32 accumulator to 8 bits just for the next element-wise op to rescale
+it and round again. Written on a 16-bit grid instead (the conv still multiplies INT8 by INT8),
+that rounding all but disappears, as in a fused conv + add + activation kernel, and the FLOPs
+stay INT8: only the link between the two ops is wider. On detectors built of residual blocks
+this is a large share of the INT8 noise (`benchmarks/detectors.py`).
+
+The 16-bit grid is symmetric (zero point 0) over the tensor's whole calibrated range. Where the
+reader is an Add or Sub, its scale is the reader's output scale over a power of two, so that the
+Add's integer multiplier for it is exact (`tftpu.quant.params.add_multipliers`).
+
+>>> wide_grids(model, table, "auto", lambda name: True)     # doctest: +SKIP
+{'conv_3': QParams(scale=..., zero_point=0, storage='i16'), ...}
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+from tftpu.errors import UsageError
+from tftpu.ir import top
+from tftpu.ir.base import value_name
+from tftpu.quant import params as P
+
+__all__ = ["wide_grids", "WIDE_PRODUCERS", "WIDE_READERS", "I16_MAX"]
+
+# ops whose INT8 kernel requantizes an accumulator and can write it on a 16-bit grid
+WIDE_PRODUCERS = ("top.Conv", "top.Add", "top.Sub")
+# INT8 ops that read a 16-bit data operand (their integer rule works on any width)
+WIDE_READERS = ("top.Add", "top.Sub", "top.PRelu")
+I16_MAX = 32767
+_ADD_LIKE = ("top.Add", "top.Sub")
+
+
+def _range(entry) -> float:
+    """The largest magnitude a calibration entry (threshold, min, max, ...) saw."""
+    return max(abs(float(entry[0])), abs(float(entry[1])), abs(float(entry[2])))
+
+
+def wide_grids(model, table, asymmetric: bool | str, in_int8: Callable[[str], bool]) -> dict[str, P.QParams]:
+    """Tensor name -> 16-bit grid, for each tensor made by an INT8 conv / Add / Sub (`in_int8`
+    of the op's name) that is not a model output and whose every reader is an INT8 Add, Sub or
+    PReLU reading it as data. Every other tensor keeps the 8-bit grid of its calibration entry."""
+    outputs = set(model.output_names)
+    links: dict[str, list] = {}
+    for op in model.ops:
+        if op.name not in WIDE_PRODUCERS or not in_int8(op.loc) or not op.results:
+            continue
+        v = op.results[0]
+        name = value_name(v)
+        if name in outputs or name not in table.entries or _range(table.entries[name]) <= 0:
+            continue
+        readers = [use.operation for use in v.uses]
+        if readers and all(r.name in WIDE_READERS and in_int8(r.loc) and
+                           (r.name != "top.PRelu" or r.operands[0] is v and r.operands[1] is not v)
+                           for r in readers):
+            links[name] = readers
+    grids: dict[str, P.QParams] = {}
+
+    def grid_of(name: str) -> P.QParams | None:
+        """The grid a tensor is written on: its 16-bit one if it is a link, else its 8-bit one."""
+        if name in links:
+            return link_grid(name)
+        entry = table.entries.get(name)
+        return None if entry is None else P.activation(*entry[:3], asymmetric=asymmetric)
+
+    def operand_grid(v) -> P.QParams | None:
+        """The grid the Add's lowering reads another operand on (a constant: its own range)."""
+        if isinstance(v.owner, top.Weight):
+            arr = model.weights.get(v.owner.key)
+            return None if arr is None or arr.dtype.kind != "f" else P.QParams(P.weights_per_tensor(arr)[1])
+        name = value_name(v)
+        return None if name in links else grid_of(name)
+
+    def link_grid(name: str) -> P.QParams:
+        if name in grids:
+            return grids[name]
+        span = _range(table.entries[name])
+        scale = span / I16_MAX
+        add = next((r for r in links[name] if r.name in _ADD_LIKE), None)
+        out = None if add is None else grid_of(value_name(add.results[0]))
+        if out is not None:
+            # the reader's output scale over 2**k (k < 0 where that output is 16-bit too and
+            # narrower): the Add's int16 multiplier for this input is then exact, as long as k
+            # is within the Add's shift (other 16-bit inputs aside)
+            k = math.floor(math.log2(I16_MAX * out.scale / span))
+            others = [operand_grid(x) for x in add.operands if value_name(x) != name]
+            ratios = [p.scale / out.scale for p in others if p is not None]
+            try:
+                _, rshift = P.add_multipliers(ratios + [2.0 ** -k])
+            except UsageError:                  # the Add cannot run in INT8: it says why
+                rshift = k
+            scale = out.scale * 2.0 ** -min(k, rshift)
+        grids[name] = P.QParams(scale, 0, "i16")
+        return grids[name]
+
+    for name in links:
+        link_grid(name)
+    return grids
