@@ -235,7 +235,8 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
         mixed_precision = AUTO_TARGET if inputs is not None or samples else None
     if mixed_precision:
         from tftpu.transforms.lowering.search import search_mixed_precision
-        pool = samples or ([inputs] if inputs is not None else None)
+        # what verify then judges: the test input and the samples, pooled
+        pool = ([inputs] if inputs is not None else []) + [s for s in (samples or []) if s is not inputs] or None
         if pool is None:
             raise errors.UsageError("--mixed_precision needs --test_input (or samples) to measure with")
         t1 = time.perf_counter()
