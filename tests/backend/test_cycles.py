@@ -64,3 +64,23 @@ def test_no_stem_estimate_without_a_stride_two_first_conv():
              {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}, "c")
     tpu, _ = lower(b.finish([c]), "npu1", "F32")
     assert s2d_stem(tpu, "npu1") is None
+
+
+def test_sixteen_bit_links_are_priced_as_int8_compute_with_wider_dma():
+    """A conv writing a 16-bit link multiplies INT8 data: the same compute as one writing 8 bits,
+    only the DMA of its wider output grows; an Add reading a 16-bit link runs its lanes at
+    half the INT8 width (npu1 lists no i16 rate)."""
+    from tests.quant.test_links import residual_stack
+    from tests.interp.test_tpu_int8_exact import feeds, table_for
+    from tftpu.backend.cycles import op_cycles
+
+    model = residual_stack(blocks=1, c=64, seed=0)
+    table = table_for(model, feeds({"x": (1, 64, 6, 6)}, 0), spread=(1.0, 1.0))
+    npu1 = chips.load("npu1")
+    cost = {}
+    for wide in (False, True):
+        tm, _ = lower(model, npu1, "INT8", table, wide_links=wide)
+        cost[wide] = {op.loc: op_cycles(op, npu1) for op in tm.ops if op.name in ("tpu.Conv", "tpu.Add")}
+    conv, add = cost[True]["c0"], cost[True]["a0"]
+    assert conv.compute == cost[False]["c0"].compute and conv.dma > cost[False]["c0"].dma
+    assert add.compute == 2 * cost[False]["a0"].compute

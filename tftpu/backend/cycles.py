@@ -84,14 +84,38 @@ def tensor_bytes(t) -> int:
     return numel(t.get_shape()) * A.numpy_dtype(A.dtype_name(t.element_type)).itemsize
 
 
+_MATRIX = ("tpu.Conv", "tpu.MatMul", "tpu.Deconv")
+_INTEGER = {"u8": "i8"}
+
+
 def _dtype(op) -> str:
-    return A.dtype_name(op.results[0].type.element_type)
+    """The dtype an op computes in: a float op's type; an INT8 conv / matmul multiplies its
+    8-bit data whatever width it writes (a 16-bit link), other integer ops work at the width of
+    their widest tensor."""
+    out = A.dtype_name(op.results[0].type.element_type)
+    if not tpu.is_quantized(op.results[0]):
+        return out
+    if op.name in _MATRIX and tpu.is_quantized(op.operands[0]):
+        return _INTEGER.get(A.dtype_name(op.operands[0].type.element_type), "i8")
+    widths = [A.dtype_name(v.type.element_type) for v in (*op.operands, *op.results)
+              if isinstance(v.type, TensorType) and tpu.is_quantized(v)]
+    return max((_INTEGER.get(w, w) for w in widths), key=lambda w: A.numpy_dtype(w).itemsize)
+
+
+def _per_lane(chip, dtype: str) -> float:
+    """Values of `dtype` one lane's execution unit handles per cycle (an integer width the
+    chip does not list: its INT8 rate scaled by the width)."""
+    macs = chip.macs_per_cycle
+    if dtype in macs:
+        return macs[dtype]
+    if dtype.startswith("i") and "i8" in macs:
+        return macs["i8"] / A.numpy_dtype(dtype).itemsize
+    return min(macs.values())
 
 
 def _rate(chip, dtype: str) -> float:
     """The matrix unit's speed in `dtype` relative to its own dtype."""
-    macs = chip.macs_per_cycle
-    return macs.get(dtype, min(macs.values())) / macs[chip.matrix.dtype]
+    return _per_lane(chip, dtype) / chip.macs_per_cycle[chip.matrix.dtype]
 
 
 def conv_cycles(chip, dtype: str, batch: int, out_spatial, kernel, in_channels: int, out_channels: int,
@@ -102,7 +126,7 @@ def conv_cycles(chip, dtype: str, batch: int, out_spatial, kernel, in_channels: 
     cin, cout = in_channels // group, out_channels // group
     useful = pixels * taps * cin * cout * group
     if cin == 1 and group > 1:                     # depthwise: one channel per lane, on the EUs
-        per_lane = chip.macs_per_cycle.get(dtype, min(chip.macs_per_cycle.values()))
+        per_lane = _per_lane(chip, dtype)
         return math.ceil(-(-out_channels // chip.lanes) * pixels * taps / per_lane), useful, 0
     unit = chip.matrix
     issued = group * unit.issued_macs(pixels, taps, cin, cout)
@@ -132,7 +156,7 @@ def op_cycles(op, chip) -> OpCycles:
         issued = useful
         compute = math.ceil(issued / (chip.matrix.rows * chip.matrix.cols) / _rate(chip, dtype))
     elif op.name not in _MOVES:
-        per_lane = chip.macs_per_cycle.get(dtype, min(chip.macs_per_cycle.values()))
+        per_lane = _per_lane(chip, dtype)
         work = max(op.flops(), numel(op.results[0].type.get_shape()))
         compute = math.ceil(work / (chip.lanes * per_lane))
     return OpCycles(op.loc, op.name, max(compute, dma), compute, dma, useful, issued)
