@@ -185,7 +185,8 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None, calib
             test_input=None, input_shapes=None, space_to_depth: bool = True, asymmetric: bool | str = "auto",
             mixed_precision: str | None = "auto", quantize_table=None, tolerance=None,
             bias_correction: bool = True, weight_rounding: bool = True,
-            mixed_precision_budget: float | None = None, wide_links: bool = True, log=None) -> CompiledModel:
+            mixed_precision_budget: float | None = None, mixed_precision_latency: float | None = None,
+            wide_links: bool = True, log=None) -> CompiledModel:
     """Compile `model` (an ONNX path or ModelProto, a Keras model or file, a SavedModel
     directory, a `.tflite`, a `.top.mlir` path or TopModel) for `chip` (a name such as "npu1" or
     "edge16", or a YAML path) in `quantize` mode (INT8, F16, BF16, F32).
@@ -208,7 +209,9 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None, calib
     weights not rounded yet, GPTQ-style) rather than to nearest, before the mixed-precision
     search, kept on the same condition. `mixed_precision_budget`: the most of the model's FLOPs
     the mixed-precision search may keep in float (e.g. 0.05; None: as many as the target needs);
-    where the target needs more, the search reports it missed. `wide_links` (INT8): a tensor that
+    where the target needs more, the search reports it missed. `mixed_precision_latency`: the most
+    the float ops may slow the program, as a multiple of its estimated all-INT8 latency (e.g.
+    1.15), the same way. `wide_links` (INT8): a tensor that
     only INT8 Add / Sub / PReLU ops read (a residual branch, a conv before its PReLU) is written on
     a 16-bit grid by its conv or Add, the FLOPs staying INT8 (`tftpu.quant.links`); False keeps
     every activation on 8 bits. `log` (a callable taking a
@@ -254,7 +257,7 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None, calib
                       mixed_precision=mixed_precision, samples=[s for s in samples if s is not check][:8],
                       space_to_depth=space_to_depth, bias_correction=bias_correction,
                       weight_rounding=weight_rounding, mixed_precision_budget=mixed_precision_budget,
-                      wide_links=wide_links)
+                      mixed_precision_latency=mixed_precision_latency, wide_links=wide_links)
     secs = deployed.seconds
     if deployed.weight_rounding is not None:
         stages.append(Stage("weight rounding", secs.get("weight rounding", 0.0), str(deployed.weight_rounding)))

@@ -42,6 +42,9 @@ flags.DEFINE_float("mixed_precision_budget", None, "the most of the model's FLOP
                    "(a share, e.g. 0.05 for 95% of the FLOPs in INT8; isolated and alone rankings): where the "
                    "target needs more, the search keeps what fits and reports the target missed",
                    lower_bound=0.0, upper_bound=1.0)
+flags.DEFINE_float("mixed_precision_latency", None, "the most the float ops may slow the program, as a multiple of "
+                   "its estimated latency all in INT8 (e.g. 1.15; isolated and alone rankings): where the target "
+                   "needs more, the search keeps what fits and reports the target missed", lower_bound=1.0)
 flags.DEFINE_bool("space_to_depth", False, "rewrite the first strided conv on the image to its space-to-depth "
                   "form first, where the chip's matrix unit gains (the image is rearranged in the module)")
 flags.DEFINE_bool("bias_correction", False, "INT8: lower a copy whose conv/matmul/deconv biases absorb the mean "
@@ -78,6 +81,7 @@ def main(args):
                     tolerance=FLAGS.tolerance, tpu_mlir=FLAGS.tpu_mlir, report=FLAGS.report,
                     mixed_precision=FLAGS.mixed_precision, mixed_precision_ranking=FLAGS.mixed_precision_ranking,
                     mixed_precision_budget=FLAGS.mixed_precision_budget,
+                    mixed_precision_latency=FLAGS.mixed_precision_latency,
                     space_to_depth=FLAGS.space_to_depth, model=FLAGS.model, trace=FLAGS.trace,
                     bias_correction=FLAGS.bias_correction, weight_rounding=FLAGS.weight_rounding,
                     wide_links=FLAGS.wide_links)

@@ -367,7 +367,7 @@ def test_a_float_budget_caps_the_float_flops(cnn_case):
     capped = search_mixed_precision(model, "npu1", table, samples, target, qtable=base, float_budget=budget)
     assert sum(flops[n] for n, _, _ in capped.kept) + flops["prob"] <= budget * total + 1e-9
     assert capped.budget_limited and not capped.met and capped.target == free.target
-    assert f"within the float budget of {budget:.1%} of the FLOPs" in capped.summary
+    assert f"within the budget ({budget:.1%} of the FLOPs in float)" in capped.summary
     assert capped.as_dict()["budget_limited"] is True and capped.as_dict()["float_budget"] == budget
     roomy = search_mixed_precision(model, "npu1", table, samples, target, qtable=base, float_budget=1.0)
     assert not roomy.budget_limited and roomy.qtable == free.qtable
@@ -375,3 +375,42 @@ def test_a_float_budget_caps_the_float_flops(cnn_case):
         search_mixed_precision(model, "npu1", table, samples, "0.99,60", ranking="effect", float_budget=0.1)
     with pytest.raises(errors.UsageError, match=r"\[0, 1\]"):
         search_mixed_precision(model, "npu1", table, samples, "0.99,60", float_budget=1.5)
+
+
+def test_a_latency_budget_caps_what_the_float_ops_cost(cnn_case):
+    """`latency_budget`: the program with the ops kept in float is estimated no slower than that
+    multiple of the all-INT8 program; where the target needs more, the search keeps what fits
+    and says so; deploy reports the ratio it reached."""
+    from tftpu.backend import estimate
+    from tftpu.transforms.lowering import lower
+    from tftpu.transforms.lowering.search import search_mixed_precision
+
+    model, table, samples = cnn_case
+    base = {"prob": "F32"}
+
+    def latency(m):
+        return estimate(m, "npu1").latency_us
+
+    pure = search_mixed_precision(model, "npu1", table, samples, "0.99,20", qtable=base).int8_reached[1]
+    target = f"0.99,{pure + 3:.2f}"
+    free = search_mixed_precision(model, "npu1", table, samples, target, qtable=base)
+    all_int8 = latency(lower(model, "npu1", "INT8", table, qtable=base)[0])
+    free_ratio = latency(lower(model, "npu1", "INT8", table, qtable=free.qtable)[0]) / all_int8
+    assert free.met and free_ratio > 1.01
+    cap = 1.0 + (free_ratio - 1.0) / 2
+    capped = search_mixed_precision(model, "npu1", table, samples, target, qtable=base, latency_budget=cap,
+                                    latency=latency)
+    assert latency(lower(model, "npu1", "INT8", table, qtable=capped.qtable)[0]) <= cap * all_int8 * (1 + 1e-9)
+    assert capped.budget_limited and not capped.met
+    assert f"latency {cap:.2f}x the all-INT8 program's" in capped.summary
+    assert capped.as_dict()["latency_budget"] == cap
+    roomy = search_mixed_precision(model, "npu1", table, samples, target, qtable=base, latency_budget=100.0,
+                                   latency=latency)
+    assert not roomy.budget_limited and roomy.qtable == free.qtable
+    with pytest.raises(errors.UsageError, match="ratio >= 1"):
+        search_mixed_precision(model, "npu1", table, samples, target, latency_budget=0.5, latency=latency)
+    with pytest.raises(errors.UsageError, match="ratio >= 1"):
+        search_mixed_precision(model, "npu1", table, samples, target, latency_budget=1.2)
+    res = deploy(model, quantize="INT8", chip="npu1", calibration_table=table, test_input=samples[0],
+                 samples=samples[1:], quantize_table=base, mixed_precision=target, mixed_precision_latency=cap)
+    assert res.search.budget_limited and (res.search.latency_ratio or 1.0) <= cap + 1e-9

@@ -157,6 +157,7 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
            test_input=None, test_reference=None, tolerance=None, tpu_mlir=None, report=None,
            mixed_precision: str | None = "auto", samples: list[dict] | None = None,
            mixed_precision_ranking: str = "isolated", mixed_precision_budget: float | None = None,
+           mixed_precision_latency: float | None = None,
            space_to_depth: bool = False, model=None,
            trace=None, bias_correction: bool = False, weight_rounding: bool = False,
            wide_links: bool = True) -> DeployResult:
@@ -182,6 +183,8 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     search (which then judges with them) and the bias correction; kept on the same condition.
     `mixed_precision_budget`: the most of the model's FLOPs the search may keep in float (a share,
     0..1; None: no limit); where the target needs more, it keeps what fits and says so.
+    `mixed_precision_latency`: the most the float ops may slow the program, as a multiple of the
+    estimated latency with them all in INT8 (e.g. 1.15; None: no limit), the same way.
     `wide_links` (INT8, on by default): a tensor that only INT8 Add / Sub / PReLU ops read is
     written on a 16-bit grid by the conv or Add that makes it (`tftpu.quant.links`)."""
     from tftpu.ir.module import TopModel, TpuModel, load
@@ -234,6 +237,7 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     elif mixed_precision == "auto":
         mixed_precision = AUTO_TARGET if inputs is not None or samples else None
     if mixed_precision:
+        from tftpu.backend import estimate
         from tftpu.transforms.lowering.search import search_mixed_precision
         # what verify then judges: the test input and the samples, pooled
         pool = ([inputs] if inputs is not None else []) + [s for s in (samples or []) if s is not inputs] or None
@@ -242,7 +246,9 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
         t1 = time.perf_counter()
         search = search_mixed_precision(top_model, the_chip, table, pool, mixed_precision, asymmetric=asymmetric,
                                         qtable=qtable, ranking=mixed_precision_ranking, weights_from=rounded,
-                                        float_budget=mixed_precision_budget, wide_links=wide_links)
+                                        float_budget=mixed_precision_budget, wide_links=wide_links,
+                                        latency_budget=mixed_precision_latency,
+                                        latency=lambda m: estimate(m, the_chip).latency_us)
         given_qtable, qtable = qtable, search.qtable
         seconds["mixed precision search"] = time.perf_counter() - t1
     lowered, corrected = top_model, None

@@ -71,7 +71,8 @@ class MixedPrecisionResult:
     ranking: str = "isolated"
     latency_ratio: float | None = None   # estimated latency over the all-INT8 program's (set by deploy)
     float_budget: float | None = None    # the most of the model's FLOPs the search could keep in float
-    budget_limited: bool = False         # the target was missed because the budget stopped the search
+    budget_limited: bool = False         # the target was missed because a budget stopped the search
+    latency_budget: float | None = None  # the most the float ops could slow the program (x all-INT8)
 
     @property
     def met(self) -> bool:
@@ -93,11 +94,15 @@ class MixedPrecisionResult:
                     f"{self.target[1]:.1f} dB: ")
         else:
             note = ""
+        budgets = ([f"{self.float_budget:.1%} of the FLOPs in float"] if self.float_budget is not None else []) + \
+            ([f"latency {self.latency_budget:.2f}x the all-INT8 program's"] if self.latency_budget is not None else [])
+        budget = f" within the budget ({', '.join(budgets)})" if self.budget_limited else ""
         if not self.kept:
-            return f"pure INT8 reaches the target (cosine {c8:.5f}, SQNR {s8:.1f} dB)"
+            if self.met:
+                return f"pure INT8 reaches the target (cosine {c8:.5f}, SQNR {s8:.1f} dB)"
+            return (note + f"pure INT8 does NOT reach the target {self.target[0]},{self.target[1]} dB and no op "
+                    f"fits in float{budget}: cosine {c8:.5f}, SQNR {s8:.1f} dB")
         status = "reaches" if self.met else "does NOT reach"
-        budget = (f" within the float budget of {self.float_budget:.1%} of the FLOPs"
-                  if self.budget_limited else "")
         return note + (f"keeping {len(self.kept)} of {self.candidates} INT8 ops in float {status} the target "
                 f"{self.target[0]},{self.target[1]} dB{budget}: cosine {c:.5f}, SQNR {s:.1f} dB "
                 f"(pure INT8: {c8:.5f}, {s8:.1f} dB; {self.evaluations} trial lowerings, {self.seconds:.1f} s)")
@@ -120,7 +125,8 @@ class MixedPrecisionResult:
                 "reached": list(self.reached),
                 "int8_reached": list(self.int8_reached), "met": self.met, "evaluations": self.evaluations,
                 "seconds": round(self.seconds, 3),
-                "ranking": self.ranking, "float_budget": self.float_budget, "budget_limited": self.budget_limited,
+                "ranking": self.ranking, "float_budget": self.float_budget, "latency_budget": self.latency_budget,
+                "budget_limited": self.budget_limited,
                 "latency_vs_all_int8": None if self.latency_ratio is None else round(self.latency_ratio, 4),
                 "kept": [{"name": n, "mode": m, _KEPT_FIGURE[self.ranking]: round(d, 3)} for n, m, d in self.kept]}
 
@@ -319,7 +325,8 @@ def ancestors(model, tensor_names: set) -> set[str]:
 
 
 def _search(model, chip, table, samples, target, asymmetric, qtable, float_mode, ranking,
-            weights_from=None, float_budget=None, wide_links=True) -> MixedPrecisionResult:
+            weights_from=None, float_budget=None, wide_links=True, latency_budget=None,
+            latency=None) -> MixedPrecisionResult:
     t0 = time.perf_counter()
     chip = chips.load(chip)
     cos_t, snr_t = parse_target(target)
@@ -401,6 +408,16 @@ def _search(model, chip, table, samples, target, asymmetric, qtable, float_mode,
     limited = False
     if float_budget is not None:                 # the ranking's ops that fit in the budget, in its order
         ranked, limited = _within_budget(model, ranked, flops, base, float_budget)
+    if latency_budget is not None:               # ... and whose casts and float work the latency affords
+
+        def cost(n: int) -> float:
+            q = {**base, **{name: fmode for name, _ in ranked[:n]}}
+            return latency(lower(_lowered(model, weights_from, q), chip, "INT8", table, qtable=q,
+                                 asymmetric=asymmetric, wide_links=wide_links)[0])
+
+        fit = _within_latency(cost, len(ranked), latency_budget * cost(0))
+        limited = limited or fit < len(ranked)
+        ranked = ranked[:fit]
     lo, hi = 0, len(ranked)                          # invariant: keeping `hi` ops meets (checked below)
     reached_hi, _, _ = evaluate({n: fmode for n, _ in ranked})
     best = reached_hi
@@ -424,7 +441,8 @@ def _search(model, chip, table, samples, target, asymmetric, qtable, float_mode,
         kept, best = _prune(kept, flops, total, fmode, evaluate, meets, best)
     return MixedPrecisionResult({**base, **{n: m for n, m, _ in kept}}, kept, (cos_t, snr_t), best, int8_reached,
                                 evaluations, time.perf_counter() - t0, len(int8_ops), asked, reached_hi,
-                                ranking=ranking, float_budget=float_budget, budget_limited=limited)
+                                ranking=ranking, float_budget=float_budget, budget_limited=limited,
+                                latency_budget=latency_budget)
 
 
 def _within_budget(model, ranked: list, flops: dict, base: dict, budget: float) -> tuple[list, bool]:
@@ -438,6 +456,18 @@ def _within_budget(model, ranked: list, flops: dict, base: dict, budget: float) 
             fit.append((name, db))
             spent += flops.get(name, 0)
     return fit, len(fit) < len(ranked)
+
+
+def _within_latency(cost, n: int, cap: float) -> int:
+    """The longest prefix of the ranking (0..n ops in float) whose estimated latency `cost(k)`
+    stays within `cap`, found by bisection (more float ops cost more: casts, float rates)."""
+    if cost(n) <= cap:
+        return n
+    lo, hi = 0, n                                   # cost(lo) <= cap < cost(hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if cost(mid) <= cap else (lo, mid)
+    return lo
 
 
 def _lowered(model, weights_from, qtable: dict):
@@ -532,7 +562,8 @@ def _grow_and_prune(model, samples, int8_ops, flops, fmode, evaluate, state, mee
 def search_mixed_precision(model, chip, table, samples: list[dict], target, *, asymmetric: bool = False,
                            qtable: dict | None = None, float_mode: str | None = None,
                            ranking: str = "isolated", weights_from=None,
-                           float_budget: float | None = None, wide_links: bool = True) -> MixedPrecisionResult:
+                           float_budget: float | None = None, wide_links: bool = True,
+                           latency_budget: float | None = None, latency=None) -> MixedPrecisionResult:
     """Ops to keep in float for the INT8 model to reach `target` ("cosine,sqnr_db"), judged
     over the samples pooled. `ranking`: "isolated" (each op's own error on exact inputs per share
     of the FLOPs, then the shortest prefix, pruned), "effect" (grow the float set where the error
@@ -542,7 +573,10 @@ def search_mixed_precision(model, chip, table, samples: list[dict], target, *, a
     keep the model's own); the outputs are still judged against `model`'s. `float_budget` (a share
     of the model's FLOPs, 0..1; isolated and alone rankings): the ops kept in float never hold
     more; where the target needs more, the search keeps what fits and says the target was missed.
-    `wide_links`: the lowering's (`tftpu.transforms.lowering.lower`).
+    `wide_links`: the lowering's (`tftpu.transforms.lowering.lower`). `latency_budget` (isolated
+    and alone rankings): the float ops may make the program at most this many times slower than
+    with all of them in INT8, as `latency(tpu_model)` (an estimate in any unit) says; like the
+    float budget, where the target needs more the search keeps what fits and says so.
     """
     if ranking not in RANKINGS:
         raise UsageError(f"mixed precision ranking {ranking!r}: expected one of {', '.join(RANKINGS)}")
@@ -552,7 +586,10 @@ def search_mixed_precision(model, chip, table, samples: list[dict], target, *, a
         raise UsageError("the mixed precision search needs a calibration table")
     if float_budget is not None and not 0.0 <= float_budget <= 1.0:
         raise UsageError(f"mixed precision float budget {float_budget}: expected a share of the FLOPs in [0, 1]")
-    if float_budget is not None and ranking == "effect":
-        raise UsageError("a mixed precision float budget works with the isolated and alone rankings, not effect")
+    if (float_budget is not None or latency_budget is not None) and ranking == "effect":
+        raise UsageError("a mixed precision budget works with the isolated and alone rankings, not effect")
+    if latency_budget is not None and (latency is None or not latency_budget >= 1.0):
+        raise UsageError(f"mixed precision latency budget {latency_budget}: expected a ratio >= 1 to the all-INT8 "
+                         "program's latency, and a latency estimate to judge it")
     return _search(model, chip, table, samples, target, asymmetric, qtable, float_mode, ranking, weights_from,
-                   float_budget, wide_links)
+                   float_budget, wide_links, latency_budget, latency)
