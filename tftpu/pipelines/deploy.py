@@ -187,6 +187,7 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     estimated latency with them all in INT8 (e.g. 1.15; None: no limit), the same way.
     `wide_links` (INT8, on by default): a tensor that only INT8 Add / Sub / PReLU ops read is
     written on a 16-bit grid by the conv or Add that makes it (`tftpu.quant.links`)."""
+    from tftpu.backend import estimate
     from tftpu.ir.module import TopModel, TpuModel, load
     from tftpu.quant.qtable import read_qtable
     from tftpu.quant.table import read_table
@@ -237,7 +238,6 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     elif mixed_precision == "auto":
         mixed_precision = AUTO_TARGET if inputs is not None or samples else None
     if mixed_precision:
-        from tftpu.backend import estimate
         from tftpu.transforms.lowering.search import search_mixed_precision
         # what verify then judges: the test input and the samples, pooled
         pool = ([inputs] if inputs is not None else []) + [s for s in (samples or []) if s is not inputs] or None
@@ -276,7 +276,7 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
             tpu_model.verify()
         seconds["keep check"] = time.perf_counter() - t1
     t1 = time.perf_counter()
-    from tftpu.backend import estimate, s2d_stem
+    from tftpu.backend import s2d_stem
     from tftpu.backend.codegen import annotate, generate
     from tftpu.backend.profile import profile
     cycles = estimate(tpu_model, the_chip)
