@@ -364,7 +364,9 @@ def calibrate(model, samples, method: str = "mse", bins: int = BINS, asymmetric:
         samples = Samples(model, samples, what="calibration samples")
     part = samples.shard(cluster.rank, cluster.size)
     stats, count, _ = _collect(model, part, bins, empty=True)
+    distributed.mark("statistics")
     stats, count = merge_statistics(stats, count, bins, cluster)
+    distributed.mark("merge")
     samples.skipped = sorted(name for names in cluster.gather_json(part.skipped) for name in names)
     if count == 0:
         raise InputError("calibration needs at least one sample input" + (
@@ -398,7 +400,7 @@ def _launch(model, samples, workers: int, **options) -> CalibrationTable:
                          "tftpu.quant.iter_samples(model, path) of a directory, a glob or TFRecord files")
     spec = samples.spec()
     with tempfile.TemporaryDirectory(prefix="tftpu_calibrate_") as tmp:
-        path = model.save(f"{tmp}/model.top.mlir")[0]
+        path = distributed.hand_over(model, f"{tmp}/model") or model.save(f"{tmp}/model.top.mlir")[0]
         result = distributed.launch("tftpu.quant.calibrate:calibrate_job",
                                     {"model": str(path), "samples": spec, **options}, workers)
     samples.skipped = result["skipped"]
@@ -409,7 +411,10 @@ def calibrate_job(cluster, model: str, samples: dict, **options) -> dict:
     """One worker's part of `calibrate(workers=N)` (run by `tftpu.utils.distributed`)."""
     from tftpu.ir.module import load
     from tftpu.quant.dataset import iter_samples
-    top = load(model)
+    from tftpu.utils import distributed
+    top = distributed.take_over(model)
+    top = load(top) if isinstance(top, str) else top
+    distributed.mark("model")
     stream = iter_samples(top, **samples)
     table = calibrate(top, stream, cluster=cluster, **options)
     return {"table": table.to_json(), "skipped": stream.skipped}

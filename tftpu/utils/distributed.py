@@ -17,9 +17,13 @@ Two ways to run:
 
 - `workers=N` (`--workers=N`): this machine starts N worker processes itself
   (`python -m tftpu.utils.distributed`), each with a `TF_CONFIG` of N workers on loopback ports,
-  and stops them when done or when one fails (its error is raised here, as its own type). The
-  model goes to them as `.mlir` files, the dataset as its path (a directory, a glob, TFRecords):
-  each worker reads the dataset itself, taking every N-th sample (`Samples.shard`).
+  and stops them when done or when one fails (its error is raised here, as its own type). A model
+  in memory goes to them as a pickle in the caller's private temporary directory (`hand_over` /
+  `take_over`: about 1 s to load a detector's TPU module, where parsing its `.mlir` text with
+  xDSL took 6 to 14 s), the dataset as its path (a directory, a glob, TFRecords): each worker
+  reads the dataset itself, taking every N-th sample (`Samples.shard`). A worker imports
+  TensorFlow without the Keras (and matplotlib) it would load eagerly, and gets
+  cores / N TensorFlow threads, so N workers do not oversubscribe the machine's cores.
 - `cluster=Cluster.from_tf_config()` (`--tf_config`): this process is one worker of the cluster
   `TF_CONFIG` describes; run the same command on every machine. The strategy must be made before
   any other TensorFlow op runs in the process.
@@ -35,10 +39,12 @@ import contextlib
 import importlib
 import json
 import os
+import pickle
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -48,12 +54,28 @@ import numpy as np
 from tftpu import errors
 from tftpu.utils.files import write_text
 
-__all__ = ["Cluster", "LOCAL", "launch", "check_workers", "LAST_RUN"]
+__all__ = ["Cluster", "LOCAL", "launch", "check_workers", "LAST_RUN", "hand_over", "take_over", "mark",
+           "HANDOFF_SUFFIX"]
 
 _JOB_PREFIX = "tftpu."
 # The chief's timings of the last `launch` in this process (for benchmarks): "startup_s" from its
-# process start to the cluster being ready (Python, TensorFlow, the strategy), "job_s" the job itself.
+# process start to the cluster being ready (Python, TensorFlow, the strategy), "job_s" the job itself,
+# "phases" [name, seconds] from the process start, each phase ending at a `mark` (python, tensorflow,
+# cluster, then the job's own: model, statistics, merge, ...).
 LAST_RUN: dict = {}
+HANDOFF_SUFFIX = ".handoff.pickle"
+_MARKS: list = []                   # (phase name, time.time() at its end) in a worker
+_RECORDING = False                  # whether `mark` records (in a `launch` worker only)
+# the modules `import tensorflow` loads eagerly to register Keras' optimizers, and with them all of
+# Keras and matplotlib (1.3 s of a worker's start); a calibration or evaluation worker uses neither
+_EAGER_KERAS = ("keras.src.optimizers", "tf_keras.src.optimizers")
+# pickling a module (`hand_over`) recurses about ten levels an op, each level some 130 bytes of C
+# stack (measured: a 6,000-op chain overflowed the default 8 MB stack): a 512 MB stack (touched
+# only as deep as it goes) and a limit of 400,000 levels (1.3 KB each, ten times what is used) take
+# a chain of some 30,000 ops; a deeper module stops at the limit with a RecursionError, long before
+# the stack ends, and goes as text
+_DEEP_STACK = 512 << 20
+_DEEP_RECURSION = 400_000
 
 
 class Cluster:
@@ -146,6 +168,93 @@ def check_workers(workers, cluster) -> None:
         raise errors.UsageError("give workers=N (local worker processes) or cluster= (TF_CONFIG), not both")
 
 
+def mark(phase: str) -> None:
+    """End the current phase (`phase` its name) of a `launch` worker: the chief reports them in
+    LAST_RUN. Elsewhere it does nothing."""
+    if _RECORDING:
+        _MARKS.append((phase, time.time()))
+
+
+def _deep(fn, *args):
+    """`fn(*args)` on a thread with a deep C stack and recursion limit: pickling an xDSL module
+    recurses along its op list and use chains (about ten levels an op), past Python's default 1000."""
+    out: list = []
+
+    def run():
+        try:
+            out.append((True, fn(*args)))
+        except BaseException as e:      # noqa: BLE001 - handed back to the caller's thread
+            out.append((False, e))
+
+    limit, size = sys.getrecursionlimit(), threading.stack_size()
+    sys.setrecursionlimit(max(limit, _DEEP_RECURSION))
+    try:
+        threading.stack_size(_DEEP_STACK)         # read when the thread starts
+        try:
+            thread = threading.Thread(target=run, name="tftpu-hand-over")
+            thread.start()
+        finally:
+            threading.stack_size(size)
+        thread.join()
+    finally:
+        sys.setrecursionlimit(limit)
+    ok, value = out[0]
+    if not ok:
+        raise value
+    return value
+
+
+def hand_over(obj, path) -> str | None:
+    """Write `obj` (a model in memory: TopModel, TpuModel, a program) for `launch`'s workers as
+    a pickle at `path` + HANDOFF_SUFFIX, in the caller's private temporary directory, and return
+    that path; None where it cannot be pickled (the caller then writes its usual file). A worker
+    reads it with `take_over` in about a second, where parsing a detector's TPU `.mlir` text with
+    xDSL took 6 to 14 s. A pickle is only a hand-over between processes of this machine running
+    the same code, never a file format."""
+    target = Path(str(path) + HANDOFF_SUFFIX)
+    try:
+        data = _deep(pickle.dumps, obj, pickle.HIGHEST_PROTOCOL)
+    except (pickle.PicklingError, TypeError, AttributeError, RecursionError, MemoryError):
+        return None
+    target.write_bytes(data)
+    return str(target)
+
+
+def take_over(path):
+    """The object `hand_over` wrote at `path` (a path ending in HANDOFF_SUFFIX), else `path`
+    unchanged (a model file, for the job to load)."""
+    if not isinstance(path, str) or not path.endswith(HANDOFF_SUFFIX):
+        return path
+    with open(path, "rb") as f:
+        return pickle.load(f)
+
+
+def _import_tensorflow() -> None:
+    """`import tensorflow` without the Keras it loads eagerly (`_EAGER_KERAS`); `import keras`
+    still works afterwards, for a job that wants it."""
+    if "tensorflow" in sys.modules:
+        return
+    blocked = [name for name in _EAGER_KERAS if name not in sys.modules]
+    for name in blocked:
+        sys.modules[name] = None        # `import_module` raises ImportError, which TensorFlow passes over
+    try:
+        import tensorflow  # noqa: F401
+    finally:
+        for name in blocked:
+            if sys.modules.get(name, 0) is None:
+                del sys.modules[name]
+
+
+def default_threads(workers: int) -> int:
+    """TensorFlow threads per local worker: the cores this process may run on, shared out, at
+    least one."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return max(1, cores // workers)
+
+
 def _free_ports(count: int) -> list[int]:
     """`count` loopback ports free now (held open together, so they differ)."""
     with contextlib.ExitStack() as stack:
@@ -169,17 +278,21 @@ def _error(record: dict) -> Exception:
 def launch(job: str, args: dict, workers: int, threads: int | None = None) -> Any:
     """Run `job` ("tftpu.module:function", called as `function(cluster, **args)`) on `workers`
     local processes joined by tf.distribute on loopback, and return the chief's result (JSON).
-    Each worker gets `threads` TensorFlow threads when given; by default TensorFlow's own count,
-    as one process has: oneDNN's float kernels may sum in another order with fewer threads, and
-    evaluation figures would then differ from one process's in the last bits."""
+    Each worker gets `threads` TensorFlow threads (intra- and inter-op), by default this
+    machine's cores / `workers` (`default_threads`), so the workers do not fight over the cores.
+    Only TensorFlow's pools are sized: BLAS (numpy) keeps its own threads, as one process has
+    (an earlier version also set OMP_NUM_THREADS, and evaluation figures then differed from one
+    process's in the last bits). An argument that names a file `hand_over` wrote is read back by
+    the job's `take_over`."""
     if not job.startswith(_JOB_PREFIX) or ":" not in job:
         raise errors.InternalError(f"launch: job {job!r} is not a tftpu function")
+    threads = threads or default_threads(workers)
     ports = _free_ports(workers)
     with tempfile.TemporaryDirectory(prefix="tftpu_workers_") as tmp:
         tmp = Path(tmp)
         spec = tmp / "job.json"
         spec.write_text(json.dumps({"job": job, "args": args, "result": str(tmp / "result.json")}))
-        base = {**os.environ, "TFTPU_WORKER_THREADS": str(threads or 0), "TF_CPP_MIN_LOG_LEVEL": "2",
+        base = {**os.environ, "TFTPU_WORKER_THREADS": str(threads), "TF_CPP_MIN_LOG_LEVEL": "2",
                 "TFTPU_PROGRESS": "0"}
         base.pop("TF_CONFIG", None)
         procs, logs = [], []
@@ -228,17 +341,27 @@ def worker_main(argv: list[str]) -> int:
     """One worker process of `launch`: join the cluster, run the job, the chief writes its result."""
     spec_path, index = Path(argv[1]), argv[2]
     spec = json.loads(spec_path.read_text())
+    global _RECORDING
+    _RECORDING = True
+    mark("python")
     try:
         threads = int(os.environ.get("TFTPU_WORKER_THREADS", "0")) or None
+        _import_tensorflow()
+        mark("tensorflow")
         cluster = Cluster.from_tf_config(threads)
+        mark("cluster")
         ready = time.perf_counter()
         module, name = spec["job"].split(":")
         if not module.startswith(_JOB_PREFIX):
             raise errors.InternalError(f"job {spec['job']!r} is not a tftpu function")
         result = getattr(importlib.import_module(module), name)(cluster, **spec["args"])
+        mark("rest of the job")
         if cluster.is_chief:
-            timing = {"startup_s": time.time() - _process_start() - (time.perf_counter() - ready),
-                      "job_s": time.perf_counter() - ready}
+            start = _process_start()
+            job_s = time.perf_counter() - ready
+            ends = [(name, t - start) for name, t in _MARKS]
+            phases = [[name, round(end - (ends[k - 1][1] if k else 0.0), 3)] for k, (name, end) in enumerate(ends)]
+            timing = {"startup_s": time.time() - start - job_s, "job_s": job_s, "phases": phases}
             write_text(spec["result"], json.dumps({"result": result, "timing": timing}))
         return 0
     except (errors.TftpuError, errors.InternalError) as e:
@@ -257,4 +380,6 @@ def _process_start() -> float:
 
 
 if __name__ == "__main__":
-    sys.exit(worker_main(sys.argv))
+    # run as the imported module, not as __main__: the job's `mark` calls reach the same `_MARKS`
+    from tftpu.utils import distributed as _module
+    sys.exit(_module.worker_main(sys.argv))
