@@ -12,15 +12,24 @@ Shared by tests/test_readme.py (README.md) and tests/docs/test_docs.py (every pa
 - Figures a page quotes are compared with what its blocks print by `agrees`: a figure with
   decimals within two units of its last quoted digit (a float reference rounds differently
   between CPUs), every other figure exact.
+- Leading blocks that several pages share byte for byte (`SharedPrefixes`: deploy.md and
+  quantize.md both start by building the same TOP model and calibration table) run once per
+  test session, in an empty directory of their own, as pasted; each page then starts from a copy
+  of what they left there, with their outputs. A failure in them fails every page that has them.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import fcntl
+import hashlib
+import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -92,12 +101,56 @@ def run_block(block: Block, cwd: Path, env: dict[str, str], where: str = "README
                                   f"{done.returncode}:\n{block.code}\n--- output ---\n{block.output[-4000:]}")
 
 
-def run_page(path: Path, cwd: Path, skip_setup: bool = False, verbose: bool = False) -> list[Block]:
-    """Every runnable block of the page at `path`, in order, in `cwd`."""
+def prefix_key(todo: list[Block]) -> str:
+    """A name for a run of blocks: their languages and code, in order."""
+    digest = hashlib.sha256()
+    for b in todo:
+        digest.update(f"{b.lang}\0{b.code}\0".encode())
+    return digest.hexdigest()[:20]
+
+
+class SharedPrefixes:
+    """The leading blocks that two or more of `pages` (name -> runnable blocks) share byte for
+    byte run once under `root` (one directory per run of blocks; a lock file makes test workers
+    that share `root` wait for the one running them); `restore` copies what they left into a
+    page's directory and gives the page's blocks their outputs."""
+
+    def __init__(self, pages: dict[str, list[Block]], root: Path):
+        counts = Counter(prefix_key(todo[:k]) for todo in pages.values() for k in range(1, len(todo) + 1))
+        self.shared = {key for key, n in counts.items() if n > 1}
+        self.root = root
+
+    def restore(self, todo: list[Block], cwd: Path, env: dict[str, str], where: str) -> int:
+        """How many leading blocks of `todo` are done in `cwd` (0: none is shared)."""
+        k = max((k for k in range(1, len(todo) + 1) if prefix_key(todo[:k]) in self.shared), default=0)
+        if not k:
+            return 0
+        key = prefix_key(todo[:k])
+        ran, outputs = self.root / key, self.root / f"{key}.json"
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(self.root / f"{key}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not outputs.exists():
+                shutil.rmtree(ran, ignore_errors=True)     # an earlier attempt that failed
+                ran.mkdir()
+                for block in todo[:k]:
+                    run_block(block, ran, env, where)
+                outputs.write_text(json.dumps([b.output for b in todo[:k]]))
+        for block, output in zip(todo[:k], json.loads(outputs.read_text())):
+            block.output = output
+        shutil.copytree(ran, cwd, dirs_exist_ok=True)
+        return k
+
+
+def run_page(path: Path, cwd: Path, skip_setup: bool = False, verbose: bool = False,
+             shared: SharedPrefixes | None = None) -> list[Block]:
+    """Every runnable block of the page at `path`, in order, in `cwd` (those `shared` has run
+    already: copied from where they ran)."""
     path = path.resolve()
     where = path.relative_to(ROOT).as_posix() if path.is_relative_to(ROOT) else str(path)
     todo, env = runnable(blocks(path.read_text(encoding="utf-8")), skip_setup), environment()
-    for block in todo:
+    start = shared.restore(todo, cwd, env, where) if shared is not None else 0
+    for block in todo[start:]:
         if verbose:
             print(f"--- {where}:{block.line} ({block.section}) ---", flush=True)
         run_block(block, cwd, env, where)

@@ -2,13 +2,17 @@
 
 Each page of docs/ runs in its own temporary directory, its ```bash and ```python blocks in
 order (tests/docs/markdown_blocks.py: the rules, shared with tests/test_readme.py), so a reader
-can start at any guide. The figures a page quotes that are deterministic are checked against
-what its blocks print (CHECKS). By hand: `python -m tests.docs.test_docs docs/guides/tac.md`
-prints each block's output.
+can start at any guide. Leading blocks that pages share byte for byte (deploy.md and
+quantize.md build the same TOP model and calibration table first) run once per session, as
+pasted in an empty directory of their own, and each of those pages goes on from a copy of it
+(`SharedPrefixes`). The figures a page quotes that are deterministic are checked against what
+its blocks print (CHECKS). By hand: `python -m tests.docs.test_docs docs/guides/tac.md` prints
+each block's output.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 import tempfile
@@ -16,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.docs.markdown_blocks import ROOT, blocks, check_quoted, output_of, run_page, runnable
+from tests.docs.markdown_blocks import (ROOT, SharedPrefixes, blocks, check_quoted, environment, output_of, run_block,
+                                        run_page, runnable)
 
 DOCS = ROOT / "docs"
 PAGES = sorted(p.relative_to(DOCS).as_posix() for p in DOCS.rglob("*.md"))
@@ -107,10 +112,42 @@ def test_markers_and_blocks():
     assert set(CHECKS) <= set(RUNNABLE)
 
 
+@pytest.fixture(scope="session")
+def shared_prefixes(tmp_path_factory):
+    """Leading blocks shared by pages, run once for all test workers (under pytest-xdist, the
+    parent of a worker's temp root is the session's, common to its workers)."""
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "docs-shared-prefixes"
+    return SharedPrefixes({p: runnable(blocks((DOCS / p).read_text(encoding="utf-8"))) for p in RUNNABLE}, root)
+
+
+def test_shared_prefixes(tmp_path):
+    """Only the leading blocks two pages share byte for byte are shared: they run once (the second
+    page gets their files and outputs), and the rest of each page runs in its own directory."""
+    count = tmp_path / "count"
+    page = f"# a\n\n```bash\necho one > f; echo ran >> {count}\n```\n\n```bash\necho {{}} >> f; cat f\n```\n"
+    pages = {name: runnable(blocks(page.format(name))) for name in "ab"}
+    pages["c"] = runnable(blocks(page.replace("one", "uno").format("c")))
+    shared = SharedPrefixes(pages, tmp_path / "shared")
+    for name in "abc":
+        (tmp_path / name).mkdir()
+        done = _run_blocks(pages[name], tmp_path / name, shared)
+        assert done[-1].output == ("uno" if name == "c" else "one") + f"\n{name}\n"
+    assert count.read_text() == "ran\nran\n"                       # once for a and b, once for c
+    assert pages["b"][0].output == pages["a"][0].output and len(list((tmp_path / "shared").glob("*.json"))) == 1
+
+
+def _run_blocks(todo, cwd, shared):
+    env = environment()
+    for block in todo[shared.restore(todo, cwd, env, "test"):]:
+        run_block(block, cwd, env, "test")
+    return todo
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("page", RUNNABLE)
-def test_page_blocks_run_as_pasted(page, tmp_path):
-    done = run_page(DOCS / page, tmp_path)
+def test_page_blocks_run_as_pasted(page, tmp_path, shared_prefixes):
+    done = run_page(DOCS / page, tmp_path, shared=shared_prefixes)
     all_blocks = blocks((DOCS / page).read_text(encoding="utf-8"))
     if page in CHECKS:
         CHECKS[page](done, all_blocks, tmp_path)
