@@ -1,7 +1,7 @@
 """16-bit links: a tensor that only INT8 element-wise ops read is written on a 16-bit grid.
 
 A conv whose output goes only into a residual Add, or an Add whose output goes only into a
-PReLU, would round its int32 accumulator to 8 bits just for the next element-wise op to rescale
+PReLU or into ops kept in float, would round its int32 accumulator to 8 bits just for the next element-wise op to rescale
 it and round again. Written on a 16-bit grid instead (the conv still multiplies INT8 by INT8),
 that rounding all but disappears, as in a fused conv + add + activation kernel, and the FLOPs
 stay INT8: only the link between the two ops is wider. On detectors built of residual blocks
@@ -27,8 +27,8 @@ from tftpu.quant import params as P
 
 __all__ = ["wide_grids", "WIDE_PRODUCERS", "WIDE_READERS", "I16_MAX"]
 
-# ops whose INT8 kernel requantizes an accumulator and can write it on a 16-bit grid
-WIDE_PRODUCERS = ("top.Conv", "top.Add", "top.Sub")
+# ops whose INT8 kernel requantizes its result and can write it on a 16-bit grid
+WIDE_PRODUCERS = ("top.Conv", "top.Add", "top.Sub", "top.PRelu")
 # INT8 ops that read a 16-bit data operand (their integer rule works on any width)
 WIDE_READERS = ("top.Add", "top.Sub", "top.PRelu")
 I16_MAX = 32767
@@ -40,10 +40,23 @@ def _range(entry) -> float:
     return max(abs(float(entry[0])), abs(float(entry[1])), abs(float(entry[2])))
 
 
+def _reads_wide(reader, v, in_int8) -> bool:
+    """Whether `reader` takes `v` on a 16-bit grid as it is: an INT8 Add / Sub / PReLU (as its
+    data), or an op kept in float (its cast from 16 bits is as cheap, and finer)."""
+    if reader.name == "func.return":
+        return False
+    if not in_int8(reader.loc):
+        return True
+    return reader.name in WIDE_READERS and (reader.name != "top.PRelu" or
+                                            reader.operands[0] is v and reader.operands[1] is not v)
+
+
 def wide_grids(model, table, asymmetric: bool | str, in_int8: Callable[[str], bool]) -> dict[str, P.QParams]:
-    """Tensor name -> 16-bit grid, for each tensor made by an INT8 conv / Add / Sub (`in_int8`
+    """Tensor name -> 16-bit grid, for each tensor made by an INT8 conv / Add / Sub / PReLU (`in_int8`
     of the op's name) that is not a model output and whose every reader is an INT8 Add, Sub or
-    PReLU reading it as data. Every other tensor keeps the 8-bit grid of its calibration entry."""
+    PReLU reading it as data, or an op kept in float (a mixed-precision island: the cast from
+    16 bits spares it a rounding). Every other tensor keeps the 8-bit grid of its calibration
+    entry."""
     outputs = set(model.output_names)
     links: dict[str, list] = {}
     for op in model.ops:
@@ -54,9 +67,7 @@ def wide_grids(model, table, asymmetric: bool | str, in_int8: Callable[[str], bo
         if name in outputs or name not in table.entries or _range(table.entries[name]) <= 0:
             continue
         readers = [use.operation for use in v.uses]
-        if readers and all(r.name in WIDE_READERS and in_int8(r.loc) and
-                           (r.name != "top.PRelu" or r.operands[0] is v and r.operands[1] is not v)
-                           for r in readers):
+        if readers and all(_reads_wide(r, v, in_int8) for r in readers):
             links[name] = readers
     grids: dict[str, P.QParams] = {}
 
@@ -80,7 +91,7 @@ def wide_grids(model, table, asymmetric: bool | str, in_int8: Callable[[str], bo
             return grids[name]
         span = _range(table.entries[name])
         scale = span / I16_MAX
-        add = next((r for r in links[name] if r.name in _ADD_LIKE), None)
+        add = next((r for r in links[name] if r.name in _ADD_LIKE and in_int8(r.loc)), None)
         out = None if add is None else grid_of(value_name(add.results[0]))
         if out is not None:
             # the reader's output scale over 2**k (k < 0 where that output is 16-bit too and
