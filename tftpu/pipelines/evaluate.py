@@ -419,13 +419,9 @@ def _portable(model, reference, engine: str, tmp: Path) -> tuple[str, str | None
     """(model path, reference path or None) that a worker process loads as `_sides` takes them."""
     from tftpu.ir.module import TopModel, TpuModel
 
-    from tftpu.utils import distributed
-
     def saved(m, name):
         if isinstance(m, (str, Path)):
             return str(Path(m).absolute())
-        if (hasattr(m, "commands") or isinstance(m, TopModel)) and (path := distributed.hand_over(m, tmp / name)):
-            return path                              # a pickle: loads in ~1 s where the .mlir text took 6-14 s
         if hasattr(m, "commands"):                   # a program
             from tftpu.backend import tpumodel
             return str(tpumodel.save(m, tmp / f"{name}.tpumodel"))
@@ -447,8 +443,6 @@ def _portable(model, reference, engine: str, tmp: Path) -> tuple[str, str | None
 
 def evaluate_job(cluster, model: str, reference, samples: dict, **options) -> dict:
     """One worker's part of `evaluate(workers=N)` (run by `tftpu.utils.distributed`)."""
-    from tftpu.utils import distributed
-    model, reference = distributed.take_over(model), distributed.take_over(reference)
     spec = dict(samples)
     spec.pop("what", None)
     return evaluate(model, spec.pop("dataset"), reference=reference, cluster=cluster, **spec, **options).to_json()

@@ -400,7 +400,7 @@ def _launch(model, samples, workers: int, **options) -> CalibrationTable:
                          "tftpu.quant.iter_samples(model, path) of a directory, a glob or TFRecord files")
     spec = samples.spec()
     with tempfile.TemporaryDirectory(prefix="tftpu_calibrate_") as tmp:
-        path = distributed.hand_over(model, f"{tmp}/model") or model.save(f"{tmp}/model.top.mlir")[0]
+        path = model.save(f"{tmp}/model.top.mlir")[0]
         result = distributed.launch("tftpu.quant.calibrate:calibrate_job",
                                     {"model": str(path), "samples": spec, **options}, workers)
     samples.skipped = result["skipped"]
@@ -412,8 +412,7 @@ def calibrate_job(cluster, model: str, samples: dict, **options) -> dict:
     from tftpu.ir.module import load
     from tftpu.quant.dataset import iter_samples
     from tftpu.utils import distributed
-    top = distributed.take_over(model)
-    top = load(top) if isinstance(top, str) else top
+    top = load(model)
     distributed.mark("model")
     stream = iter_samples(top, **samples)
     table = calibrate(top, stream, cluster=cluster, **options)

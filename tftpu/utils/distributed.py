@@ -18,9 +18,8 @@ Two ways to run:
 - `workers=N` (`--workers=N`): this machine starts N worker processes itself
   (`python -m tftpu.utils.distributed`), each with a `TF_CONFIG` of N workers on loopback ports,
   and stops them when done or when one fails (its error is raised here, as its own type). A model
-  in memory goes to them as a pickle in the caller's private temporary directory (`hand_over` /
-  `take_over`: about 1 s to load a detector's TPU module, where parsing its `.mlir` text with
-  xDSL took 6 to 14 s), the dataset as its path (a directory, a glob, TFRecords): each worker
+  in memory goes to them as its model file in the caller's private temporary directory (never a
+  pickle), the dataset as its path (a directory, a glob, TFRecords): each worker
   reads the dataset itself, taking every N-th sample (`Samples.shard`). A worker imports
   TensorFlow without the Keras (and matplotlib) it would load eagerly, and gets
   cores / N TensorFlow threads, so N workers do not oversubscribe the machine's cores.
@@ -39,12 +38,10 @@ import contextlib
 import importlib
 import json
 import os
-import pickle
 import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -54,8 +51,7 @@ import numpy as np
 from tftpu import errors
 from tftpu.utils.files import write_text
 
-__all__ = ["Cluster", "LOCAL", "launch", "check_workers", "LAST_RUN", "hand_over", "take_over", "mark",
-           "HANDOFF_SUFFIX"]
+__all__ = ["Cluster", "LOCAL", "launch", "check_workers", "LAST_RUN", "mark"]
 
 _JOB_PREFIX = "tftpu."
 # The chief's timings of the last `launch` in this process (for benchmarks): "startup_s" from its
@@ -63,19 +59,11 @@ _JOB_PREFIX = "tftpu."
 # "phases" [name, seconds] from the process start, each phase ending at a `mark` (python, tensorflow,
 # cluster, then the job's own: model, statistics, merge, ...).
 LAST_RUN: dict = {}
-HANDOFF_SUFFIX = ".handoff.pickle"
 _MARKS: list = []                   # (phase name, time.time() at its end) in a worker
 _RECORDING = False                  # whether `mark` records (in a `launch` worker only)
 # the modules `import tensorflow` loads eagerly to register Keras' optimizers, and with them all of
 # Keras and matplotlib (1.3 s of a worker's start); a calibration or evaluation worker uses neither
 _EAGER_KERAS = ("keras.src.optimizers", "tf_keras.src.optimizers")
-# pickling a module (`hand_over`) recurses about ten levels an op, each level some 130 bytes of C
-# stack (measured: a 6,000-op chain overflowed the default 8 MB stack): a 512 MB stack (touched
-# only as deep as it goes) and a limit of 400,000 levels (1.3 KB each, ten times what is used) take
-# a chain of some 30,000 ops; a deeper module stops at the limit with a RecursionError, long before
-# the stack ends, and goes as text
-_DEEP_STACK = 512 << 20
-_DEEP_RECURSION = 400_000
 
 
 class Cluster:
@@ -173,60 +161,6 @@ def mark(phase: str) -> None:
     LAST_RUN. Elsewhere it does nothing."""
     if _RECORDING:
         _MARKS.append((phase, time.time()))
-
-
-def _deep(fn, *args):
-    """`fn(*args)` on a thread with a deep C stack and recursion limit: pickling an xDSL module
-    recurses along its op list and use chains (about ten levels an op), past Python's default 1000."""
-    out: list = []
-
-    def run():
-        try:
-            out.append((True, fn(*args)))
-        except BaseException as e:      # noqa: BLE001 - handed back to the caller's thread
-            out.append((False, e))
-
-    limit, size = sys.getrecursionlimit(), threading.stack_size()
-    sys.setrecursionlimit(max(limit, _DEEP_RECURSION))
-    try:
-        threading.stack_size(_DEEP_STACK)         # read when the thread starts
-        try:
-            thread = threading.Thread(target=run, name="tftpu-hand-over")
-            thread.start()
-        finally:
-            threading.stack_size(size)
-        thread.join()
-    finally:
-        sys.setrecursionlimit(limit)
-    ok, value = out[0]
-    if not ok:
-        raise value
-    return value
-
-
-def hand_over(obj, path) -> str | None:
-    """Write `obj` (a model in memory: TopModel, TpuModel, a program) for `launch`'s workers as
-    a pickle at `path` + HANDOFF_SUFFIX, in the caller's private temporary directory, and return
-    that path; None where it cannot be pickled (the caller then writes its usual file). A worker
-    reads it with `take_over` in about a second, where parsing a detector's TPU `.mlir` text with
-    xDSL took 6 to 14 s. A pickle is only a hand-over between processes of this machine running
-    the same code, never a file format."""
-    target = Path(str(path) + HANDOFF_SUFFIX)
-    try:
-        data = _deep(pickle.dumps, obj, pickle.HIGHEST_PROTOCOL)
-    except (pickle.PicklingError, TypeError, AttributeError, RecursionError, MemoryError):
-        return None
-    target.write_bytes(data)
-    return str(target)
-
-
-def take_over(path):
-    """The object `hand_over` wrote at `path` (a path ending in HANDOFF_SUFFIX), else `path`
-    unchanged (a model file, for the job to load)."""
-    if not isinstance(path, str) or not path.endswith(HANDOFF_SUFFIX):
-        return path
-    with open(path, "rb") as f:
-        return pickle.load(f)
 
 
 def _import_tensorflow() -> None:
