@@ -16,7 +16,7 @@ from tftpu.interp.tpu import TpuInterpreter
 from tftpu.ir import quant
 from tftpu.ir.base import value_name
 from tftpu.quant import CalibrationTable
-from tftpu.quant.links import I16_MAX, wide_grids
+from tftpu.quant.links import HEADROOM, I16_MAX, wide_grids
 from tftpu.transforms.lowering import lower
 
 
@@ -67,7 +67,7 @@ def test_links_are_the_tensors_only_elementwise_int8_ops_read():
     # as cheap, and finer), an INT8 reader that needs 8 bits does not
     floated = wide_grids(model, table, False, lambda name: name != "a1")
     assert "a1" not in floated and "c1" in floated and "c0" in floated
-    assert floated["c1"].scale == max(abs(v) for v in table.entries["c1"][:3]) / I16_MAX
+    assert floated["c1"].scale == HEADROOM * max(abs(v) for v in table.entries["c1"][:3]) / I16_MAX
     floated = wide_grids(model, table, False, lambda name: name != "d1")
     assert "p0" in floated and "d1" not in floated       # p0 feeds the float d1 and the INT8 a1
     # a model output is never a link

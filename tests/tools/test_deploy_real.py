@@ -72,16 +72,17 @@ def test_selfie_segmentation_mixed_precision():
     default = deploy(model, quantize="INT8", chip="npu1", calibration_table=table, test_input=samples[0],
                      samples=samples[1:])
     assert default.search is not None and default.search.met
-    # with 16-bit links most of the FLOPs stay INT8 (measured 72%; 36% with 8-bit links), the mask
-    # near float's (IoU 0.977 pooled; the target is SQNR, which the search meets)
+    # with 16-bit links most of the FLOPs stay INT8 (measured 76%; 36% with 8-bit links)
     assert default.lowering.flop_shares()["INT8"] >= 0.6
-    assert _pooled_iou(model, default.model, samples) >= 0.97
+    assert _pooled_iou(model, default.model, samples) >= 0.98
     # a stricter target ranked by TPU-MLIR's measure keeps more of the model in INT8
     auto = deploy(model, quantize="INT8", chip="npu1", calibration_table=table, test_input=samples[0],
                   samples=samples[1:], mixed_precision="0.995,25", mixed_precision_ranking="alone")
     search = auto.search
     assert search is not None and search.met and 0 < len(search.kept) < search.candidates
-    assert auto.lowering.counts()["INT8"] >= 50                # a good part of the model stays INT8
+    # a good part of the model stays INT8 (45 of 150 ops with 16-bit links, 63 without: the links
+    # make every op look better alone in INT8, so TPU-MLIR's measure orders them less sharply)
+    assert auto.lowering.counts()["INT8"] >= 40
     assert _pooled_iou(model, auto.model, samples) >= 0.98
     assert _pooled_iou(model, pure.model, samples) < 0.98     # pure INT8 needed the search
 

@@ -92,8 +92,10 @@ def test_calibrate_tool_on_two_workers_writes_the_same_table(photos, tmp_path):
     assert (tmp_path / "two.txt").read_bytes() == (tmp_path / "one.txt").read_bytes()
 
 
-def test_evaluate_on_two_workers_gives_every_image_the_same_figures(tmp_path):
-    """tftpu.evaluate(workers=2) on a compiled detector (a concatenated output: parts too)."""
+@pytest.mark.parametrize("engine", ["interpreter", "simulator"])
+def test_evaluate_on_two_workers_gives_every_image_the_same_figures(tmp_path, engine):
+    """tftpu.evaluate(workers=2) on a compiled detector (a concatenated output: parts too), by
+    TPU inference or by the simulator (the program goes to the workers as its .tpumodel)."""
     model = detector()
     compiled = tftpu.compile(model, chip="npu1", calibration_data=samples_for(model), mixed_precision="none",
                              bias_correction=False)
@@ -101,8 +103,8 @@ def test_evaluate_on_two_workers_gives_every_image_the_same_figures(tmp_path):
     val.mkdir()
     for i, s in enumerate(samples_for(model, n=5, seed=3)):
         np.savez(val / f"{i}.npz", **s)
-    one = tftpu.evaluate(compiled, val)
-    two = tftpu.evaluate(compiled, val, workers=2, json=tmp_path / "e.json")
+    one = tftpu.evaluate(compiled, val, engine=engine)
+    two = tftpu.evaluate(compiled, val, engine=engine, workers=2, json=tmp_path / "e.json")
     assert two.images == one.images and [r.name for r in two.rows] == [r.name for r in one.rows]
     for a, b in zip(one.rows, two.rows):
         assert a.cosine == b.cosine and a.sqnr == b.sqnr

@@ -7,7 +7,7 @@ that rounding all but disappears, as in a fused conv + add + activation kernel, 
 stay INT8: only the link between the two ops is wider. On detectors built of residual blocks
 this is a large share of the INT8 noise (`benchmarks/detectors.py`).
 
-The 16-bit grid is symmetric (zero point 0) over the tensor's whole calibrated range. Where the
+The 16-bit grid is symmetric (zero point 0) over twice the tensor's calibrated range. Where the
 reader is an Add or Sub, its scale is the reader's output scale over a power of two, so that the
 Add's integer multiplier for it is exact (`tftpu.quant.params.add_multipliers`).
 
@@ -25,13 +25,16 @@ from tftpu.ir import top
 from tftpu.ir.base import value_name
 from tftpu.quant import params as P
 
-__all__ = ["wide_grids", "WIDE_PRODUCERS", "WIDE_READERS", "I16_MAX"]
+__all__ = ["wide_grids", "WIDE_PRODUCERS", "WIDE_READERS", "I16_MAX", "HEADROOM"]
 
 # ops whose INT8 kernel requantizes its result and can write it on a 16-bit grid
 WIDE_PRODUCERS = ("top.Conv", "top.Add", "top.Sub", "top.PRelu")
 # INT8 ops that read a 16-bit data operand (their integer rule works on any width)
 WIDE_READERS = ("top.Add", "top.Sub", "top.PRelu")
 I16_MAX = 32767
+# a link's grid spans this many times the calibrated range: 16 bits afford the room (a step still
+# 1/8192 of the range), and an image beyond the calibration photos is not clipped there
+HEADROOM = 2.0
 _ADD_LIKE = ("top.Add", "top.Sub")
 
 
@@ -89,7 +92,7 @@ def wide_grids(model, table, asymmetric: bool | str, in_int8: Callable[[str], bo
     def link_grid(name: str) -> P.QParams:
         if name in grids:
             return grids[name]
-        span = _range(table.entries[name])
+        span = HEADROOM * _range(table.entries[name])
         scale = span / I16_MAX
         add = next((r for r in links[name] if r.name in _ADD_LIKE and in_int8(r.loc)), None)
         out = None if add is None else grid_of(value_name(add.results[0]))
