@@ -644,7 +644,8 @@ def test_conv_declines():
     assert per_channel.requant(acc, 1, bias=np.array([0, 0, 0, 1 << 31])) is None
     assert per_channel.requant(acc, 1, bias=np.zeros(4, np.float32)) is None
     assert native.Requantizer(1 << 30, 3, 0, 1, 0, np.float32).requant(acc, 1) is None
-    assert native.add(x, x.astype(np.int16), 0, 0, 1, 1, 0, -128, 127, 0, np.int8) is None
+    assert native.add(x, x.astype(np.int32), 0, 0, 1, 1, 0, -128, 127, 0, np.int8) is None
+    assert native.add(x, x, 0, 0, 1 << 31, 1, 0, -128, 127, 0, np.int8) is None
     assert native.add(x, x[:, :2], 0, 0, 1, 1, 0, -128, 127, 0, np.int8) is None
 
 
@@ -657,15 +658,16 @@ def test_add(data):
     draw = data.draw
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     shape = tuple(draw(st.lists(st.integers(1, 12), min_size=1, max_size=4)))
-    ta, tb = draw(st.sampled_from([np.int8, np.uint8])), draw(st.sampled_from([np.int8, np.uint8]))
+    types = [np.int8, np.uint8, np.int16]                    # int16: a 16-bit link
+    ta, tb = draw(st.sampled_from(types)), draw(st.sampled_from(types))
     ia, ib = np.iinfo(ta), np.iinfo(tb)
     a = rng.integers(int(ia.min), int(ia.max) + 1, shape).astype(ta)
     b = rng.integers(int(ib.min), int(ib.max) + 1, shape).astype(tb)
     za = draw(st.integers(int(ia.min), int(ia.max)))
     zb = draw(st.integers(int(ib.min), int(ib.max)))
-    mlim = (1 << 15) - 1
-    ma = draw(st.sampled_from([-mlim, -1, 0, 1, mlim, "random", "random", "random"]))
-    mb = draw(st.sampled_from([-mlim, -1, 0, 1, mlim, "random", "random", "random"]))
+    mlim = draw(st.sampled_from([(1 << 15) - 1, (1 << 15) - 1, (1 << 31) - 1]))   # int32 lanes or int64
+    ma = draw(st.sampled_from([-mlim, -1, 0, 1, mlim, 1 << 14, "random", "random", "random"]))
+    mb = draw(st.sampled_from([-mlim, -1, 0, 1, mlim, 1 << 14, "random", "random", "random"]))
     ma = int(rng.integers(-mlim, mlim + 1)) if ma == "random" else ma
     mb = int(rng.integers(-mlim, mlim + 1)) if mb == "random" else mb
     if rng.random() < 0.7:                          # fitted: outputs not all clamped
@@ -697,6 +699,25 @@ def test_add_exhaustive_pairs():
                     want = ref_add(a, b, za, zb, ma, mb, r, lo, hi, zp, dtype)
                     got = native.add(a, b, za, zb, ma, mb, r, lo, hi, zp, dtype)
                     check_equal(got, want, f"add pairs {ta.__name__}/{tb.__name__} ma={ma} mb={mb} r={r} out={dtype}")
+
+
+def test_add_16bit_links_at_the_int32_bound():
+    """16-bit links (INT16 inputs, zero point 0) with multipliers at and just past the largest the
+    int32 lanes take exactly (|a| * |ma| + |b| * |mb| + 2**(r-1) < 2**31), every extreme of
+    both inputs, against the int64 reference."""
+    need_library()
+    edge16 = np.array([-32768, -32767, -1, 0, 1, 32766, 32767], np.int16)
+    a16 = np.repeat(edge16, edge16.size)
+    b16 = np.tile(edge16, edge16.size)
+    b8 = np.resize(np.array([-128, -1, 0, 1, 127], np.int8), a16.size)
+    cases = [(a16, b16, 1 << 14, 1 << 14, 20), (a16, b16, 1 << 15, -(1 << 15) + 1, 1),   # at / past 2**31
+             (a16, b16, 1 << 15, 1 << 15, 0), (a16, b8, 30731, 128, 15), (b8, a16, -(1 << 16), 3, 31),
+             (a16, b16, (1 << 31) - 1, 1, 31)]
+    for a, b, ma, mb, r in cases:
+        for lo, hi, zp, dtype in ((-128, 127, 0, np.int8), (0, 127, 0, np.int8), (-32768, 32767, 5, np.int16)):
+            want = ref_add(a, b, 0, 0, ma, mb, r, lo, hi, zp, dtype)
+            got = native.add(a, b, 0, 0, ma, mb, r, lo, hi, zp, dtype)
+            check_equal(got, want, f"add {a.dtype}/{b.dtype} ma={ma} mb={mb} r={r} out={np.dtype(dtype)}")
 
 
 # ---------------------------------------------------------------- every build this CPU runs

@@ -371,6 +371,12 @@ def _add_sub(operands, attrs, info, sign: int):
     if (all(i.dtype in ("i8", "u8") and i.axis is None for i in info.ins[:2]) and info.outs[0].dtype in quant.STORAGE
             and all(-(1 << 15) <= v < (1 << 15) for v in m[:2]) and 0 <= r <= 31):
         return [_add_sub_int32(operands, m, r, attrs, info, sign)]
+    if all(i.axis is None for i in info.ins[:2]) and info.outs[0].dtype in quant.STORAGE:
+        lo, hi = _bounds(attrs, info.outs[0])
+        y = native.add(np.asarray(operands[0]), np.asarray(operands[1]), info.ins[0].zp, info.ins[1].zp, int(m[0]),
+                       sign * int(m[1]), r, lo, hi, info.outs[0].zp, quant.STORAGE[info.outs[0].dtype][0])
+        if y is not None:                               # a 16-bit link: int32 lanes where they are exact
+            return [y]
     a = (operands[0].astype(np.int64) - info.ins[0].zp) * m[0]
     b = (operands[1].astype(np.int64) - info.ins[1].zp) * m[1]
     y = rounding.rounding_divide_by_pot(a + sign * b, r).astype(np.int64) + info.outs[0].zp

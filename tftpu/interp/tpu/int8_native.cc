@@ -40,7 +40,9 @@
 #include <pthread.h>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 #include <vector>
 
@@ -928,12 +930,12 @@ TFTPU_INLINE void gemm_impl(const In* x, const typename K::Weight* w, const int6
     }
 }
 
-// Element-wise Add/Sub of two INT8 tensors of one shape: ((a - za) * ma + (b - zb) * mb) shifted
-// right by r with ties away from zero, then zero point and clamp. The caller keeps |ma|, |mb|
-// within +-2**15; with zero points within +-512 (every INT8/UINT8 one) |a - za| < 2**10, so
-// |s| <= 2 * 2**10 * 2**15 = 2**26 and s + 2**(r-1) (r <= 31) stays below 2**31: int32
-// arithmetic is exact, and int32 lanes vectorise twice as wide as int64 ones. Other constants
-// take the int64 loop (the same integers).
+// Element-wise Add/Sub of two INT8 / UINT8 / INT16 tensors of one shape: ((a - za) * ma +
+// (b - zb) * mb) shifted right by r with ties away from zero, then zero point and clamp. Where the
+// storage types' ranges bound |a - za| * |ma| + |b - zb| * |mb| + 2**(r-1) below 2**31 (every
+// INT8 pair with |ma|, |mb| <= 2**15; an INT16 link read with the power-of-two multipliers its
+// scale is chosen for), int32 arithmetic is exact, and int32 lanes vectorise twice as wide as
+// int64 ones. Other constants take the int64 loop (the same integers).
 // add: [n, za, zb, ma, mb, r, lo, hi, zp]
 template <typename A, typename B, typename Out>
 void add32(const A* __restrict__ a, const B* __restrict__ b, Out* __restrict__ out, int64_t n, int32_t za, int32_t zb,
@@ -957,7 +959,16 @@ TFTPU_INLINE void add_impl(const A* a, const B* b, Out* out, const int64_t* p, i
   const int64_t za = p[1], zb = p[2], ma = p[3], mb = p[4], lo = p[6] - p[8], hi = p[7] - p[8], zp = p[8];
   const int r = int(p[5]);
   const auto within = [](int64_t v, int64_t bound) { return v >= -bound && v <= bound; };
-  if (within(za, 512) && within(zb, 512) && within(ma, 1 << 15) && within(mb, 1 << 15) && r >= 0 && r <= 31 &&
+  // the largest |x - z| of a storage type T
+  const auto reach = [](auto* tag, int64_t z) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    return std::max(std::abs(int64_t(std::numeric_limits<T>::min()) - z),
+                    std::abs(int64_t(std::numeric_limits<T>::max()) - z));
+  };
+  const bool small = within(za, 1 << 16) && within(zb, 1 << 16) && within(ma, int64_t(1) << 31) &&
+                     within(mb, int64_t(1) << 31) && r >= 0 && r <= 31;
+  if (small && reach(static_cast<A*>(nullptr), za) * std::abs(ma) + reach(static_cast<B*>(nullptr), zb) * std::abs(mb) +
+                   (r > 0 ? int64_t(1) << (r - 1) : 0) < (int64_t(1) << 31) &&
       within(lo, 1 << 20) && within(hi, 1 << 20) && within(zp, 1 << 20)) {
     add32(a + i0, b + i0, out + i0, i1 - i0, int32_t(za), int32_t(zb), int32_t(ma), int32_t(mb), r, int32_t(lo),
           int32_t(hi), int32_t(zp));
@@ -1037,6 +1048,16 @@ TFTPU_INLINE int with_in(int kind, Fn fn) {
     case 1: fn(static_cast<uint8_t*>(nullptr)); return 0;
     default: return 1;
   }
+}
+
+// The inputs of Add/Sub: the conv inputs and INT16 (a 16-bit link).
+template <typename Fn>
+TFTPU_INLINE int with_add_in(int kind, Fn fn) {
+  if (kind == 2) {
+    fn(static_cast<int16_t*>(nullptr));
+    return 0;
+  }
+  return with_in(kind, fn);
 }
 
 // ---------------------------------------------------------------- threads
@@ -1348,9 +1369,9 @@ int tftpu_gemm(const void* x, int in_kind, const void* w, const int64_t* bias, c
 int tftpu_add(const void* a, int a_kind, const void* b, int b_kind, void* out, int out_kind,
               const int64_t* params, int64_t i0, int64_t i1, int parts) {
   int status = 0;
-  status |= with_in(a_kind, [&](auto* a_tag) {
+  status |= with_add_in(a_kind, [&](auto* a_tag) {
     using A = std::remove_pointer_t<decltype(a_tag)>;
-    status |= with_in(b_kind, [&](auto* b_tag) {
+    status |= with_add_in(b_kind, [&](auto* b_tag) {
       using B = std::remove_pointer_t<decltype(b_tag)>;
       status |= with_out(out_kind, [&](auto* out_tag) {
         using Out = std::remove_pointer_t<decltype(out_tag)>;

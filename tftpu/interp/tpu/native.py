@@ -28,6 +28,7 @@ from tftpu.utils import native
 SOURCE = Path(__file__).with_name("int8_native.cc")
 OUT_KINDS = {np.dtype(np.int8): 0, np.dtype(np.uint8): 1, np.dtype(np.int16): 2, np.dtype(np.int32): 3}
 IN_KINDS = {np.dtype(np.int8): 0, np.dtype(np.uint8): 1}
+ADD_KINDS = {**IN_KINDS, np.dtype(np.int16): 2}     # Add/Sub also read 16-bit links
 ACC_KINDS = {np.dtype(np.int32): 0, np.dtype(np.int64): 1}
 _P = ctypes.c_void_p
 _I = ctypes.c_int
@@ -281,12 +282,14 @@ def pack_gemm(w: np.ndarray, lib=None) -> tuple[np.ndarray, np.ndarray]:
 def add(a: np.ndarray, b: np.ndarray, za: int, zb: int, ma: int, mb: int, r: int, lo: int, hi: int, zp: int,
         dtype):
     """`((a - za) * ma + (b - zb) * mb)` shifted right by `r` (ties away from zero), plus `zp`,
-    clamped to [lo, hi], for INT8/UINT8 `a`, `b` of one shape; None where it does not apply.
-    The caller keeps |ma|, |mb| < 2**15 (the sums then match the int32 reference)."""
+    clamped to [lo, hi], for INT8/UINT8/INT16 `a`, `b` of one shape, exact for |ma|, |mb| < 2**31
+    and |za|, |zb| <= 2**16 (int32 lanes where the types' ranges bound the sums, else int64);
+    None where it does not apply."""
     lib = _library()
     dtype = np.dtype(dtype)
-    ka, kb = IN_KINDS.get(a.dtype), IN_KINDS.get(b.dtype)
-    if lib is None or ka is None or kb is None or a.shape != b.shape or dtype not in OUT_KINDS:
+    ka, kb = ADD_KINDS.get(a.dtype), ADD_KINDS.get(b.dtype)
+    if lib is None or ka is None or kb is None or a.shape != b.shape or dtype not in OUT_KINDS or \
+            max(abs(ma), abs(mb)) >= 1 << 31 or max(abs(za), abs(zb)) > 1 << 16 or not 0 <= r <= 31:
         return None
     shape = a.shape                    # (ascontiguousarray makes a 0-d array 1-d)
     a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
