@@ -139,8 +139,8 @@ TFTPU_INLINE void requant_run(const Acc* __restrict__ acc, int64_t n, const Chan
 
 // Requantize n int32 sums of one channel plus its `bias` where the caller proved that no sum plus
 // bias leaves int32: int32 additions (which wrap) then give the exact value, nothing saturates,
-// and the bias may be passed wrapped to int32. One-byte outputs take 16 lanes at a time on
-// AVX-512 (Requant16), 8 on AVX2 (Requant8): the doubling high multiply as two 32x32->64
+// and the bias may be passed wrapped to int32. One-byte and int16 outputs (16-bit links) take 16
+// lanes at a time on AVX-512 (Requant16), 8 on AVX2 (Requant8): the doubling high multiply as two 32x32->64
 // multiplies (vpmuldq, even and odd lanes) in int64, then every shift, the rounding and the
 // clamp in int32. The products fit int64: |t * m| < 2**62 and the added constant is below
 // 2**30 + 2**61 (the combined form: half * 2**31 with half <= 2**30); and every shifted result
@@ -160,7 +160,8 @@ struct Requant16 {
         vhi(_mm512_set1_epi32(int32_t(c.hi))), vzp(_mm512_set1_epi32(int32_t(c.zp))), vr(_mm_cvtsi64_si128(c.r)),
         vhigh(_mm_cvtsi64_si128(c.r - 1)), round(!c.combined && c.r > 0), high(c.combined && c.r > 0) {}
 
-  TFTPU_INLINE __m128i operator()(__m512i t) const {
+  // the requantized values (clamped, zero point added) in int32 lanes
+  TFTPU_INLINE __m512i lanes(__m512i t) const {
     const __m512i ev = _mm512_add_epi64(_mm512_mul_epi32(t, vm), vadd);
     const __m512i od = _mm512_add_epi64(_mm512_mul_epi32(_mm512_srli_epi64(t, 32), vm), vadd);
     const __mmask16 odd = 0xAAAA;
@@ -175,9 +176,12 @@ struct Requant16 {
         y = _mm512_mask_add_epi32(_mm512_sra_epi32(y, vr), up, _mm512_sra_epi32(y, vr), _mm512_set1_epi32(1));
       }
     }
-    y = _mm512_add_epi32(_mm512_min_epi32(_mm512_max_epi32(y, vlo), vhi), vzp);
-    return _mm512_cvtepi32_epi8(y);
+    return _mm512_add_epi32(_mm512_min_epi32(_mm512_max_epi32(y, vlo), vhi), vzp);
   }
+  // the low byte of every lane, as Out(...) truncates (one-byte outputs)
+  TFTPU_INLINE __m128i operator()(__m512i t) const { return _mm512_cvtepi32_epi8(lanes(t)); }
+  // the low two bytes of every lane (int16 outputs: a 16-bit link)
+  TFTPU_INLINE __m256i words(__m512i t) const { return _mm512_cvtepi32_epi16(lanes(t)); }
 };
 #endif
 
@@ -208,7 +212,8 @@ struct Requant8 {
         vhi(_mm256_set1_epi32(int32_t(c.hi))), vzp(_mm256_set1_epi32(int32_t(c.zp))), vr(_mm_cvtsi64_si128(c.r)),
         vhigh(_mm_cvtsi64_si128(c.r - 1)), round(!c.combined && c.r > 0), high(c.combined && c.r > 0) {}
 
-  TFTPU_INLINE __m128i operator()(__m256i t) const {
+  // the requantized values (clamped, zero point added) in int32 lanes
+  TFTPU_INLINE __m256i lanes(__m256i t) const {
     const __m256i ev = _mm256_add_epi64(_mm256_mul_epi32(t, vm), vadd);
     const __m256i od = _mm256_add_epi64(_mm256_mul_epi32(_mm256_srli_epi64(t, 32), vm), vadd);
     __m256i y;
@@ -222,13 +227,22 @@ struct Requant8 {
         y = _mm256_sub_epi32(_mm256_sra_epi32(y, vr), up);
       }
     }
-    y = _mm256_add_epi32(_mm256_min_epi32(_mm256_max_epi32(y, vlo), vhi), vzp);
-    // the low byte of every lane (as Out(...) truncates): bytes 0, 4, 8, 12 of each 128-bit half
-    // to its first four, then the two halves' first four side by side
+    return _mm256_add_epi32(_mm256_min_epi32(_mm256_max_epi32(y, vlo), vhi), vzp);
+  }
+  // the low byte of every lane (as Out(...) truncates): bytes 0, 4, 8, 12 of each 128-bit half
+  // to its first four, then the two halves' first four side by side
+  TFTPU_INLINE __m128i operator()(__m256i t) const {
     const __m256i low_bytes = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
                                                0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
-    y = _mm256_shuffle_epi8(y, low_bytes);
+    const __m256i y = _mm256_shuffle_epi8(lanes(t), low_bytes);
     return _mm_unpacklo_epi32(_mm256_castsi256_si128(y), _mm256_extracti128_si256(y, 1));
+  }
+  // the low two bytes of every lane (int16 outputs: a 16-bit link), the same way
+  TFTPU_INLINE __m128i words(__m256i t) const {
+    const __m256i low_words = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1,
+                                               0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1);
+    const __m256i y = _mm256_shuffle_epi8(lanes(t), low_words);
+    return _mm_unpacklo_epi64(_mm256_castsi256_si128(y), _mm256_extracti128_si256(y, 1));
   }
 };
 
@@ -263,6 +277,14 @@ TFTPU_INLINE void requant_exact32(const int32_t* __restrict__ acc, int64_t n, in
     }
     return;
   }
+  if constexpr (sizeof(Out) == 2) {
+    const __m512i vb = _mm512_set1_epi32(bias);
+    for (int64_t i = 0; i < n; i += 16) {
+      const __mmask16 k = n - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - i)) - 1);
+      _mm256_mask_storeu_epi16(out + i, k, rq.words(_mm512_add_epi32(_mm512_maskz_loadu_epi32(k, acc + i), vb)));
+    }
+    return;
+  }
 #elif defined(TFTPU_AVX2)
   if constexpr (sizeof(Out) == 1) {
     const __m256i vb = _mm256_set1_epi32(bias);
@@ -275,6 +297,21 @@ TFTPU_INLINE void requant_exact32(const int32_t* __restrict__ acc, int64_t n, in
       alignas(16) Out last[16];
       _mm_storel_epi64(reinterpret_cast<__m128i*>(last),
                        rq(_mm256_add_epi32(_mm256_maskload_epi32(acc + i, first_lanes(n - i)), vb)));
+      std::memcpy(out + i, last, (n - i) * sizeof(Out));
+    }
+    return;
+  }
+  if constexpr (sizeof(Out) == 2) {
+    const __m256i vb = _mm256_set1_epi32(bias);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+      const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(acc + i));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), rq.words(_mm256_add_epi32(a, vb)));
+    }
+    if (i < n) {
+      alignas(16) Out last[8];
+      _mm_store_si128(reinterpret_cast<__m128i*>(last),
+                      rq.words(_mm256_add_epi32(_mm256_maskload_epi32(acc + i, first_lanes(n - i)), vb)));
       std::memcpy(out + i, last, (n - i) * sizeof(Out));
     }
     return;
