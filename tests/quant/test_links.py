@@ -63,10 +63,13 @@ def test_links_are_the_tensors_only_elementwise_int8_ops_read():
     for i in range(3):
         ratio = grids[f"c{i}"].scale / grids[f"a{i}"].scale
         assert ratio == 2.0 ** round(np.log2(ratio))
-    # a producer kept in float writes float; a reader kept in float takes 16 bits (its cast is
-    # as cheap, and finer), an INT8 reader that needs 8 bits does not
+    # a reader kept in float takes 16 bits (its cast is as cheap, and finer), an INT8 reader that
+    # needs 8 bits does not; a producer kept in float writes float, cast to 16 bits where only
+    # INT8 element-wise ops read it (the float a1 feeds only the INT8 PReLU p1)
     floated = wide_grids(model, table, False, lambda name: name != "a1")
-    assert "a1" not in floated and "c1" in floated and "c0" in floated
+    assert "a1" in floated and "c1" in floated and "c0" in floated
+    assert floated["a1"].scale == HEADROOM * max(abs(v) for v in table.entries["a1"][:3]) / I16_MAX
+    assert "a1" not in wide_grids(model, table, False, lambda name: name not in ("a1", "p1"))  # no INT8 reader
     assert floated["c1"].scale == HEADROOM * max(abs(v) for v in table.entries["c1"][:3]) / I16_MAX
     floated = wide_grids(model, table, False, lambda name: name != "d1")
     assert "p0" in floated and "d1" not in floated       # p0 feeds the float d1 and the INT8 a1
@@ -137,3 +140,36 @@ def test_deploy_simulator_matches_tpu_inference_over_links(tmp_path, wide):
                     mixed_precision="none", wide_links=wide, model=str(tmp_path / "m.tpumodel"))
     assert result.simulator["passed"] and all(r["bit_exact"] for r in result.simulator["outputs"])
     assert ("i16" in result.model.text()) == wide
+
+
+@pytest.mark.parametrize("seed", [3, 4])
+def test_an_op_kept_in_float_reaches_its_int8_readers_on_16_bits(tmp_path, seed):
+    """A mixed-precision island (the Add a1 in F16) is cast to a 16-bit grid for the INT8 PReLU
+    that reads it, not rounded to 8 bits on its way back: INT8 inference stays bit-exact against
+    the integer reference and the simulator, and the island costs the output no accuracy that the
+    all-INT8 program (whose a1 writes a link) keeps."""
+    from tftpu.pipelines.deploy import deploy
+    c, blocks = 8, 3
+    model = residual_stack(blocks, c, seed)
+    samples = [feeds({"x": (1, c, 6, 6)}, s) for s in range(3)]
+    table = table_for(model, samples[0], seed, spread=(1.0, 1.0))
+    tm, _ = lower(model, "npu1", "INT8", table, qtable={"a1": "F16"}, asymmetric="auto")
+    tm.verify()
+    add = next(op for op in tm.ops if op.name == "tpu.Add" and "f16" in str(op.results[0].type))
+    readers = [u.operation for u in add.results[0].uses]
+    assert [r.name for r in readers] == ["tpu.Cast"]
+    assert "i16" in str(readers[0].results[0].type)
+    R.check_model(tm, TpuInterpreter(tm).run(samples[0], dump_all=True))
+    out = f"p{blocks - 1}"
+    refs = [TopInterpreter(model).run(x)[out] for x in samples]
+
+    def sqnr_of(qtable, wide=True):
+        m, _ = lower(model, "npu1", "INT8", table, qtable=qtable, asymmetric="auto", wide_links=wide)
+        run = TpuInterpreter(m)
+        return np.mean([_sqnr(r, run.run(x, dequantize=True)[out]) for x, r in zip(samples, refs)])
+
+    island, pure = sqnr_of({"a1": "F16"}), sqnr_of({})
+    assert island >= pure - 0.1, (island, pure)
+    result = deploy(model, quantize="INT8", chip="npu1", calibration_table=table, test_input=samples[0],
+                    quantize_table={"a1": "F16"}, mixed_precision="none", model=str(tmp_path / "m.tpumodel"))
+    assert result.simulator["passed"] and all(r["bit_exact"] for r in result.simulator["outputs"])

@@ -1,7 +1,8 @@
 """16-bit links: a tensor that only INT8 element-wise ops read is written on a 16-bit grid.
 
 A conv whose output goes only into a residual Add, or an Add whose output goes only into a
-PReLU or into ops kept in float, would round its int32 accumulator to 8 bits just for the next element-wise op to rescale
+PReLU or into ops kept in float (and an op kept in float whose output goes only into such INT8
+ops), would round its int32 accumulator to 8 bits just for the next element-wise op to rescale
 it and round again. Written on a 16-bit grid instead (the conv still multiplies INT8 by INT8),
 that rounding all but disappears, as in a fused conv + add + activation kernel, and the FLOPs
 stay INT8: only the link between the two ops is wider. On detectors built of residual blocks
@@ -56,21 +57,24 @@ def _reads_wide(reader, v, in_int8) -> bool:
 
 def wide_grids(model, table, asymmetric: bool | str, in_int8: Callable[[str], bool]) -> dict[str, P.QParams]:
     """Tensor name -> 16-bit grid, for each tensor made by an INT8 conv / Add / Sub / PReLU (`in_int8`
-    of the op's name) that is not a model output and whose every reader is an INT8 Add, Sub or
-    PReLU reading it as data, or an op kept in float (a mixed-precision island: the cast from
-    16 bits spares it a rounding). Every other tensor keeps the 8-bit grid of its calibration
-    entry."""
+    of the op's name) or by an op kept in float, that is not a model output and whose every
+    reader is an INT8 Add, Sub or PReLU reading it as data, or an op kept in float (a
+    mixed-precision island: the cast from 16 bits spares it a rounding; and an island's output
+    that such INT8 ops read is cast to 16 bits, not rounded to 8 on its way back). Every other
+    tensor keeps the 8-bit grid of its calibration entry."""
     outputs = set(model.output_names)
     links: dict[str, list] = {}
     for op in model.ops:
-        if op.name not in WIDE_PRODUCERS or not in_int8(op.loc) or not op.results:
+        if not op.results or isinstance(op, top.Weight) or (in_int8(op.loc) and op.name not in WIDE_PRODUCERS):
             continue
         v = op.results[0]
         name = value_name(v)
         if name in outputs or name not in table.entries or _range(table.entries[name]) <= 0:
             continue
         readers = [use.operation for use in v.uses]
-        if readers and all(_reads_wide(r, v, in_int8) for r in readers):
+        # an op kept in float links only where an INT8 reader casts it (to 16 bits, not 8)
+        if readers and all(_reads_wide(r, v, in_int8) for r in readers) and \
+                (in_int8(op.loc) or any(in_int8(r.loc) for r in readers)):
             links[name] = readers
     grids: dict[str, P.QParams] = {}
 
