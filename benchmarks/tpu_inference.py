@@ -55,6 +55,22 @@ def ort_int8(proto, samples: list[dict]) -> bytes:
         return dst.read_bytes()
 
 
+def machine_line() -> str:
+    """Which native INT8 build tftpu runs here, and whether onnxruntime may run wider vector code
+    (a build forced below the CPU's best with TFTPU_ISA: onnxruntime cannot be held back likewise,
+    so the ratios then understate what an AVX2-only CPU shows)."""
+    import onnxruntime as ort
+
+    from tftpu.utils import isa, native
+
+    build, flags = native.chosen_isa(), native.cpu_flags()
+    best = isa.supported(flags)[0] if isa.is_x86() else build
+    wide = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "baseline"
+    note = f"; onnxruntime runs its {wide} kernels (forced: TFTPU_ISA={build}, this CPU's best is {best})" \
+        if build != best else ""
+    return f"tftpu native INT8 kernels: {build} build; onnxruntime {ort.__version__}{note}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="ResNet50,MobileNetV2")
@@ -70,6 +86,7 @@ def main() -> None:
     from tftpu.interp.tpu import TpuInterpreter
     from tftpu.pipelines.deploy import deploy
 
+    print(machine_line(), flush=True)
     print(f"{'model':<12} {'ORT f32 img/s':>14} {'ORT INT8 img/s':>15} {'TPU INT8 img/s':>15} "
           f"{'vs ORT f32':>11} {'vs ORT INT8':>12}")
     for name in args.models.split(","):
