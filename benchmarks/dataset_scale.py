@@ -22,6 +22,7 @@ Printed, each measurement in a fresh process (so peak resident memory is its own
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import subprocess
@@ -122,15 +123,15 @@ def child_evaluate(images: Path, count: int, calib: int) -> dict:
     compiled, compile_s = compile_int8(model, images, calib)
     # streamed, each image decoded once for both sides (a list of 1,000 decoded images would be
     # 4.9 GB of this process's peak memory, which is evaluate's figure below)
-    xs = (s[model.input_names[0]] for s in quant.iter_samples(model, images, count, MEAN, SCALE, "bgr"))
+    xs = iter(quant.iter_samples(model, images, count, MEAN, SCALE, "bgr"))
     tpu = TpuInterpreter(compiled.tpu_model)
     sess = ort.InferenceSession(str(datasets.get(MODEL)), providers=["CPUExecutionProvider"])
     name = sess.get_inputs()[0].name
-    first = next(iter(quant.iter_samples(model, images, 1, MEAN, SCALE, "bgr")))[model.input_names[0]]
+    first = next(xs)[model.input_names[0]]
     tpu.run({model.input_names[0]: first})                                    # warm-up
     sess.run(None, {name: first})
     tpu_s = ort_s = 0.0
-    for x in xs:             # interleaved, so a shared machine's changing load falls on both alike
+    for x in itertools.chain([first], (s[model.input_names[0]] for s in xs)):             # interleaved, so a shared machine's changing load falls on both alike
         t0 = time.perf_counter()
         tpu.run({model.input_names[0]: x}, dequantize=True)
         t1 = time.perf_counter()

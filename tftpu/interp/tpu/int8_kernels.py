@@ -368,28 +368,29 @@ def matmul(operands, attrs, info):
 
 def _add_sub(operands, attrs, info, sign: int):
     m, r = attrs["multiplier"], attrs["rshift"][0]
-    if (all(i.dtype in ("i8", "u8") and i.axis is None for i in info.ins[:2]) and info.outs[0].dtype in quant.STORAGE
-            and all(-(1 << 15) <= v < (1 << 15) for v in m[:2]) and 0 <= r <= 31):
-        return [_add_sub_int32(operands, m, r, attrs, info, sign)]
-    if all(i.axis is None for i in info.ins[:2]) and info.outs[0].dtype in quant.STORAGE:
-        lo, hi = _bounds(attrs, info.outs[0])
+    out = info.outs[0]
+    if all(i.axis is None for i in info.ins[:2]) and out.dtype in quant.STORAGE:
+        lo, hi = _bounds(attrs, out)
+        # the native kernel (INT8 and 16-bit links, int32 lanes where they are exact), else numpy
         y = native.add(np.asarray(operands[0]), np.asarray(operands[1]), info.ins[0].zp, info.ins[1].zp, int(m[0]),
-                       sign * int(m[1]), r, lo, hi, info.outs[0].zp, quant.STORAGE[info.outs[0].dtype][0])
-        if y is not None:                               # a 16-bit link: int32 lanes where they are exact
+                       sign * int(m[1]), r, lo, hi, out.zp, quant.STORAGE[out.dtype][0])
+        if y is not None:
             return [y]
+        if all(i.dtype in ("i8", "u8") for i in info.ins[:2]) and all(-(1 << 15) <= v < (1 << 15) for v in m[:2]) \
+                and 0 <= r <= 31:
+            return [_add_sub_int32(operands, m, r, lo, hi, info, sign)]
     a = (operands[0].astype(np.int64) - info.ins[0].zp) * m[0]
     b = (operands[1].astype(np.int64) - info.ins[1].zp) * m[1]
     y = rounding.rounding_divide_by_pot(a + sign * b, r).astype(np.int64) + info.outs[0].zp
     return [_clamp(y, attrs, info.outs[0])]
 
 
-def _add_sub_int32(operands, m, r: int, attrs, info, sign: int) -> np.ndarray:
+def _add_sub_int32(operands, m, r: int, lo: int, hi: int, info, sign: int) -> np.ndarray:
     """`_add_sub` in int32: |x - zp| <= 255 and |m| <= 2**15 keep each product under 2**23 and
     the sum plus the rounding half under 2**31. The rounding shift is `requant`'s step 2 (one
     shift where the clamp's lower bound is at or above the zero point, as its step 3)."""
     x0, x1 = np.asarray(operands[0]), np.asarray(operands[1])
     out = info.outs[0]
-    lo, hi = _bounds(attrs, out)
     z0, z1 = info.ins[0].zp, info.ins[1].zp
 
     def slab(a, b, y):
@@ -411,9 +412,6 @@ def _add_sub_int32(operands, m, r: int, attrs, info, sign: int) -> np.ndarray:
 
     if x0.shape != x1.shape:
         return slab(x0, x1, np.dtype(quant.STORAGE[out.dtype][0]))
-    y = native.add(x0, x1, z0, z1, int(m[0]), sign * int(m[1]), r, lo, hi, out.zp, quant.STORAGE[out.dtype][0])
-    if y is not None:
-        return y
     y = np.empty(x0.shape, quant.STORAGE[out.dtype][0])
     requant.in_slabs(x0.shape, None, lambda sl: slab(x0[sl], x1[sl], y[sl]))
     return y
