@@ -173,3 +173,19 @@ def test_an_op_kept_in_float_reaches_its_int8_readers_on_16_bits(tmp_path, seed)
     result = deploy(model, quantize="INT8", chip="npu1", calibration_table=table, test_input=samples[0],
                     quantize_table={"a1": "F16"}, mixed_precision="none", model=str(tmp_path / "m.tpumodel"))
     assert result.simulator["passed"] and all(r["bit_exact"] for r in result.simulator["outputs"])
+
+
+def test_isolated_errors_read_16_bit_links_on_their_grid():
+    """The search's `isolated` ranking quantizes an op's inputs onto the grids it reads: a link
+    is int16 (saturating it to uint8 once made every Add and PReLU look like 0 dB)."""
+    from tftpu.transforms.lowering.search import isolated_errors
+    model = residual_stack(3, 8, 2)
+    samples = [feeds({"x": (1, 8, 6, 6)}, s) for s in range(2)]
+    table = table_for(model, samples[0])
+    tm, _ = lower(model, "npu1", "INT8", table, asymmetric="auto", wide_links=True)
+    assert any("i16" in t for t in _types(tm).values())
+    errs = isolated_errors(model, tm, samples, {op.loc for op in model.ops})
+    # an Add of a 16-bit link and an 8-bit input, a PReLU of a 16-bit link: within their 8-bit
+    # output grid's reach, like the convs (20-45 dB here)
+    for name in ("a0", "a1", "a2", "p0", "p1"):
+        assert errs[name] > 15.0, (name, errs)

@@ -197,6 +197,7 @@ def isolated_errors(top_model, tpu_model, samples: list[dict], names: set) -> di
     from tftpu.interp.tpu import kernel_of
     from tftpu.interp.tpu.info import info_of
     from tftpu.ir import tpu
+    from tftpu.ir.quant import STORAGE
     from tftpu.rounding import quantize
 
     top_run = TopInterpreter(top_model)
@@ -226,7 +227,7 @@ def isolated_errors(top_model, tpu_model, samples: list[dict], names: set) -> di
                     if name not in ref:
                         break
                     x = ref[name]
-                    operands.append(quantize(x, info.scale, info.zp, np.int8 if info.dtype == "i8" else np.uint8)
+                    operands.append(quantize(x, info.scale, info.zp, np.dtype(STORAGE[info.dtype][0]))
                                     if info.quantized else x)
             else:
                 if top_name not in ref:
