@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from tftpu import errors
+from tftpu.transforms.lowering.search import FLOAT_BUDGET, LATENCY_BUDGET
 
 __all__ = ["compile", "CompiledModel", "Stage"]
 
@@ -185,7 +186,7 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None, calib
             test_input=None, input_shapes=None, space_to_depth: bool = True, asymmetric: bool | str = "auto",
             mixed_precision: str | None = "auto", quantize_table=None, tolerance=None,
             bias_correction: bool = True, weight_rounding: bool = True,
-            mixed_precision_budget: float | None = None, mixed_precision_latency: float | None = None,
+            mixed_precision_budget: float | None = FLOAT_BUDGET, mixed_precision_latency: float | None = LATENCY_BUDGET,
             wide_links: bool = True, log=None) -> CompiledModel:
     """Compile `model` (an ONNX path or ModelProto, a Keras model or file, a SavedModel
     directory, a `.tflite`, a `.top.mlir` path or TopModel) for `chip` (a name such as "npu1" or
@@ -208,10 +209,11 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None, calib
     the calibration samples (`tftpu.quant.weight_rounding`: each rounding error taken back by the
     weights not rounded yet, GPTQ-style) rather than to nearest, before the mixed-precision
     search, kept on the same condition. `mixed_precision_budget`: the most of the model's FLOPs
-    the mixed-precision search may keep in float (e.g. 0.05; None: as many as the target needs);
-    where the target needs more, the search reports it missed. `mixed_precision_latency`: the most
-    the float ops may slow the program, as a multiple of its estimated all-INT8 latency (e.g.
-    1.15), the same way. `wide_links` (INT8): a tensor that
+    the mixed-precision search may keep in float (5% by default: an INT8 program stays INT8;
+    None or 1: as many as the target needs); where the target needs more, the search keeps what
+    fits and reports the target missed. `mixed_precision_latency`: the most the float ops may
+    slow the program, as a multiple of its estimated all-INT8 latency (1.15 by default; None: no
+    limit), the same way. `wide_links` (INT8): a tensor that
     only INT8 Add / Sub / PReLU ops read (a residual branch, a conv before its PReLU) is written on
     a 16-bit grid by its conv or Add, the FLOPs staying INT8 (`tftpu.quant.links`); False keeps
     every activation on 8 bits. `log` (a callable taking a
@@ -295,6 +297,9 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None, calib
                             sim["passed"]))
     for s in stages[2 if mode == "INT8" else 1:]:
         say(f"[{stages.index(s) + 1}] {s}")
+    search = deployed.search
+    if search is not None and (search.kept or not search.met):
+        say(f"    mixed precision: {search.summary}")
     if s2d.get("applied"):              # the same precision choices, without the rewrite
         names = {op.loc for op in top_model.ops}
         qtable = deployed.search.qtable if deployed.search is not None else quantize_table

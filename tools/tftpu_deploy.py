@@ -13,12 +13,14 @@ every tensor the TPU model shares with TOP is compared (INT8 tensors dequantized
 INT8 0.8,0.5); an output made by a Concat is also judged part by part. Exit status 1 when a
 check falls short. --quantize_table pins ops to modes (`op_name MODE` per line). In INT8 with a
 test input, ops are kept in float only where pure INT8 misses cosine 0.99 / SQNR 20 dB: the
-fewest that reach it, found by a sensitivity search (--mixed_precision).
+fewest that reach it, found by a sensitivity search (--mixed_precision), within 5% of the FLOPs
+and 1.15x the all-INT8 latency unless told otherwise (--mixed_precision_budget, _latency).
 """
 
 from absl import flags
 
 from tftpu import cli
+from tftpu.transforms.lowering.search import FLOAT_BUDGET, LATENCY_BUDGET
 
 flags.DEFINE_string("mlir", None, "TOP .mlir to deploy")
 flags.DEFINE_enum("quantize", "F32", ["F32", "BF16", "F16", "INT8"], "arithmetic of the TPU model")
@@ -38,13 +40,13 @@ flags.DEFINE_enum("mixed_precision_ranking", "isolated", ["isolated", "effect", 
                   "the way to the outputs that miss, a few ops a round; slower) or 'alone' (the outputs "
                   "with only that op in INT8, TPU-MLIR's measure; one inference per op); each then tries "
                   "the float ops holding the most FLOPs back in INT8")
-flags.DEFINE_float("mixed_precision_budget", None, "the most of the model's FLOPs the search may keep in float "
-                   "(a share, e.g. 0.05 for 95% of the FLOPs in INT8; isolated and alone rankings): where the "
-                   "target needs more, the search keeps what fits and reports the target missed",
+flags.DEFINE_float("mixed_precision_budget", FLOAT_BUDGET, "the most of the model's FLOPs the search may keep in "
+                   "float (a share: 0.05, the default, keeps 95% of the FLOPs in INT8; 1 lifts the limit): where "
+                   "the target needs more, the search keeps what fits and reports the target missed",
                    lower_bound=0.0, upper_bound=1.0)
-flags.DEFINE_float("mixed_precision_latency", None, "the most the float ops may slow the program, as a multiple of "
-                   "its estimated latency all in INT8 (e.g. 1.15; isolated and alone rankings): where the target "
-                   "needs more, the search keeps what fits and reports the target missed", lower_bound=1.0)
+flags.DEFINE_float("mixed_precision_latency", LATENCY_BUDGET, "the most the float ops may slow the program, as a "
+                   "multiple of its estimated latency all in INT8 (default 1.15; inf lifts the limit): where the "
+                   "target needs more, the search keeps what fits and reports the target missed", lower_bound=1.0)
 flags.DEFINE_bool("space_to_depth", False, "rewrite the first strided conv on the image to its space-to-depth "
                   "form first, where the chip's matrix unit gains (the image is rearranged in the module)")
 flags.DEFINE_bool("bias_correction", False, "INT8: lower a copy whose conv/matmul/deconv biases absorb the mean "

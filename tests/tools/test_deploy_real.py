@@ -68,16 +68,24 @@ def test_selfie_segmentation_mixed_precision():
     table = quant.calibrate(model, samples, "mse")
     pure = deploy(model, quantize="INT8", chip="npu1", calibration_table=table, test_input=samples[0],
                   samples=samples[1:], mixed_precision="none")
-    # default flags: the search (cosine 0.99, 20 dB, isolated ranking) keeps the mask
+    # default flags: the search (cosine 0.99, 20 dB, isolated ranking) keeps at most 5% of the
+    # FLOPs in float and the program within 1.15x the all-INT8 latency, and says the target was missed
+    within = deploy(model, quantize="INT8", chip="npu1", calibration_table=table, test_input=samples[0],
+                    samples=samples[1:])
+    assert within.search.budget_limited and not within.search.met and within.search.kept
+    assert within.lowering.flop_shares()["INT8"] >= 0.95 and within.search.latency_ratio <= 1.15 + 1e-9
+    assert "a larger mixed_precision_budget" in within.search.summary
+    # without the budgets, the search keeps the mask
     default = deploy(model, quantize="INT8", chip="npu1", calibration_table=table, test_input=samples[0],
-                     samples=samples[1:])
+                     samples=samples[1:], mixed_precision_budget=None, mixed_precision_latency=None)
     assert default.search is not None and default.search.met
     # with 16-bit links most of the FLOPs stay INT8 (measured 76%; 36% with 8-bit links)
     assert default.lowering.flop_shares()["INT8"] >= 0.6
     assert _pooled_iou(model, default.model, samples) >= 0.98
     # a stricter target ranked by TPU-MLIR's measure keeps more of the model in INT8
     auto = deploy(model, quantize="INT8", chip="npu1", calibration_table=table, test_input=samples[0],
-                  samples=samples[1:], mixed_precision="0.995,25", mixed_precision_ranking="alone")
+                  samples=samples[1:], mixed_precision="0.995,25", mixed_precision_ranking="alone",
+                  mixed_precision_budget=None, mixed_precision_latency=None)
     search = auto.search
     assert search is not None and search.met and 0 < len(search.kept) < search.candidates
     # a good part of the model stays INT8 (45 of 150 ops with 16-bit links, 63 without: the links

@@ -23,7 +23,7 @@ from tftpu.interp.top_interpreter import TopInterpreter
 from tftpu.interp.tpu import TpuInterpreter
 from tftpu.ir import top
 from tftpu.ir.base import value_name
-from tftpu.transforms.lowering.search import output_parts, part_slices
+from tftpu.transforms.lowering.search import FLOAT_BUDGET, LATENCY_BUDGET, output_parts, part_slices
 
 __all__ = ["deploy", "DeployResult", "DEFAULT_TOLERANCE", "verify", "output_parts"]
 
@@ -156,8 +156,8 @@ def _worse(a, b) -> bool:
 def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=None, asymmetric: bool = False,
            test_input=None, test_reference=None, tolerance=None, tpu_mlir=None, report=None,
            mixed_precision: str | None = "auto", samples: list[dict] | None = None,
-           mixed_precision_ranking: str = "isolated", mixed_precision_budget: float | None = None,
-           mixed_precision_latency: float | None = None,
+           mixed_precision_ranking: str = "isolated", mixed_precision_budget: float | None = FLOAT_BUDGET,
+           mixed_precision_latency: float | None = LATENCY_BUDGET,
            space_to_depth: bool = False, model=None,
            trace=None, bias_correction: bool = False, weight_rounding: bool = False,
            wide_links: bool = True) -> DeployResult:
@@ -182,9 +182,10 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     (`tftpu.quant.weight_rounding`, GPTQ's error feedback) instead of to nearest, before the
     search (which then judges with them) and the bias correction; kept on the same condition.
     `mixed_precision_budget`: the most of the model's FLOPs the search may keep in float (a share,
-    0..1; None: no limit); where the target needs more, it keeps what fits and says so.
-    `mixed_precision_latency`: the most the float ops may slow the program, as a multiple of the
-    estimated latency with them all in INT8 (e.g. 1.15; None: no limit), the same way.
+    0..1; 5% by default, None: no limit); where the target needs more, it keeps what fits and
+    says so. `mixed_precision_latency`: the most the float ops may slow the program, as a multiple
+    of its estimated latency all in INT8 (the program's profile, as the report gives it; 1.15 by
+    default, None: no limit), the same way.
     `wide_links` (INT8, on by default): a tensor that only INT8 Add / Sub / PReLU ops read is
     written on a 16-bit grid by the conv or Add that makes it (`tftpu.quant.links`)."""
     from tftpu.backend import estimate
@@ -248,7 +249,7 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
                                         qtable=qtable, ranking=mixed_precision_ranking, weights_from=rounded,
                                         float_budget=mixed_precision_budget, wide_links=wide_links,
                                         latency_budget=mixed_precision_latency,
-                                        latency=lambda m: estimate(m, the_chip).latency_us)
+                                        latency=lambda m: _profile(m, the_chip).latency_us)
         given_qtable, qtable = qtable, search.qtable
         seconds["mixed precision search"] = time.perf_counter() - t1
     lowered, corrected = top_model, None
@@ -282,7 +283,7 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     cycles = estimate(tpu_model, the_chip)
     all_int8_us = None
     if search is not None and search.kept:       # what the float ops cost: the program all in INT8
-        all_int8_us = estimate(lower(top_model, the_chip, mode, table, qtable=given_qtable,
+        all_int8_us = _profile(lower(top_model, the_chip, mode, table, qtable=given_qtable,
                                      asymmetric=asymmetric, wide_links=wide_links)[0], the_chip).latency_us
     program = generate(tpu_model, the_chip)
     annotate(program)                 # addresses and group_info into the module's text
@@ -308,7 +309,7 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
                          for n in original.output_names]
                 stem["max_rel_diff"] = max(diffs, default=0.0)
     if all_int8_us is not None:
-        search.latency_ratio = cycles.latency_us / all_int8_us if all_int8_us > 0 else 1.0
+        search.latency_ratio = prof.latency_us / all_int8_us if all_int8_us > 0 else 1.0
     result = DeployResult(tpu_model, lowering, tol, search=search, memory=memory, cycles=cycles, s2d=stem,
                           program=program, profile=prof, bias_correction=corrected, weight_rounding=rounding)
     if inputs is not None:
@@ -422,4 +423,13 @@ def _reference(model, test_reference):
     if missing:
         raise errors.InputError(f"--test_reference has no tensor {missing[0]!r} (it holds {', '.join(sorted(ref)[:5])})")
     return ref
+
+
+
+def _profile(tpu_model, chip):
+    """The estimated performance of `tpu_model` as the program codegen makes of it (layer groups,
+    DMA overlapped with compute): what the report and the .tpumodel give as its latency."""
+    from tftpu.backend.codegen import generate
+    from tftpu.backend.profile import profile
+    return profile(generate(tpu_model, chip))
 

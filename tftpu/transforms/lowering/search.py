@@ -40,6 +40,10 @@ __all__ = ["search_mixed_precision", "MixedPrecisionResult", "parse_target", "ou
 _CAP = 100.0        # dB: an exact tensor counts as this
 RANK_SAMPLES = 4    # samples the per-op error is measured on
 REACH_MARGIN_DB = 3.0  # an out-of-reach target becomes what all-float reaches, less this
+# what deploy and compile give the search unless told otherwise: an INT8 program keeps at least
+# 95% of its FLOPs in INT8 and runs at most 1.15x as long as all in INT8 (issue 22's bar)
+FLOAT_BUDGET = 0.05
+LATENCY_BUDGET = 1.15
 
 
 def parse_target(text) -> tuple[float, float]:
@@ -96,7 +100,8 @@ class MixedPrecisionResult:
             note = ""
         budgets = ([f"{self.float_budget:.1%} of the FLOPs in float"] if self.float_budget is not None else []) + \
             ([f"latency {self.latency_budget:.2f}x the all-INT8 program's"] if self.latency_budget is not None else [])
-        budget = f" within the budget ({', '.join(budgets)})" if self.budget_limited else ""
+        budget = (f" within the budget ({', '.join(budgets)}; a larger mixed_precision_budget / _latency "
+                  f"lets it keep more in float)" if self.budget_limited else "")
         if not self.kept:
             if self.met:
                 return f"pure INT8 reaches the target (cosine {c8:.5f}, SQNR {s8:.1f} dB)"
@@ -384,12 +389,28 @@ def _search(model, chip, table, samples, target, asymmetric, qtable, float_mode,
     if ranking == "effect":
         flops = {op.loc: op.flops() for op in model.ops if op.loc in set(int8_ops)}
         state = {"target": (cos_t, snr_t)}
-        kept, best, all_float = _grow_and_prune(model, samples, int8_ops, flops, fmode, evaluate, state,
-                                                lambda r: r[0] >= state["target"][0] and r[1] >= state["target"][1])
+        room = None
+        if float_budget is not None:           # FLOPs the float set may still take (the qtable's own counted)
+            whole = max(1, sum(op.flops() for op in model.ops))
+            room = float_budget * whole - sum(op.flops() for op in model.ops
+                                              if op.loc in base and str(base[op.loc]).upper() != "INT8")
+        fits = None
+        if latency_budget is not None:
+            cap = latency_budget * latency(lower(_lowered(model, weights_from, base), chip, "INT8", table,
+                                                 qtable=base, asymmetric=asymmetric, wide_links=wide_links)[0])
+
+            def fits(names) -> bool:
+                q = {**base, **{n: fmode for n in names}}
+                return latency(lower(_lowered(model, weights_from, q), chip, "INT8", table, qtable=q,
+                                     asymmetric=asymmetric, wide_links=wide_links)[0]) <= cap
+        kept, best, all_float, limited = _grow_and_prune(
+            model, samples, int8_ops, flops, fmode, evaluate, state,
+            lambda r: r[0] >= state["target"][0] and r[1] >= state["target"][1], room, fits)
         cos_t, snr_t = state["target"]
         return MixedPrecisionResult({**base, **{n: m for n, m, _ in kept}}, kept, (cos_t, snr_t), best, int8_reached,
                                     evaluations, time.perf_counter() - t0, len(int8_ops), asked,
-                                    all_float or best, ranking=ranking)
+                                    all_float or best, ranking=ranking, float_budget=float_budget,
+                                    budget_limited=limited, latency_budget=latency_budget)
     if ranking == "alone":                       # each op alone in INT8, every other candidate in float
         alone = {}
         for name in progress(int8_ops, desc="mixed precision: op sensitivity", unit="op"):
@@ -403,7 +424,7 @@ def _search(model, chip, table, samples, target, asymmetric, qtable, float_mode,
     total = max(1, sum(flops.values()))
     if ranking == "alone":                       # TPU-MLIR's order: the worst outputs first
         ranked = sorted(((name, alone.get(name, _CAP)) for name in int8_ops), key=lambda t: (t[1], t[0]))
-    else:                                        # the most noise per share of the FLOPs first: cheap
+    else:                                        # the most noise per share of the cost first: cheap
         ranked = sorted(((name, alone.get(name, _CAP)) for name in int8_ops),   # ops before big convs
                         key=lambda t: (-10.0 ** (-t[1] / 10.0) / (flops.get(t[0], 0) / total + FLOP_SHARE_EPS), t[0]))
     limited = False
@@ -508,20 +529,25 @@ def _prune(kept, flops, total, fmode, evaluate, meets, best):
     return kept, best
 
 
-def _grow_and_prune(model, samples, int8_ops, flops, fmode, evaluate, state, meets):
+def _grow_and_prune(model, samples, int8_ops, flops, fmode, evaluate, state, meets, room=None, fits=None):
     """The `effect` strategy: grow the float set where the error appears, then prune it.
 
     Grow: run the mixed model, compare every tensor with TOP's and, among the ancestors of the
     outputs (or parts) that miss the target, move to float the ops that add the most noise to
     their output per share of the FLOPs (1, 2, 4, ... ops a round, ranked again each
     round); grow trials run on the first RANK_SAMPLES samples, and the result is confirmed on all
-    of them (growing on, if it falls short there). Then `_prune`."""
+    of them (growing on, if it falls short there). Then `_prune`. `room`: the FLOPs the float
+    set may take (None: any); `fits(names)`: whether that float set keeps within the latency
+    budget (None: any). An op that would break either is left in INT8; growing stops when none
+    is left (the target then missed: the last result says so)."""
     total = max(1, sum(flops.values()))
     top_run = TopInterpreter(model)
     top_dumps = [top_run.run(s, dump_all=True) for s in samples[:ATTRIBUTION_SAMPLES]]
     candidates = set(int8_ops)
     floated: dict[str, float] = {}            # op -> its drop (dB) when it was moved to float
     n_samples, batch, all_float = RANK_SAMPLES, 1, None
+    blocked: set[str] = set()                 # ops a budget keeps in INT8
+    spent, limited = 0, False
     for _ in progress(itertools.count(), desc="mixed precision: grow", unit="round"):
         dumps: list = []
         reached, _, figures = evaluate({n: fmode for n in floated}, n_samples=n_samples, dumps=dumps)
@@ -536,28 +562,50 @@ def _grow_and_prune(model, samples, int8_ops, flops, fmode, evaluate, state, mee
         failing = {n.split("[", 1)[1][:-1] if n.endswith("]") else n
                    for n, (c, s) in figures.items() if c < tc or s < ts}
         cone = ancestors(model, failing) & candidates
-        cone -= set(floated)
+        cone -= set(floated) | blocked
         if not cone:
             if all_float is None:
                 all_float, _, _ = evaluate({n: fmode for n in int8_ops})
                 if not meets(all_float):
                     state["target"] = _lowered_target(state["target"], all_float)
                     continue
-            if not (candidates - set(floated)):
+            if not (candidates - set(floated) - blocked):
+                limited = bool(blocked)
                 break
-            cone = candidates - set(floated)
+            cone = candidates - set(floated) - blocked
         drops = error_drops(model, top_dumps, dumps, cone)
         ranked = sorted(cone, key=lambda n: (-drops.get(n, (0, 0))[1] / (flops.get(n, 0) / total + FLOP_SHARE_EPS), n))
         # an op adding under NOISE_SHARE of the noise the target allows is not worth float
         allowed = 10.0 ** (-state["target"][1] / 10.0)
         worth = [n for n in ranked if drops.get(n, (0, 0))[1] >= NOISE_SHARE * allowed] or ranked
-        for n in worth[:batch]:
+        added = []
+        for n in worth:
+            if len(added) == batch:
+                break
+            if n in blocked:
+                continue
+            if room is not None and spent + flops.get(n, 0) > room:
+                blocked.add(n)
+                continue
+            added.append(n)
+            spent += flops.get(n, 0)
+        if fits is not None and added and not fits([*floated, *added]):
+            while added and not fits([*floated, *added]):       # the most valuable that fit, in order
+                n = added.pop()
+                blocked.add(n)
+                spent -= flops.get(n, 0)
+        if not added:
+            limited = True
+            break
+        for n in added:
             floated[n] = drops.get(n, (0.0, 0.0))[0]
         batch *= 2
     kept = [(n, fmode, floated[n]) for n in sorted(floated, key=lambda n: (-flops.get(n, 0), n))]
     if meets(reached):
         kept, reached = _prune(kept, flops, total, fmode, evaluate, meets, reached)
-    return kept, reached, all_float
+    elif limited and floated:                  # what the float set that fits reaches on every sample
+        reached, _, _ = evaluate({n: fmode for n in floated})
+    return kept, reached, all_float, limited and not meets(reached)
 
 
 def search_mixed_precision(model, chip, table, samples: list[dict], target, *, asymmetric: bool = False,
@@ -572,12 +620,12 @@ def search_mixed_precision(model, chip, table, samples: list[dict], target, *, a
     op in INT8: one inference per op). `weights_from`: a copy of `model` with reconstructed INT8
     weights (`tftpu.quant.weight_rounding`) that the INT8 ops are lowered from (the float ops
     keep the model's own); the outputs are still judged against `model`'s. `float_budget` (a share
-    of the model's FLOPs, 0..1; isolated and alone rankings): the ops kept in float never hold
-    more; where the target needs more, the search keeps what fits and says the target was missed.
-    `wide_links`: the lowering's (`tftpu.transforms.lowering.lower`). `latency_budget` (isolated
-    and alone rankings): the float ops may make the program at most this many times slower than
-    with all of them in INT8, as `latency(tpu_model)` (an estimate in any unit) says; like the
-    float budget, where the target needs more the search keeps what fits and says so.
+    of the model's FLOPs, 0..1): the ops kept in float never hold more; where the target needs
+    more, the search keeps what fits and says the target was missed.
+    `wide_links`: the lowering's (`tftpu.transforms.lowering.lower`). `latency_budget`: the float
+    ops may make the program at most this many times slower than with all of them in INT8, as
+    `latency(tpu_model)` (an estimate in any unit) says; like the float budget, where the target
+    needs more the search keeps what fits and says so.
     """
     if ranking not in RANKINGS:
         raise UsageError(f"mixed precision ranking {ranking!r}: expected one of {', '.join(RANKINGS)}")
@@ -587,10 +635,10 @@ def search_mixed_precision(model, chip, table, samples: list[dict], target, *, a
         raise UsageError("the mixed precision search needs a calibration table")
     if float_budget is not None and not 0.0 <= float_budget <= 1.0:
         raise UsageError(f"mixed precision float budget {float_budget}: expected a share of the FLOPs in [0, 1]")
-    if (float_budget is not None or latency_budget is not None) and ranking == "effect":
-        raise UsageError("a mixed precision budget works with the isolated and alone rankings, not effect")
     if latency_budget is not None and (latency is None or not latency_budget >= 1.0):
         raise UsageError(f"mixed precision latency budget {latency_budget}: expected a ratio >= 1 to the all-INT8 "
                          "program's latency, and a latency estimate to judge it")
+    if latency_budget is not None and math.isinf(latency_budget):
+        latency_budget = None                      # inf: no limit
     return _search(model, chip, table, samples, target, asymmetric, qtable, float_mode, ranking, weights_from,
                    float_budget, wide_links, latency_budget, latency)
