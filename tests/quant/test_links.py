@@ -189,3 +189,48 @@ def test_isolated_errors_read_16_bit_links_on_their_grid():
     # output grid's reach, like the convs (20-45 dB here)
     for name in ("a0", "a1", "a2", "p0", "p1"):
         assert errs[name] > 15.0, (name, errs)
+
+
+def hardswish_stack(c: int = 4, seed: int = 0):
+    """x -> 1x1 conv -> HardSwish h0 -> + x -> 1x1 conv -> HardSwish h1 -> 3x3 dw conv d1 ->
+    1x1 conv: an activation table read by an Add (h0) and by a depthwise conv (h1)."""
+    rng = np.random.default_rng(seed)
+
+    def body(b, xs):
+        x = xs[0]
+        y = b.op("Conv", [x, b.weight("w0", W(rng, c, c, 1, 1)), b.weight("b0", W(rng, c, scale=0.1))],
+                 {"kernel_shape": [1, 1]}, "c0")
+        h = b.op("HardSwish", [y], {}, "h0")
+        s = b.op("Add", [h, x], {}, "a0")
+        y = b.op("Conv", [s, b.weight("w1", W(rng, c, c, 1, 1)), b.none()], {"kernel_shape": [1, 1]}, "c1")
+        h = b.op("HardSwish", [y], {}, "h1")
+        d = b.op("Conv", [h, b.weight("dw", W(rng, c, 1, 3, 3, scale=0.5)), b.none()],
+                 {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "group": c}, "d1")
+        return b.op("Conv", [d, b.weight("w2", W(rng, c, c, 1, 1)), b.none()], {"kernel_shape": [1, 1]}, "c2")
+
+    return make_model({"x": (1, c, 6, 6)}, body)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_an_activation_table_writes_a_link(tmp_path, seed):
+    """An activation's lookup table holds 16-bit entries: read only by an INT8 Add (h0), or by
+    an op kept in float (h1 before the depthwise conv d1 in F16), it writes a 16-bit link; an
+    INT8 conv reader (h1 before an INT8 d1) keeps it on 8 bits. Bit-exact against the integer
+    reference and the simulator."""
+    from tftpu.pipelines.deploy import deploy
+    model = hardswish_stack(4, seed)
+    x = feeds({"x": (1, 4, 6, 6)}, seed)
+    table = table_for(model, x, seed, spread=(1.0, 1.0))
+    assert sorted(wide_grids(model, table, "auto", lambda name: True)) == ["h0"]   # a table reads 8 bits
+    floated = wide_grids(model, table, "auto", lambda name: name != "d1")
+    assert "h1" in floated and floated["h1"].storage == "i16"
+    for qtable in ({}, {"d1": "F16"}):
+        tm, _ = lower(model, "npu1", "INT8", table, qtable=qtable, asymmetric="auto")
+        tm.verify()
+        types = _types(tm)
+        assert "i16" in types["h0"] and ("i16" in types["h1"]) == bool(qtable)
+        seen = R.check_model(tm, TpuInterpreter(tm).run(x, dump_all=True))
+        assert seen.get("tpu.Lut", 0) == 2
+        result = deploy(model, quantize="INT8", chip="npu1", calibration_table=table, test_input=x,
+                        quantize_table=qtable, mixed_precision="none", model=str(tmp_path / "m.tpumodel"))
+        assert result.simulator["passed"] and all(r["bit_exact"] for r in result.simulator["outputs"])

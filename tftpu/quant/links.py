@@ -28,8 +28,13 @@ from tftpu.quant import params as P
 
 __all__ = ["wide_grids", "WIDE_PRODUCERS", "WIDE_READERS", "I16_MAX", "HEADROOM"]
 
-# ops whose INT8 kernel requantizes its result and can write it on a 16-bit grid
-WIDE_PRODUCERS = ("top.Conv", "top.Add", "top.Sub", "top.PRelu")
+# ops whose INT8 kernel requantizes its result and can write it on a 16-bit grid: a conv, Add,
+# Sub or PReLU rounds its wide intermediate there; an activation's 256-entry table holds 16-bit
+# entries as well as 8-bit ones
+LOOKUP_TABLES = ("top.Relu", "top.Clip", "top.LeakyRelu", "top.Sigmoid", "top.HardSigmoid", "top.HardSwish",
+                 "top.SiLU", "top.Tanh", "top.Exp", "top.Log", "top.Sqrt", "top.Erf", "top.Abs", "top.Neg",
+                 "top.GELU")
+WIDE_PRODUCERS = ("top.Conv", "top.Add", "top.Sub", "top.PRelu", *LOOKUP_TABLES)
 # INT8 ops that read a 16-bit data operand (their integer rule works on any width)
 WIDE_READERS = ("top.Add", "top.Sub", "top.PRelu")
 I16_MAX = 32767
