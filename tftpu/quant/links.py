@@ -2,8 +2,8 @@
 
 A conv whose output goes only into a residual Add, or an Add whose output goes only into a
 PReLU or into ops kept in float (and an op kept in float whose output goes only into such INT8
-ops), would round its int32 accumulator to 8 bits just for the next element-wise op to rescale
-it and round again. Written on a 16-bit grid instead (the conv still multiplies INT8 by INT8),
+ops; and an activation table read so), would round its int32 accumulator to 8 bits just for
+the next element-wise op to rescale it and round again. Written on a 16-bit grid instead (the conv still multiplies INT8 by INT8),
 that rounding all but disappears, as in a fused conv + add + activation kernel, and the FLOPs
 stay INT8: only the link between the two ops is wider. On detectors built of residual blocks
 this is a large share of the INT8 noise (`benchmarks/detectors.py`).
