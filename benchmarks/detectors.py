@@ -41,7 +41,8 @@ between a Concat and the output undone by name and shape).
   row says n/a.
 
 Columns: the worst output/part cosine and SQNR, each part's SQNR, the share of the TOP FLOPs that
-run in INT8 (`op.flops()` of each TOP op per its lowering decision), the estimated latency (the
+run in INT8 (`op.flops()` of each TOP op of the model lowered, space-to-depth stem included, per
+its lowering decision: compile's own figure), the estimated latency (the
 backend's profile) over the all-INT8 program's, and the seconds of calibration + mixed-precision
 search (tftpu) or of quantization (peers). Issue 22's targets: every part >= 0.99 / 20 dB, >= 95%
 of FLOPs in INT8, latency <= 1.15x (default); no part under 15 dB (pure INT8); each part's SQNR
@@ -155,11 +156,12 @@ def judge(top_model, ref: dict, got: dict) -> list[dict]:
 # ---------------------------------------------------------------------------- tftpu
 
 def flop_share(top_model, lowering) -> tuple[float, dict]:
-    """Share of the TOP model's FLOPs in INT8 per the lowering decisions, and FLOPs per mode."""
-    flops = {op.loc: op.flops() for op in top_model.ops}
+    """Share of the FLOPs in INT8 per the lowering decisions (each TOP op of the model lowered,
+    the space-to-depth stem included, with its `op.flops()`), and FLOPs per mode: what compile's
+    report gives. `top_model` is unused (kept for callers)."""
     per_mode: dict = {}
     for d in lowering.decisions:
-        per_mode[d.mode] = per_mode.get(d.mode, 0) + flops.get(d.name, 0)
+        per_mode[d.mode] = per_mode.get(d.mode, 0) + d.flops
     total = sum(per_mode.values())
     return (per_mode.get("INT8", 0) / total if total else 0.0), per_mode
 
