@@ -404,10 +404,14 @@ def test_a_latency_budget_caps_what_the_float_ops_cost(cnn_case):
     free_ratio = latency(lower(model, "npu1", "INT8", table, qtable=free.qtable)[0]) / all_int8
     assert free.met and free_ratio > 1.01
     cap = 1.0 + (free_ratio - 1.0) / 2
+    half = search_mixed_precision(model, "npu1", table, samples, target, qtable=base, latency_budget=cap,
+                                  latency=latency)
+    assert latency(lower(model, "npu1", "INT8", table, qtable=half.qtable)[0]) <= cap * all_int8 * (1 + 1e-9)
+    assert half.met != half.budget_limited        # cheaper ops may still reach it; else it says so
+    cap = 1.0 + 1e-9                              # no float op is free: none fits, the target is missed
     capped = search_mixed_precision(model, "npu1", table, samples, target, qtable=base, latency_budget=cap,
                                     latency=latency)
-    assert latency(lower(model, "npu1", "INT8", table, qtable=capped.qtable)[0]) <= cap * all_int8 * (1 + 1e-9)
-    assert capped.budget_limited and not capped.met
+    assert not capped.kept and capped.budget_limited and not capped.met
     assert f"latency {cap:.2f}x the all-INT8 program's" in capped.summary
     assert capped.as_dict()["latency_budget"] == cap
     roomy = search_mixed_precision(model, "npu1", table, samples, target, qtable=base, latency_budget=100.0,
@@ -425,3 +429,26 @@ def test_a_latency_budget_caps_what_the_float_ops_cost(cnn_case):
     cap = 1.0 + (free.latency_ratio - 1.0) / 2
     res = deploy(model, mixed_precision_latency=cap, **kw)
     assert res.search.budget_limited and (res.search.latency_ratio or 1.0) <= cap + 1e-9
+
+
+def test_the_latency_fit_steps_over_an_op_it_cannot_afford():
+    """Under the latency cap the search takes the ranked ops in order, steps over one whose
+    float form costs too much, and goes on with the cheaper ones after it (a few times at most)."""
+    from tftpu.transforms.lowering.search import LATENCY_SKIPS, _fit_latency
+
+    price = {"a": 1, "b": 1, "big": 50, "c": 2, "huge": 90, "d": 1, "e": 30}
+    ranked = [(n, 0.0) for n in price]
+    calls = []
+
+    def cost(ops):
+        calls.append(len(ops))
+        return 100 + sum(price[n] for n, _ in ops)
+
+    fit = _fit_latency(cost, ranked, 110)
+    assert [n for n, _ in fit] == ["a", "b", "c", "d"]        # big, huge and e stepped over
+    assert cost(fit) <= 110
+    assert [n for n, _ in _fit_latency(cost, ranked, 1000)] == list(price)
+    # only LATENCY_SKIPS ops are stepped over: after that the fit stops at the next breaker
+    many = [(f"x{i}", 0.0) for i in range(LATENCY_SKIPS + 2)] + [("cheap", 0.0)]
+    price.update({f"x{i}": 50 for i in range(LATENCY_SKIPS + 2)}, cheap=1)
+    assert _fit_latency(cost, many, 110) == []

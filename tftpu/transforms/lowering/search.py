@@ -432,14 +432,14 @@ def _search(model, chip, table, samples, target, asymmetric, qtable, float_mode,
         ranked, limited = _within_budget(model, ranked, flops, base, float_budget)
     if latency_budget is not None:               # ... and whose casts and float work the latency affords
 
-        def cost(n: int) -> float:
-            q = {**base, **{name: fmode for name, _ in ranked[:n]}}
+        def cost(ops: list) -> float:
+            q = {**base, **{name: fmode for name, _ in ops}}
             return latency(lower(_lowered(model, weights_from, q), chip, "INT8", table, qtable=q,
                                  asymmetric=asymmetric, wide_links=wide_links)[0])
 
-        fit = _within_latency(cost, len(ranked), latency_budget * cost(0))
-        limited = limited or fit < len(ranked)
-        ranked = ranked[:fit]
+        fit = _fit_latency(cost, ranked, latency_budget * cost([]))
+        limited = limited or len(fit) < len(ranked)
+        ranked = fit
     lo, hi = 0, len(ranked)                          # invariant: keeping `hi` ops meets (checked below)
     reached_hi, _, _ = evaluate({n: fmode for n, _ in ranked})
     best = reached_hi
@@ -478,6 +478,23 @@ def _within_budget(model, ranked: list, flops: dict, base: dict, budget: float) 
             fit.append((name, db))
             spent += flops.get(name, 0)
     return fit, len(fit) < len(ranked)
+
+
+LATENCY_SKIPS = 3   # ops the latency fit may step over to take cheaper ones after them
+
+
+def _fit_latency(cost, ranked: list, cap: float) -> list:
+    """The ranked ops, in order, whose float forms the latency affords (`cost(ops)` within
+    `cap`): the longest prefix, then, stepping over the op that broke the cap, the longest run
+    after it that still fits, and so on (at most LATENCY_SKIPS ops stepped over)."""
+    kept, rest = [], list(ranked)
+    for _ in range(LATENCY_SKIPS + 1):
+        n = _within_latency(lambda k: cost(kept + rest[:k]), len(rest), cap)
+        kept += rest[:n]
+        rest = rest[n + 1:]
+        if not rest:
+            break
+    return kept
 
 
 def _within_latency(cost, n: int, cap: float) -> int:
