@@ -21,7 +21,8 @@ LiteRT for .tflite): cosine and SQNR of every output and of every part of a conc
 (`tftpu.transforms.lowering.search.output_parts`; peers' outputs are cut the same way, the moves
 between a Concat and the output undone by name and shape).
 - tftpu default: `tftpu.compile(model, chip=--chip, calibration_data=photos, test_input=held-out)`,
-  default flags (mse calibration, mixed-precision search "auto", space-to-depth), run by the TPU
+  default flags (mse calibration, mixed-precision search "auto" within the default budgets of 5%
+  of the FLOPs in float and 1.15x the all-INT8 latency, space-to-depth), run by the TPU
   interpreter (bit-equal to the simulator, which compile checks). Where that compile raises, the
   row holds the error and the compile is tried once more with space_to_depth=False (rows then
   labelled "S2D off", the pure-INT8 row too, so the latency ratio compares like with like).
