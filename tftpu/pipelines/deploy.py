@@ -425,11 +425,9 @@ def _reference(model, test_reference):
     return ref
 
 
-
 def _profile(tpu_model, chip):
     """The estimated performance of `tpu_model` as the program codegen makes of it (layer groups,
     DMA overlapped with compute): what the report and the .tpumodel give as its latency."""
     from tftpu.backend.codegen import generate
     from tftpu.backend.profile import profile
     return profile(generate(tpu_model, chip))
-

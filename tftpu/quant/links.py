@@ -3,8 +3,8 @@
 A conv whose output goes only into a residual Add, or an Add whose output goes only into a
 PReLU or into ops kept in float (and an op kept in float whose output goes only into such INT8
 ops; and an activation table read so), would round its int32 accumulator to 8 bits just for
-the next element-wise op to rescale it and round again. Written on a 16-bit grid instead (the conv still multiplies INT8 by INT8),
-that rounding all but disappears, as in a fused conv + add + activation kernel, and the FLOPs
+the next element-wise op to rescale it and round again. Written on a 16-bit grid instead (the
+conv still multiplies INT8 by INT8), that rounding all but disappears, as in a fused conv + add + activation kernel, and the FLOPs
 stay INT8: only the link between the two ops is wider. On detectors built of residual blocks
 this is a large share of the INT8 noise (`benchmarks/detectors.py`).
 
@@ -26,14 +26,14 @@ from tftpu.ir import top
 from tftpu.ir.base import value_name
 from tftpu.quant import params as P
 
-__all__ = ["wide_grids", "WIDE_PRODUCERS", "WIDE_READERS", "I16_MAX", "HEADROOM"]
+__all__ = ["wide_grids", "WIDE_PRODUCERS", "WIDE_READERS", "LOOKUP_TABLES", "I16_MAX", "HEADROOM"]
 
-# ops whose INT8 kernel requantizes its result and can write it on a 16-bit grid: a conv, Add,
-# Sub or PReLU rounds its wide intermediate there; an activation's 256-entry table holds 16-bit
-# entries as well as 8-bit ones
+# activations whose INT8 form is a 256-entry lookup table (the lowering registers these)
 LOOKUP_TABLES = ("top.Relu", "top.Clip", "top.LeakyRelu", "top.Sigmoid", "top.HardSigmoid", "top.HardSwish",
                  "top.SiLU", "top.Tanh", "top.Exp", "top.Log", "top.Sqrt", "top.Erf", "top.Abs", "top.Neg",
                  "top.GELU")
+# ops whose INT8 kernel requantizes its result and can write it on a 16-bit grid: a conv, Add,
+# Sub or PReLU rounds its wide intermediate there; a table holds 16-bit entries as well as 8-bit
 WIDE_PRODUCERS = ("top.Conv", "top.Add", "top.Sub", "top.PRelu", *LOOKUP_TABLES)
 # INT8 ops that read a 16-bit data operand (their integer rule works on any width)
 WIDE_READERS = ("top.Add", "top.Sub", "top.PRelu")

@@ -13,6 +13,7 @@ from tftpu.interp.kernels import KERNELS
 from tftpu.ir import quant
 from tftpu.ir.base import value_name
 from tftpu.quant import params as P
+from tftpu.quant.links import LOOKUP_TABLES
 from tftpu.transforms.lowering.registry import int8
 
 
@@ -98,9 +99,7 @@ def div(ctx, op):
     return None
 
 
-ACTIVATIONS = ("top.Relu", "top.Clip", "top.LeakyRelu", "top.Sigmoid", "top.HardSigmoid", "top.HardSwish",
-               "top.SiLU", "top.Tanh", "top.Exp", "top.Log", "top.Sqrt", "top.Erf", "top.Abs", "top.Neg",
-               "top.GELU")
+ACTIVATIONS = LOOKUP_TABLES        # each lowered to a 256-entry table (`tftpu.quant.links` lists them)
 
 
 # [0, 1] activations whose values only leave the model (a detector's score maps): written on a

@@ -386,23 +386,22 @@ def _search(model, chip, table, samples, target, asymmetric, qtable, float_mode,
         return MixedPrecisionResult({**base}, [], (cos_t, snr_t), int8_reached, int8_reached, evaluations,
                                     time.perf_counter() - t0, len(int8_ops), (cos_t, snr_t), ranking=ranking)
     asked = (cos_t, snr_t)
+    def cost(names) -> float:
+        """The estimated latency with `names` (and the quantize table's own) in float."""
+        q = {**base, **{n: fmode for n in names}}
+        return latency(lower(_lowered(model, weights_from, q), chip, "INT8", table, qtable=q,
+                             asymmetric=asymmetric, wide_links=wide_links)[0])
+
     if ranking == "effect":
         flops = {op.loc: op.flops() for op in model.ops if op.loc in set(int8_ops)}
         state = {"target": (cos_t, snr_t)}
-        room = None
-        if float_budget is not None:           # FLOPs the float set may still take (the qtable's own counted)
-            whole = max(1, sum(op.flops() for op in model.ops))
-            room = float_budget * whole - sum(op.flops() for op in model.ops
-                                              if op.loc in base and str(base[op.loc]).upper() != "INT8")
+        room = None if float_budget is None else _float_room(model, base, float_budget)
         fits = None
         if latency_budget is not None:
-            cap = latency_budget * latency(lower(_lowered(model, weights_from, base), chip, "INT8", table,
-                                                 qtable=base, asymmetric=asymmetric, wide_links=wide_links)[0])
+            cap = latency_budget * cost([])
 
             def fits(names) -> bool:
-                q = {**base, **{n: fmode for n in names}}
-                return latency(lower(_lowered(model, weights_from, q), chip, "INT8", table, qtable=q,
-                                     asymmetric=asymmetric, wide_links=wide_links)[0]) <= cap
+                return cost(names) <= cap
         kept, best, all_float, limited = _grow_and_prune(
             model, samples, int8_ops, flops, fmode, evaluate, state,
             lambda r: r[0] >= state["target"][0] and r[1] >= state["target"][1], room, fits)
@@ -424,20 +423,14 @@ def _search(model, chip, table, samples, target, asymmetric, qtable, float_mode,
     total = max(1, sum(flops.values()))
     if ranking == "alone":                       # TPU-MLIR's order: the worst outputs first
         ranked = sorted(((name, alone.get(name, _CAP)) for name in int8_ops), key=lambda t: (t[1], t[0]))
-    else:                                        # the most noise per share of the cost first: cheap
+    else:                                        # the most noise per share of the FLOPs first: cheap
         ranked = sorted(((name, alone.get(name, _CAP)) for name in int8_ops),   # ops before big convs
                         key=lambda t: (-10.0 ** (-t[1] / 10.0) / (flops.get(t[0], 0) / total + FLOP_SHARE_EPS), t[0]))
     limited = False
     if float_budget is not None:                 # the ranking's ops that fit in the budget, in its order
         ranked, limited = _within_budget(model, ranked, flops, base, float_budget)
     if latency_budget is not None:               # ... and whose casts and float work the latency affords
-
-        def cost(ops: list) -> float:
-            q = {**base, **{name: fmode for name, _ in ops}}
-            return latency(lower(_lowered(model, weights_from, q), chip, "INT8", table, qtable=q,
-                                 asymmetric=asymmetric, wide_links=wide_links)[0])
-
-        fit = _fit_latency(cost, ranked, latency_budget * cost([]))
+        fit = _fit_latency(lambda ops: cost([n for n, _ in ops]), ranked, latency_budget * cost([]))
         limited = limited or len(fit) < len(ranked)
         ranked = fit
     lo, hi = 0, len(ranked)                          # invariant: keeping `hi` ops meets (checked below)
@@ -467,14 +460,20 @@ def _search(model, chip, table, samples, target, asymmetric, qtable, float_mode,
                                 latency_budget=latency_budget)
 
 
+def _float_room(model, base: dict, budget: float) -> float:
+    """The FLOPs the search may still keep in float: `budget` of the model's, less what the
+    quantize table already keeps there."""
+    total = max(1, sum(op.flops() for op in model.ops))
+    return budget * total - sum(op.flops() for op in model.ops if op.loc in base and str(base[op.loc]).upper() != "INT8")
+
+
 def _within_budget(model, ranked: list, flops: dict, base: dict, budget: float) -> tuple[list, bool]:
     """(the ranked ops that fit, in order, while the float ops' FLOPs, the quantize table's own
     float ops included, stay within `budget` of the model's; whether any op was left out)."""
-    total = max(1, sum(op.flops() for op in model.ops))
-    spent = sum(op.flops() for op in model.ops if op.loc in base and str(base[op.loc]).upper() != "INT8")
+    room, spent = _float_room(model, base, budget), 0
     fit = []
     for name, db in ranked:
-        if spent + flops.get(name, 0) <= budget * total:
+        if spent + flops.get(name, 0) <= room:
             fit.append((name, db))
             spent += flops.get(name, 0)
     return fit, len(fit) < len(ranked)
@@ -606,11 +605,10 @@ def _grow_and_prune(model, samples, int8_ops, flops, fmode, evaluate, state, mee
                 continue
             added.append(n)
             spent += flops.get(n, 0)
-        if fits is not None and added and not fits([*floated, *added]):
-            while added and not fits([*floated, *added]):       # the most valuable that fit, in order
-                n = added.pop()
-                blocked.add(n)
-                spent -= flops.get(n, 0)
+        while fits is not None and added and not fits([*floated, *added]):   # the most valuable that fit
+            n = added.pop()
+            blocked.add(n)
+            spent -= flops.get(n, 0)
         if not added:
             limited = True
             break
