@@ -39,20 +39,27 @@ def _f64(x) -> np.ndarray:
     return x.astype(np.float64, copy=False).ravel()
 
 
+def _dot(a: np.ndarray, b: np.ndarray) -> float:
+    """a . b in float64 by numpy's pairwise sum, not BLAS: the same bits on any number of BLAS
+    threads (a multi-threaded ddot sums its parts in another order)."""
+    return float(np.sum(a * b))
+
+
 def cosine_similarity(a, b) -> float:
     """Cosine of the angle between `a` and `b` (flattened), computed in float64."""
     a, b = _f64(a), _f64(b)
-    na, nb = math.sqrt(float(np.dot(a, a))), math.sqrt(float(np.dot(b, b)))
+    na, nb = math.sqrt(_dot(a, a)), math.sqrt(_dot(b, b))
     if na == 0.0 or nb == 0.0:
         return 1.0 if na == nb else 0.0
-    return min(1.0, max(-1.0, float(np.dot(a, b)) / (na * nb)))
+    return min(1.0, max(-1.0, _dot(a, b) / (na * nb)))
 
 
 def euclidean_similarity(a, b) -> float:
     """1 - |a - b| / (|(a + b) / 2| + 1e-7), TPU-MLIR's euclidean similarity (1 = identical)."""
     a, b = _f64(a), _f64(b)
-    ed = float(np.linalg.norm(a - b))
-    sr = float(np.linalg.norm((a + b) / 2)) + EUCLID_EPS
+    d, m = a - b, (a + b) / 2
+    ed = math.sqrt(_dot(d, d))
+    sr = math.sqrt(_dot(m, m)) + EUCLID_EPS
     if math.isinf(ed) or math.isinf(sr):
         return 0.0
     return 1.0 - ed / sr

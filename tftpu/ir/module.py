@@ -231,7 +231,7 @@ class TpuModel(TopModel):
         if not any("group_info" in op.attributes for op in self.ops):
             return self.text()
         from tftpu.ir.group import wrap
-        copy = TpuModel(parse_module(self.text()), dict(self.weights))
+        copy = TpuModel(self.module.clone(), dict(self.weights))
         wrap(copy.func.body.block)
         return copy.text()
 

@@ -22,7 +22,8 @@ Two ways to run:
   pickle), the dataset as its path (a directory, a glob, TFRecords): each worker
   reads the dataset itself, taking every N-th sample (`Samples.shard`). A worker imports
   TensorFlow without the Keras (and matplotlib) it would load eagerly, and gets
-  cores / N TensorFlow threads, so N workers do not oversubscribe the machine's cores.
+  cores / N threads (TensorFlow's, the INT8 kernels', BLAS's), so N workers do not
+  oversubscribe the machine's cores.
 - `cluster=Cluster.from_tf_config()` (`--tf_config`): this process is one worker of the cluster
   `TF_CONFIG` describes; run the same command on every machine. The strategy must be made before
   any other TensorFlow op runs in the process.
@@ -49,6 +50,7 @@ from typing import Any
 import numpy as np
 
 from tftpu import errors
+from tftpu.utils import threads as _threads
 from tftpu.utils.files import write_text
 
 __all__ = ["Cluster", "LOCAL", "launch", "check_workers", "LAST_RUN", "mark"]
@@ -182,11 +184,7 @@ def _import_tensorflow() -> None:
 def default_threads(workers: int) -> int:
     """TensorFlow threads per local worker: the cores this process may run on, shared out, at
     least one."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    return max(1, cores // workers)
+    return max(1, _threads.cores() // workers)
 
 
 def _free_ports(count: int) -> list[int]:
@@ -214,9 +212,10 @@ def launch(job: str, args: dict, workers: int, threads: int | None = None) -> An
     local processes joined by tf.distribute on loopback, and return the chief's result (JSON).
     Each worker gets `threads` TensorFlow threads (intra- and inter-op), by default this
     machine's cores / `workers` (`default_threads`), so the workers do not fight over the cores.
-    Only TensorFlow's pools are sized: BLAS (numpy) keeps its own threads, as one process has
-    (an earlier version also set OMP_NUM_THREADS, and evaluation figures then differed from one
-    process's in the last bits). An argument that names a file `hand_over` wrote is read back by
+    TensorFlow's pools, the INT8 kernels' own (`tftpu.utils.threads`, exact on any count) and
+    numpy's BLAS (`tftpu.utils.threads.BLAS_ENV`: where left wide, its idle threads spin and
+    eat the other workers' cores) are sized. Figures stay the same bits as one process's, since
+    `tftpu.interp.similarity` sums without BLAS. An argument that names a file `hand_over` wrote is read back by
     the job's `take_over`."""
     if not job.startswith(_JOB_PREFIX) or ":" not in job:
         raise errors.InternalError(f"launch: job {job!r} is not a tftpu function")
@@ -226,8 +225,8 @@ def launch(job: str, args: dict, workers: int, threads: int | None = None) -> An
         tmp = Path(tmp)
         spec = tmp / "job.json"
         spec.write_text(json.dumps({"job": job, "args": args, "result": str(tmp / "result.json")}))
-        base = {**os.environ, "TFTPU_WORKER_THREADS": str(threads), "TF_CPP_MIN_LOG_LEVEL": "2",
-                "TFTPU_PROGRESS": "0"}
+        sized = {name: str(threads) for name in (_threads.ENV, *_threads.BLAS_ENV)}
+        base = {**os.environ, **sized, "TF_CPP_MIN_LOG_LEVEL": "2", "TFTPU_PROGRESS": "0"}
         base.pop("TF_CONFIG", None)
         procs, logs = [], []
         try:
@@ -279,7 +278,7 @@ def worker_main(argv: list[str]) -> int:
     _RECORDING = True
     mark("python")
     try:
-        threads = int(os.environ.get("TFTPU_WORKER_THREADS", "0")) or None
+        threads = int(os.environ.get(_threads.ENV, "0")) or None
         _import_tensorflow()
         mark("tensorflow")
         cluster = Cluster.from_tf_config(threads)

@@ -20,6 +20,7 @@ from tftpu.interp.tpu import native, requant
 from tftpu.interp.tpu.registry import int8, own
 from tftpu.ir import attrs as A
 from tftpu.ir import quant
+from tftpu.utils import threads
 
 
 # ---------------------------------------------------------------- requantization and clamps
@@ -182,6 +183,7 @@ def _session(graph):
 
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=9)
     options = ort.SessionOptions()
+    options.intra_op_num_threads = threads.pool_size()
     # one session per conv: idle pools must not spin (they would slow every other kernel)
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     options.add_session_config_entry("session.inter_op.allow_spinning", "0")

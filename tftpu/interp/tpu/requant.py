@@ -30,9 +30,10 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 
 import numpy as np
+
+from tftpu.utils import threads
 
 INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
 
@@ -171,9 +172,8 @@ SLAB_MIN = 1 << 19          # elements below which a tensor runs in one piece (t
 _POOL = None
 
 
-@functools.lru_cache(maxsize=None)
 def _workers() -> int:
-    return max(1, min(os.cpu_count() or 1, 4))
+    return threads.pool_size()
 
 
 def pool():
