@@ -452,3 +452,28 @@ def test_the_latency_fit_steps_over_an_op_it_cannot_afford():
     many = [(f"x{i}", 0.0) for i in range(LATENCY_SKIPS + 2)] + [("cheap", 0.0)]
     price.update({f"x{i}": 50 for i in range(LATENCY_SKIPS + 2)}, cheap=1)
     assert _fit_latency(cost, many, 110) == []
+
+
+def test_outputs_are_judged_over_the_samples_pooled():
+    """As the mixed-precision search judges them: a sample whose output is near zero (a text map
+    of a photo with no text) weighs by its energy; its own figures go in the note."""
+    from tftpu.interp.similarity import compare_arrays
+    from tftpu.pipelines.deploy import _pooled_row
+
+    rng = np.random.default_rng(0)
+    big, small = rng.standard_normal((4, 8)), 0.01 * rng.standard_normal((4, 8))
+    noise = [0.02 * rng.standard_normal((4, 8)) for _ in range(2)]
+    tol = (0.99, 0.9)
+    row = _pooled_row("y", (4, 8), [big, small], [big + noise[0], small + noise[1]], tol, 0.0)
+    alone = compare_arrays("y", small, small + noise[1], tol)
+    assert not alone.passed and row.passed
+    assert row.shape == (4, 8)
+    pooled = compare_arrays("y", np.concatenate([big.ravel(), small.ravel()]),
+                            np.concatenate([(big + noise[0]).ravel(), (small + noise[1]).ravel()]), tol)
+    assert (row.cosine, row.sqnr) == (pooled.cosine, pooled.sqnr)
+    assert f"worst sample #1 (#0 the test input): cosine {alone.cosine:.6f}" in row.note
+    # one sample: the row is that sample's own
+    assert _pooled_row("y", (4, 8), [big], [big + noise[0]], tol, 0.0) == compare_arrays("y", big, big + noise[0], tol)
+    # a sample the TPU gets structurally wrong fails the row, whatever the others
+    bad = _pooled_row("y", (4, 8), [big, small], [big, np.full((4, 8), np.nan)], tol, 0.0)
+    assert not bad.passed and "non-finite" in bad.note

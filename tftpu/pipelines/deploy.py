@@ -116,41 +116,55 @@ def check_simulator(program, tpu_model, inputs: dict) -> dict:
 def verify(top_model, tpu_model, samples: list[dict], tolerance, reference: dict | None = None):
     """(tensor comparison on the first sample, output rows over all samples, concat part rows).
 
-    Outputs and parts are judged on every sample (the worst sample's figures are kept);
-    `reference` (the outputs of the first sample) replaces TOP's outputs when given."""
+    Outputs and parts are judged on the samples pooled, as the mixed-precision search judges
+    them: an image whose output is near zero (a text map of a photo with no text) weighs by its
+    output's energy, not as a whole image. With several samples, each row's note names the worst
+    single sample. `reference` (the outputs of the first sample) replaces TOP's outputs when
+    given."""
     tol = parse_tolerance(tolerance)
     top_run, tpu_run = TopInterpreter(top_model), TpuInterpreter(tpu_model)
     parts = output_parts(top_model)
-    worst_out: dict = {}
-    worst_parts: dict = {}
+    pooled: dict = {}                 # key -> (name, shape, [reference arrays], [TPU arrays])
     tensors = None
+    floor = 0.0                       # the noise floor of every sample's tensors
     for i, sample in enumerate(samples):
         ref = top_run.run(sample, dump_all=True)
         got = tpu_run.run(sample, dump_all=True, dequantize=True)
-        floor = noise_floor(ref.values())
+        floor = max(floor, noise_floor(ref.values()))
         if i == 0:
             tensors = compare_tensors(ref, got, tol, floor)
         for name in top_model.output_names:
             expected = reference[name] if (reference is not None and i == 0 and name in reference) else ref[name]
-            row = compare_arrays(name, expected, got[name], tol, floor)
-            if name not in worst_out or _worse(row, worst_out[name]):
-                worst_out[name] = row
+            _pool(pooled, name, name, expected, got[name])
         for out, specs in parts.items():
             for k, spec in enumerate(specs):
                 label = out if k == 0 else spec[0]          # nested concats by their own name
                 for (p, a), (_, b) in zip(part_slices(ref, spec), part_slices(got, spec)):
-                    row = compare_arrays(f"{label}[{p}]", a, b, tol, floor)
-                    key = (out, label, p)
-                    if key not in worst_parts or _worse(row, worst_parts[key]):
-                        worst_parts[key] = row
-    grouped = [(out, [row for key, row in worst_parts.items() if key[0] == out]) for out in parts]
-    return tensors, [worst_out[n] for n in top_model.output_names], grouped
+                    _pool(pooled, (out, label, p), f"{label}[{p}]", a, b)
+    rows = {key: _pooled_row(name, shape, a, b, tol, floor) for key, (name, shape, a, b) in pooled.items()}
+    grouped = [(out, [row for key, row in rows.items() if isinstance(key, tuple) and key[0] == out]) for out in parts]
+    return tensors, [rows[n] for n in top_model.output_names], grouped
 
 
-def _worse(a, b) -> bool:
-    ka = (a.passed, -math.inf if math.isnan(a.cosine) else a.cosine)
-    kb = (b.passed, -math.inf if math.isnan(b.cosine) else b.cosine)
-    return ka < kb
+def _pool(pooled: dict, key, name: str, a, b) -> None:
+    entry = pooled.setdefault(key, (name, tuple(np.shape(a)), [], []))
+    entry[2].append(np.asarray(a))
+    entry[3].append(np.asarray(b))
+
+
+def _pooled_row(name: str, shape: tuple, refs: list, gots: list, tol, floor: float):
+    """The row of one output (or part) over the samples pooled; the worst sample in its note."""
+    if len(refs) == 1:
+        return compare_arrays(name, refs[0], gots[0], tol, floor)
+    each = [compare_arrays(name, a, b, tol, floor) for a, b in zip(refs, gots)]
+    if any(math.isnan(r.cosine) for r in each):              # a shape, dtype or non-finite mismatch
+        return min(each, key=lambda r: (r.passed, -math.inf if math.isnan(r.cosine) else r.cosine))
+    row = compare_arrays(name, np.concatenate([np.ravel(a) for a in refs]),
+                         np.concatenate([np.ravel(b) for b in gots]), tol, floor)
+    k, worst = min(enumerate(each), key=lambda e: (e[1].sqnr, e[1].cosine))
+    note = (f"{len(refs)} samples pooled; worst sample #{k} (#0 the test input): cosine {worst.cosine:.6f}, "
+            f"SQNR {worst.sqnr:.1f} dB")
+    return dataclasses.replace(row, shape=shape, note="; ".join(filter(None, [row.note, note])))
 
 
 def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=None, asymmetric: bool = False,
