@@ -377,6 +377,19 @@ def test_interpreter_backends_agree_and_dump_all_uses_the_per_op_path():
                                rtol=1e-5, atol=1e-6)
 
 
+def test_extra_outputs_return_inner_tensors_beside_the_outputs():
+    """What evaluate observes inside the reference (a concat's parts) without the per-op path."""
+    model = _tiny()
+    x = rand(1, 2, 5, 5)
+    got = CompiledTop(model, extra_outputs={"c", "gp"}).run({"x": x})
+    want = run(model, {"x": x}, dump_all=True)
+    assert list(got) == ["gp", "c"]
+    for name in ("c", "gp"):
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6)
+    with pytest.raises(errors.ShapeError, match="no tensor named 'nope'"):
+        CompiledTop(model, extra_outputs={"nope"})
+
+
 def test_interpreter_errors():
     with pytest.raises(errors.UsageError, match="backend"):
         TopInterpreter(_tiny(), backend="fast")

@@ -19,6 +19,7 @@ import tftpu
 from tests import material
 from tests.tools.test_deploy import detector, samples_for
 from tftpu import errors
+from tftpu.interp.compiled import CompiledTop
 from tftpu.interp.similarity import cosine_similarity, sqnr
 from tftpu.interp.top_interpreter import TopInterpreter
 from tftpu.interp.tpu import TpuInterpreter
@@ -49,10 +50,14 @@ def test_figures_per_output_and_part_over_every_image(compiled, tmp_path):
     assert sum(w() is not None for w in made) == 0            # no image kept
     assert [f.name for f in r.rows] == ["detections", "detections[boxes]", "detections[scores]"]
     assert r.images == [f"dataset[{i}]" for i in range(10)] and r.reference == "TOP" and r.mode == "INT8"
-    top, tpu = TopInterpreter(compiled.top_model), TpuInterpreter(compiled.tpu_model)
     (spec,) = output_parts(compiled.top_model)["detections"]
+    # the reference runs as one TensorFlow graph, returning the concat beside the outputs
+    top = CompiledTop(compiled.top_model, extra_outputs={spec[0]})
+    tpu = TpuInterpreter(compiled.tpu_model)
+    eager = TopInterpreter(compiled.top_model)
     for i, s in enumerate(val):                               # each figure is the image's own
-        ref, got = top.run(s, dump_all=True), tpu.run(s, dump_all=True, dequantize=True)
+        ref, got = top.run(s), tpu.run(s, dump_all=True, dequantize=True)
+        np.testing.assert_allclose(ref["detections"], eager.run(s)["detections"], rtol=1e-5, atol=1e-6)
         a, b = ref["detections"], got["detections"]
         assert r.rows[0].cosine[i] == cosine_similarity(a, b) and r.rows[0].sqnr[i] == sqnr(a, b)
         (_, a), = part_slices(ref, spec)[1:]
@@ -70,6 +75,22 @@ def test_figures_per_output_and_part_over_every_image(compiled, tmp_path):
     sim = tftpu.evaluate(compiled, val, engine="simulator")   # bit-exact with the interpreter in INT8
     assert [f.sqnr for f in sim.rows] == [f.sqnr for f in r.rows] and sim.engine == "simulator"
     assert r.below(0.9, 10) == [] and r.below(1.0, 200)[0].startswith("detections (p1 cosine")
+
+
+def test_the_reference_runs_op_by_op_where_its_graph_fails(compiled, monkeypatch):
+    from tftpu.interp import compiled as graph
+
+    val = samples_for(compiled.top_model, n=3, seed=5)
+    whole = tftpu.evaluate(compiled, val)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no graph today")
+
+    monkeypatch.setattr(graph, "CompiledTop", broken)
+    stepwise = tftpu.evaluate(compiled, val)
+    assert [r.name for r in stepwise.rows] == [r.name for r in whole.rows]
+    for a, b in zip(whole.rows, stepwise.rows):
+        np.testing.assert_allclose(a.sqnr, b.sqnr, atol=1e-3)
 
 
 def test_an_onnx_reference_and_bad_input(tmp_path):

@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from absl import logging
 
 from tftpu import errors
 from tftpu.interp.similarity import cosine_similarity, sqnr
@@ -216,16 +217,18 @@ class _Interpreted:
     """TOP (float) or TPU (dequantized) interpretation, keeping the outputs and `capture`'s tensors."""
 
     def __init__(self, model, capture: set, tpu: bool):
+        self.whole = False                   # a graph returning `capture`'s tensors itself
         if tpu:
             from tftpu.interp.tpu import TpuInterpreter
             self.interp = TpuInterpreter(model, exact_rows=False)     # figures, not a bit-for-bit check
             self.infos = self.interp.infos
         else:
-            from tftpu.interp.top_interpreter import TopInterpreter
-            self.interp, self.infos = TopInterpreter(model), {}
+            (self.interp, self.whole), self.infos = _reference(model, capture), {}
         self.capture = capture
 
     def run(self, sample: dict) -> dict:
+        if self.whole:
+            return self.interp.run(sample)
         kept: dict = {}
 
         def observe(name, arr):
@@ -237,6 +240,22 @@ class _Interpreted:
         out = {k: self.infos[k].dequantize(np.asarray(v)) if k in self.infos else v for k, v in out.items()}
         kept.update(out)
         return kept
+
+
+def _reference(model, capture: set):
+    """(runner, whole): the TOP float reference as one TensorFlow graph (`CompiledTop`, the
+    captured tensors returned beside the outputs; whole), or op by op where the graph cannot be
+    built."""
+    from tftpu.interp.compiled import CompiledTop
+    from tftpu.interp.top_interpreter import TopInterpreter
+    try:
+        return CompiledTop(model, extra_outputs=capture), True
+    except errors.UnsupportedOpError:
+        raise
+    except Exception as e:          # noqa: BLE001 - the op-by-op path runs every op the graph cannot
+        logging.warning("evaluate: the TOP reference runs op by op (its graph failed: %s: %s)",
+                        type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+        return TopInterpreter(model), False
 
 
 class _Simulated:

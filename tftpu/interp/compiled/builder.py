@@ -68,7 +68,8 @@ class CompiledTop:
     slower on CPU: 0.1x on MobileNetV2, 0.9x on ResNet50). `capture_weights` keeps big
     weights out of the graph's constants: 3-5x faster to build, up to ~7% slower per run."""
 
-    def __init__(self, model: TopModel, jit_compile: bool = False, capture_weights: bool = False):
+    def __init__(self, model: TopModel, jit_compile: bool = False, capture_weights: bool = False,
+                 extra_outputs=()):
         from tftpu.interp.kernels import KERNELS
 
         use_caller_thread()
@@ -90,6 +91,13 @@ class CompiledTop:
             raise UnsupportedOpError([(m, "no inference kernel") for m in sorted(set(missing))],
                                      model.name)
         self.output_names = [value_name(v) for v in model.return_op.operands]
+        # tensors returned beside the outputs (by value name): what a caller observes inside
+        produced = {value_name(r): r for op in model.ops for r in op.results}
+        unknown = sorted(set(extra_outputs) - set(produced))
+        if unknown:
+            raise ShapeError(f"{model.name}: no tensor named {', '.join(repr(n) for n in unknown[:3])}")
+        self._extra = [produced[n] for n in sorted(set(extra_outputs) - set(self.output_names))]
+        self.output_names += [value_name(v) for v in self._extra]
         # runs the ops in the calling thread, in order (TF's default executor hands each
         # expensive op to an inter-op thread: 1.15-1.3x slower on MobileNetV2, batch 1)
         self.executor = "SINGLE_THREADED_EXECUTOR"
@@ -170,7 +178,7 @@ class CompiledTop:
                 vals = _fallback(self._kernels[name], ins, attrs, out_types, op.loc, name)
             for r, v in zip(op.results, vals):
                 env[r] = v
-        return [logical(env[v]) for v in self.model.return_op.operands]
+        return [logical(env[v]) for v in [*self.model.return_op.operands, *self._extra]]
 
     def bind(self, inputs: dict) -> list[np.ndarray]:
         """Input arrays in model order (by name, or by position when names differ)."""
