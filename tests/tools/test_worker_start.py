@@ -34,7 +34,7 @@ def _run(code: str, **env) -> str:
 
 
 def test_a_worker_sizes_the_int8_pools_to_its_share():
-    code = "from tftpu.interp.tpu import requant\nprint(requant._workers())"
+    code = "from tftpu.interp.tpu import requant\nprint(requant.pool()._max_workers)"
     assert _run(code, TFTPU_WORKER_THREADS="1") == "1"
     assert _run(code, TFTPU_WORKER_THREADS="3") == "3"
     assert int(_run(code, TFTPU_WORKER_THREADS="")) == min(len(os.sched_getaffinity(0)), 4)

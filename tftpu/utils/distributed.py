@@ -215,8 +215,8 @@ def launch(job: str, args: dict, workers: int, threads: int | None = None) -> An
     TensorFlow's pools, the INT8 kernels' own (`tftpu.utils.threads`, exact on any count) and
     numpy's BLAS (`tftpu.utils.threads.BLAS_ENV`: where left wide, its idle threads spin and
     eat the other workers' cores) are sized. Figures stay the same bits as one process's, since
-    `tftpu.interp.similarity` sums without BLAS. An argument that names a file `hand_over` wrote is read back by
-    the job's `take_over`."""
+    `tftpu.interp.similarity` sums without BLAS. An argument that names a file `hand_over`
+    wrote is read back by the job's `take_over`."""
     if not job.startswith(_JOB_PREFIX) or ":" not in job:
         raise errors.InternalError(f"launch: job {job!r} is not a tftpu function")
     threads = threads or default_threads(workers)

@@ -23,7 +23,7 @@ from absl import logging
 
 from tftpu import geometry
 from tftpu.interp.tpu import requant
-from tftpu.utils import native
+from tftpu.utils import native, threads
 
 SOURCE = Path(__file__).with_name("int8_native.cc")
 OUT_KINDS = {np.dtype(np.int8): 0, np.dtype(np.uint8): 1, np.dtype(np.int16): 2, np.dtype(np.int32): 3}
@@ -66,7 +66,7 @@ def library(variant: str | None = None):
     for fn in (lib.tftpu_requant, lib.tftpu_depthwise, lib.tftpu_add, lib.tftpu_gemm, lib.tftpu_has_gemm,
                lib.tftpu_quantize):
         fn.restype = _I
-    lib.tftpu_set_threads(requant._workers())
+    lib.tftpu_set_threads(threads.pool_size())
     return lib
 
 
@@ -94,7 +94,7 @@ PARALLEL_MIN = 1 << 15      # work (elements, or MACs / 8) below which a call ru
 
 def _parts(work: int) -> int:
     """How many threads a call of `work` shares (the library's pool: the caller and workers)."""
-    return requant._workers() if work >= PARALLEL_MIN else 1
+    return threads.pool_size() if work >= PARALLEL_MIN else 1
 
 
 def _check(status: int) -> None:

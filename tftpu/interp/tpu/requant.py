@@ -172,23 +172,19 @@ SLAB_MIN = 1 << 19          # elements below which a tensor runs in one piece (t
 _POOL = None
 
 
-def _workers() -> int:
-    return threads.pool_size()
-
-
 def pool():
     """The worker threads that run slabs (made on first use)."""
     global _POOL
     if _POOL is None:
         from concurrent.futures import ThreadPoolExecutor
-        _POOL = ThreadPoolExecutor(max_workers=_workers(), thread_name_prefix="tftpu-int8")
+        _POOL = ThreadPoolExecutor(max_workers=threads.pool_size(), thread_name_prefix="tftpu-int8")
     return _POOL
 
 
 def in_slabs(shape: tuple, axis, fn) -> None:
     """Call `fn(slices)` on slabs covering an array of `shape`, cut along its longest axis
     other than `axis` (where per-channel constants broadcast), on up to 4 threads."""
-    n = _workers()
+    n = threads.pool_size()
     size = math.prod(shape)
     cut = max((d for d in range(len(shape)) if d != axis), key=lambda d: shape[d], default=None)
     if n == 1 or size < SLAB_MIN or cut is None or shape[cut] < 2:
