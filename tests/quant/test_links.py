@@ -13,7 +13,7 @@ from tests.interp import int8_reference as R
 from tests.interp.test_tpu_int8_exact import FEW, W, feeds, make_model, table_for
 from tftpu.interp.top_interpreter import TopInterpreter
 from tftpu.interp.tpu import TpuInterpreter
-from tftpu.ir import quant
+from tftpu.ir import quant, top
 from tftpu.ir.base import value_name
 from tftpu.quant import CalibrationTable
 from tftpu.quant.links import HEADROOM, I16_MAX, wide_grids
@@ -51,10 +51,14 @@ def test_links_are_the_tensors_only_elementwise_int8_ops_read():
     model = residual_stack()
     inputs = feeds({"x": (1, 4, 6, 6)}, 1)
     table = table_for(model, inputs)
-    grids = wide_grids(model, table, False, lambda name: True)
+    whole = wide_grids(model, table, False, lambda name: True, split=False)
     # each 1x1 conv feeds only its Add, each Add only its PReLU; the depthwise outputs feed convs,
     # the PReLU outputs feed a conv and an Add, the last one is the model output
-    assert sorted(grids) == sorted([f"c{i}" for i in range(3)] + [f"a{i}" for i in range(3)])
+    assert sorted(whole) == sorted([f"c{i}" for i in range(3)] + [f"a{i}" for i in range(3)])
+    # split links too: a PReLU output that the next Add reads beside the next depthwise conv
+    grids = wide_grids(model, table, False, lambda name: True)
+    assert sorted(grids) == sorted(whole) + ["p0", "p1"]
+    assert all(grids[n] == whole[n] for n in whole)
     assert all(g.storage == "i16" and g.zero_point == 0 for g in grids.values())
     for name, g in grids.items():               # the whole calibrated range fits the 16 bits
         t, lo, hi = table.entries[name][:3]
@@ -73,6 +77,7 @@ def test_links_are_the_tensors_only_elementwise_int8_ops_read():
     assert floated["c1"].scale == HEADROOM * max(abs(v) for v in table.entries["c1"][:3]) / I16_MAX
     floated = wide_grids(model, table, False, lambda name: name != "d1")
     assert "p0" in floated and "d1" not in floated       # p0 feeds the float d1 and the INT8 a1
+    assert "p0" in wide_grids(model, table, False, lambda name: name != "d1", split=False)
     # a model output is never a link
     assert "p2" not in grids
 
@@ -91,7 +96,11 @@ def test_int8_over_links_is_bit_exact(data):
     tm, _ = lower(model, "npu1", "INT8", table, asymmetric=asym)
     tm.verify()
     types = _types(tm)
-    assert sum("i16" in t for t in types.values()) == 2 * blocks
+    # each block's conv and Add write 16 bits, and so does each PReLU that the next block's Add
+    # reads (its depthwise conv reads it through one cast to 8 bits)
+    assert sum("i16" in t for t in types.values()) == 3 * blocks - 1
+    casts = [op for op in tm.ops if op.name == "tpu.Cast" and "i16" in str(op.operands[0].type)]
+    assert len(casts) == blocks - 1 and all("i8" in str(op.results[0].type) for op in casts)
     dump = TpuInterpreter(tm).run(inputs, dump_all=True)
     seen = R.check_model(tm, dump)
     assert seen.get("tpu.Add", 0) == blocks and seen.get("tpu.PRelu", 0) == blocks
@@ -121,13 +130,15 @@ def test_links_lower_the_int8_error_of_a_residual_stack(blocks, c, seed):
     table = CalibrationTable(entries)
     out = f"p{blocks - 1}"
     got = {}
-    for wide in (False, True):
-        tm, _ = lower(model, "npu1", "INT8", table, asymmetric="auto", wide_links=wide)
+    for wide, split in ((False, False), (True, False), (True, True)):
+        tm, _ = lower(model, "npu1", "INT8", table, asymmetric="auto", wide_links=wide, split_links=split)
         assert any("i16" in t for t in _types(tm).values()) == wide
         run = TpuInterpreter(tm)
-        got[wide] = np.mean([_sqnr(r[out], run.run(x, dequantize=True)[out]) for x, r in zip(samples, refs)])
-    # half the rounding points of each block are gone: about 2-3 dB here
-    assert got[True] > got[False] + 1.5, got
+        got[wide, split] = np.mean([_sqnr(r[out], run.run(x, dequantize=True)[out]) for x, r in zip(samples, refs)])
+    # half the rounding points of each block are gone: about 2-3 dB here; split links keep the
+    # residual path off 8 bits altogether
+    assert got[True, False] > got[False, False] + 1.5, got
+    assert got[True, True] > got[True, False], got
 
 
 @pytest.mark.parametrize("wide", [True, False])
@@ -164,7 +175,9 @@ def test_an_op_kept_in_float_reaches_its_int8_readers_on_16_bits(tmp_path, seed)
     refs = [TopInterpreter(model).run(x)[out] for x in samples]
 
     def sqnr_of(qtable, wide=True):
-        m, _ = lower(model, "npu1", "INT8", table, qtable=qtable, asymmetric="auto", wide_links=wide)
+        # split links aside: the all-INT8 a1 reads p0 on 16 bits beside d1, the float a1 on 8
+        m, _ = lower(model, "npu1", "INT8", table, qtable=qtable, asymmetric="auto", wide_links=wide,
+                     split_links=False)
         run = TpuInterpreter(m)
         return np.mean([_sqnr(r, run.run(x, dequantize=True)[out]) for x, r in zip(samples, refs)])
 
@@ -234,3 +247,32 @@ def test_an_activation_table_writes_a_link(tmp_path, seed):
         result = deploy(model, quantize="INT8", chip="npu1", calibration_table=table, test_input=x,
                         quantize_table=qtable, mixed_precision="none", model=str(tmp_path / "m.tpumodel"))
         assert result.simulator["passed"] and all(r["bit_exact"] for r in result.simulator["outputs"])
+
+
+def test_bias_correction_reads_a_split_link_on_8_bits_where_the_lowering_does(monkeypatch):
+    """A depthwise conv that reads a split link (the PReLU p0, which the Add a1 reads on 16 bits)
+    reads it through a cast to 8 bits: bias correction simulates that reading, so its correction
+    of d1 is (but for the cast's double rounding) the one it makes where p0 is not a link at all,
+    and not the one it would make reading 16 bits."""
+    import functools
+
+    from tftpu.quant import bias_correction as bc
+    model = residual_stack(3, 8, seed=7)
+    samples = [feeds({"x": (1, 8, 6, 6)}, s) for s in range(3)]
+    table = table_for(model, samples[0], 7, spread=(1.0, 1.0))
+    split, report = bc.correct_biases(model, table, samples, "auto")
+    assert {r["name"] for r in report.ops} >= {"d1", "d2"}
+    with monkeypatch.context() as m:
+        m.setattr(bc, "wide_grids", functools.partial(wide_grids, split=False))
+        whole, _ = bc.correct_biases(model, table, samples, "auto")
+    with monkeypatch.context() as m:
+        m.setattr(bc, "int8_reads_wide", lambda reader, v: True)
+        wide, _ = bc.correct_biases(model, table, samples, "auto")
+
+    def bias(m, name):
+        op = next(op for op in m.ops if op.loc == name)
+        return np.asarray(m.weights[op.operands[2].owner.key], np.float64)
+
+    for name in ("d1", "d2"):
+        near, far = np.abs(bias(split, name) - bias(whole, name)).sum(), np.abs(bias(wide, name) - bias(whole, name)).sum()
+        assert near < far / 2, (name, near, far)

@@ -39,7 +39,7 @@ from tftpu.ir import top
 from tftpu.ir.module import TopModel, parse_module
 from tftpu.ir.quant import STORAGE
 from tftpu.quant import params as P
-from tftpu.quant.links import wide_grids
+from tftpu.quant.links import int8_reads_wide, wide_grids
 from tftpu.utils.names import unique_name
 
 __all__ = ["correct_biases", "BiasCorrection", "MAX_SAMPLES"]
@@ -154,8 +154,11 @@ def correct_biases(model: TopModel, table, samples: list[dict], asymmetric: bool
     float_ops = set(float_ops or ())
     interp = TopInterpreter(model)
     grids = {name: P.activation(*entry[:3], asymmetric=asymmetric) for name, entry in table.entries.items()}
+    narrow: dict[str, P.QParams] = {}       # a 16-bit link's 8-bit grid, for the INT8 ops that read 8 bits
     if wide_links:
-        grids.update(wide_grids(model, table, asymmetric, lambda name: name not in float_ops))
+        wide = wide_grids(model, table, asymmetric, lambda name: name not in float_ops)
+        narrow = {name: grids[name] for name in wide}
+        grids.update(wide)
     steps_ops = [op for op in model.ops if not isinstance(op, (top.NoneOp, top.Input, top.Weight))]
     assert len(steps_ops) == len(interp.steps)
 
@@ -195,6 +198,10 @@ def correct_biases(model: TopModel, table, samples: list[dict], asymmetric: bool
         for ef, eq in zip(envs_f, envs_q):
             got_f = kernel([None if s is None else (ef[s] if s in ef else consts[s]) for s in ins], run_attrs)
             args_q = [None if s is None else (eq[s] if s in eq else consts[s]) for s in ins]
+            if narrow and op.loc not in float_ops:
+                for i, (s, v) in enumerate(zip(ins, op.operands)):
+                    if s is not None and interp.names.get(s) in narrow and not int8_reads_wide(op, v):
+                        args_q[i] = _fake_quant(args_q[i], narrow[interp.names[s]])
             if correct:
                 args_q[1] = qweights[ins[1]]
             got_q = kernel(args_q, run_attrs)

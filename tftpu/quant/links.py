@@ -26,7 +26,7 @@ from tftpu.ir import top
 from tftpu.ir.base import value_name
 from tftpu.quant import params as P
 
-__all__ = ["wide_grids", "WIDE_PRODUCERS", "WIDE_READERS", "LOOKUP_TABLES", "I16_MAX", "HEADROOM"]
+__all__ = ["wide_grids", "reads_wide", "int8_reads_wide", "WIDE_PRODUCERS", "WIDE_READERS", "LOOKUP_TABLES", "I16_MAX", "HEADROOM"]
 
 # activations whose INT8 form is a 256-entry lookup table (the lowering registers these)
 LOOKUP_TABLES = ("top.Relu", "top.Clip", "top.LeakyRelu", "top.Sigmoid", "top.HardSigmoid", "top.HardSwish",
@@ -49,24 +49,34 @@ def _range(entry) -> float:
     return max(abs(float(entry[0])), abs(float(entry[1])), abs(float(entry[2])))
 
 
-def _reads_wide(reader, v, in_int8) -> bool:
+def reads_wide(reader, v, in_int8) -> bool:
     """Whether `reader` takes `v` on a 16-bit grid as it is: an INT8 Add / Sub / PReLU (as its
     data), or an op kept in float (its cast from 16 bits is as cheap, and finer)."""
     if reader.name == "func.return":
         return False
     if not in_int8(reader.loc):
         return True
+    return int8_reads_wide(reader, v)
+
+
+def int8_reads_wide(reader, v) -> bool:
+    """Whether `reader`, run in INT8, reads `v` as a 16-bit operand (others read 8 bits)."""
     return reader.name in WIDE_READERS and (reader.name != "top.PRelu" or
                                             reader.operands[0] is v and reader.operands[1] is not v)
 
 
-def wide_grids(model, table, asymmetric: bool | str, in_int8: Callable[[str], bool]) -> dict[str, P.QParams]:
+def wide_grids(model, table, asymmetric: bool | str, in_int8: Callable[[str], bool],
+               split: bool = True) -> dict[str, P.QParams]:
     """Tensor name -> 16-bit grid, for each tensor made by an INT8 conv / Add / Sub / PReLU (`in_int8`
     of the op's name) or by an op kept in float, that is not a model output and whose every
     reader is an INT8 Add, Sub or PReLU reading it as data, or an op kept in float (a
     mixed-precision island: the cast from 16 bits spares it a rounding; and an island's output
-    that such INT8 ops read is cast to 16 bits, not rounded to 8 on its way back). Every other
-    tensor keeps the 8-bit grid of its calibration entry."""
+    that such INT8 ops read is cast to 16 bits, not rounded to 8 on its way back).
+
+    `split`: a tensor that such ops read beside others (a residual block's input, which the next
+    Add reads and the next conv too) is a link as well; the others read it requantized to its
+    8-bit grid (one cast), so the residual path is never rounded to 8 bits, as a fused kernel
+    keeps it. Every other tensor keeps the 8-bit grid of its calibration entry."""
     outputs = set(model.output_names)
     links: dict[str, list] = {}
     for op in model.ops:
@@ -77,10 +87,14 @@ def wide_grids(model, table, asymmetric: bool | str, in_int8: Callable[[str], bo
         if name in outputs or name not in table.entries or _range(table.entries[name]) <= 0:
             continue
         readers = [use.operation for use in v.uses]
+        wide = [r for r in readers if reads_wide(r, v, in_int8)]
+        # split: beside readers that need 8 bits, only where an INT8 op reads the 16 bits
+        if not wide or not (len(wide) == len(readers) or split and any(in_int8(r.loc) for r in wide)
+                            and not any(r.name == "func.return" for r in readers)):
+            continue
         # an op kept in float links only where an INT8 reader casts it (to 16 bits, not 8)
-        if readers and all(_reads_wide(r, v, in_int8) for r in readers) and \
-                (in_int8(op.loc) or any(in_int8(r.loc) for r in readers)):
-            links[name] = readers
+        if in_int8(op.loc) or any(in_int8(r.loc) for r in wide):
+            links[name] = wide
     grids: dict[str, P.QParams] = {}
 
     def grid_of(name: str) -> P.QParams | None:

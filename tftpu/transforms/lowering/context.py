@@ -21,6 +21,7 @@ from tftpu.ir import quant, top, tpu
 from tftpu.ir.base import make_attributes, set_loc, value_name
 from tftpu.ir.module import TpuModel, default_weight_file
 from tftpu.quant import params as P
+from tftpu.quant.links import int8_reads_wide
 from tftpu.utils.names import unique_name
 
 __all__ = ["Lowering", "Decision", "float_dtype"]
@@ -49,6 +50,7 @@ class Lowering:
                  wide: dict | None = None):
         self.src = model
         self.wide = dict(wide or {})        # tensor name -> its 16-bit grid (`tftpu.quant.links`)
+        self.reading = None                 # the TOP op being lowered (which operands it reads wide)
         self.chip = chip
         self.mode = mode
         self.table = table
@@ -131,8 +133,13 @@ class Lowering:
         return P.activation(*entry[:3], asymmetric=self.asymmetric)
 
     def grid(self, v: SSAValue) -> P.QParams | None:
-        """The INT8 grid an op reads TOP value `v` on: the one its producer already wrote it on,
-        else its calibration entry's (so no requantization is inserted without need)."""
+        """The INT8 grid the op being lowered reads TOP value `v` on: the one its producer
+        already wrote it on, else its calibration entry's (so no requantization is inserted
+        without need); a 16-bit link's 8-bit grid for an op that reads 8 bits only."""
+        if self.reading is not None and v.owner is not self.reading and value_name(v) in self.wide and \
+                not int8_reads_wide(self.reading, v):
+            entry = self.table.entries[value_name(v)]
+            return P.activation(*entry[:3], asymmetric=self.asymmetric)
         if not isinstance(v.type, NoneType) and not self.is_weight(v) and v in self.values:
             have = self.params_of(self.values[v])
             if have is not None:

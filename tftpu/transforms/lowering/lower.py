@@ -86,7 +86,7 @@ ASYMMETRIC = (False, True, "auto")
 
 
 def lower(model, chip, mode: str, table=None, qtable: dict | None = None, asymmetric: bool | str = False,
-          wide_links: bool = True):
+          wide_links: bool = True, split_links: bool = True):
     """(TpuModel, LoweringReport): `model` lowered for `chip` (name, path or Chip) in `mode`.
 
     `table` (a CalibrationTable) is required for INT8. `qtable` maps TOP op names to the mode
@@ -94,7 +94,8 @@ def lower(model, chip, mode: str, table=None, qtable: dict | None = None, asymme
     (True), symmetric (False), or "auto": a zero point where the range is one-sided (best with a
     table calibrated `asymmetric=True`, whose min/max are the clipped asymmetric ranges).
     `wide_links`: a tensor that only INT8 Add / Sub / PReLU ops read is written on a 16-bit grid
-    by its INT8 conv or Add (`tftpu.quant.links`); False keeps every activation on 8 bits."""
+    by its INT8 conv or Add (`tftpu.quant.links`); False keeps every activation on 8 bits.
+    `split_links`: so is one they read beside other ops (which read it through a cast to 8 bits)."""
     chip = chips.load(chip)
     mode = mode.upper()
     if mode not in chips.MODES:
@@ -119,7 +120,7 @@ def lower(model, chip, mode: str, table=None, qtable: dict | None = None, asymme
     fallback = float_mode_of(chip)
     wide = None
     if wide_links and table is not None:
-        wide = wide_grids(model, table, asymmetric, lambda name: qtable.get(name, mode) == "INT8")
+        wide = wide_grids(model, table, asymmetric, lambda name: qtable.get(name, mode) == "INT8", split_links)
     ctx = Lowering(model, chip, mode, table, asymmetric, wide)
     for op in model.ops:
         if isinstance(op, top.NoneOp):
@@ -174,7 +175,11 @@ def _lower_op(ctx, op, want: str, fallback: str, pinned: bool) -> None:
         elif rule is None:
             reason = f"no INT8 lowering for {op.name}"
         else:
-            reason = rule(ctx, op)
+            ctx.reading = op
+            try:
+                reason = rule(ctx, op)
+            finally:
+                ctx.reading = None
         if reason is None:
             ctx.record(op, "INT8")
             return
