@@ -537,10 +537,11 @@ def _widen(x):
 def cast(operands, attrs, info):
     x = operands[0]
     src, dst = info.ins[0], info.outs[0]
-    if src.quantized and dst.quantized:
-        acc = x.astype(np.int64) - src.zp
-        y = rounding.multiply_by_quantized_multiplier(acc, attrs["multiplier"][0], -attrs["rshift"][0])
-        return [_clamp(y.astype(np.int64) + dst.zp, {}, dst)]
+    if src.quantized and dst.quantized:             # requantize (one multiplier), as an accumulator is
+        acc = np.asarray(x).astype(np.int32)
+        if src.zp:
+            acc -= np.int32(src.zp)
+        return [_requant(acc, attrs, dst, axis=0, saturated=True)]
     if dst.quantized:
         dtype = np.dtype(quant.STORAGE[dst.dtype][0])
         y = native.quantize(np.asarray(x), dst.scale, dst.zp, dtype) if np.asarray(x).dtype == np.float32 else None
