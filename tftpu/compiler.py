@@ -214,9 +214,10 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None, calib
     fits and reports the target missed. `mixed_precision_latency`: the most the float ops may
     slow the program, as a multiple of its estimated all-INT8 latency (1.15 by default; None: no
     limit), the same way. `wide_links` (INT8): a tensor that
-    only INT8 Add / Sub / PReLU ops read (a residual branch, a conv before its PReLU) is written on
-    a 16-bit grid by its conv or Add, the FLOPs staying INT8 (`tftpu.quant.links`); False keeps
-    every activation on 8 bits. `log` (a callable taking a
+    INT8 Add / Sub / PReLU ops read (a residual branch, a conv before its PReLU, a block's output
+    that the next Add reads) is written on a 16-bit grid by its conv or Add, other readers taking
+    it through a cast to 8 bits, the FLOPs staying INT8 (`tftpu.quant.links`); False keeps every
+    activation on 8 bits. `log` (a callable taking a
     line) reports progress; by default the `tftpu.compile` logger."""
     from tftpu.pipelines.deploy import deploy
 

@@ -56,9 +56,10 @@ flags.DEFINE_bool("weight_rounding", False, "INT8: round the INT8 conv/matmul we
                   "on --test_input (each rounding error taken back by the weights not rounded yet, through "
                   "the layer's input statistics: GPTQ) instead of to nearest, before the mixed-precision "
                   "search; kept only where the outputs get no further from TOP")
-flags.DEFINE_bool("wide_links", True, "INT8: a tensor that only INT8 Add/Sub/PReLU ops read (a residual branch, "
-                  "a conv before its PReLU) is written on a 16-bit grid by its conv or Add, the FLOPs staying "
-                  "INT8; --nowide_links keeps every activation on 8 bits")
+flags.DEFINE_bool("wide_links", True, "INT8: a tensor that INT8 Add/Sub/PReLU ops read (a residual branch, "
+                  "a conv before its PReLU, a block's output) is written on a 16-bit grid by its conv or Add "
+                  "(other readers take it through a cast to 8 bits), the FLOPs staying INT8; --nowide_links "
+                  "keeps every activation on 8 bits")
 flags.DEFINE_string("tpu_mlir", None, "output TPU module (.tpu.mlir; its weights .npz go beside it)")
 flags.DEFINE_string("report", None, "report file: .json for data, .html (any other suffix) for a page")
 flags.DEFINE_string("model", None, "output model file (.tpumodel): the compiled program for the simulator "

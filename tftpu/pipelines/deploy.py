@@ -200,8 +200,9 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     says so. `mixed_precision_latency`: the most the float ops may slow the program, as a multiple
     of its estimated latency all in INT8 (the program's profile, as the report gives it; 1.15 by
     default, None: no limit), the same way.
-    `wide_links` (INT8, on by default): a tensor that only INT8 Add / Sub / PReLU ops read is
-    written on a 16-bit grid by the conv or Add that makes it (`tftpu.quant.links`)."""
+    `wide_links` (INT8, on by default): a tensor that INT8 Add / Sub / PReLU ops read is
+    written on a 16-bit grid by the conv or Add that makes it, other readers taking it through a
+    cast to 8 bits (`tftpu.quant.links`)."""
     from tftpu.backend import estimate
     from tftpu.ir.module import TopModel, TpuModel, load
     from tftpu.quant.qtable import read_qtable
