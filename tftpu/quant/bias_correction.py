@@ -195,13 +195,15 @@ def correct_biases(model: TopModel, table, samples: list[dict], asymmetric: bool
         run_attrs = dict(attrs, do_relu=False) if correct else attrs
         sums, counts = [], []
         pres_q = []
+        # operands this INT8 op reads through a link's cast to 8 bits
+        narrowed = [] if op.loc in float_ops else \
+            [(i, narrow[interp.names[s]]) for i, (s, v) in enumerate(zip(ins, op.operands))
+             if s is not None and interp.names.get(s) in narrow and not int8_reads_wide(op, v)]
         for ef, eq in zip(envs_f, envs_q):
             got_f = kernel([None if s is None else (ef[s] if s in ef else consts[s]) for s in ins], run_attrs)
             args_q = [None if s is None else (eq[s] if s in eq else consts[s]) for s in ins]
-            if narrow and op.loc not in float_ops:
-                for i, (s, v) in enumerate(zip(ins, op.operands)):
-                    if s is not None and interp.names.get(s) in narrow and not int8_reads_wide(op, v):
-                        args_q[i] = _fake_quant(args_q[i], narrow[interp.names[s]])
+            for i, grid in narrowed:
+                args_q[i] = _fake_quant(args_q[i], grid)
             if correct:
                 args_q[1] = qweights[ins[1]]
             got_q = kernel(args_q, run_attrs)

@@ -88,10 +88,12 @@ def wide_grids(model, table, asymmetric: bool | str, in_int8: Callable[[str], bo
             continue
         readers = [use.operation for use in v.uses]
         wide = [r for r in readers if reads_wide(r, v, in_int8)]
-        # split: beside readers that need 8 bits, only where an INT8 op reads the 16 bits
-        if not wide or not (len(wide) == len(readers) or split and any(in_int8(r.loc) for r in wide)
-                            and not any(r.name == "func.return" for r in readers)):
+        if not wide:
             continue
+        if len(wide) < len(readers):        # a split link: only where an INT8 op reads the 16 bits
+            if not split or any(r.name == "func.return" for r in readers) or \
+                    not any(in_int8(r.loc) for r in wide):
+                continue
         # an op kept in float links only where an INT8 reader casts it (to 16 bits, not 8)
         if in_int8(op.loc) or any(in_int8(r.loc) for r in wide):
             links[name] = wide

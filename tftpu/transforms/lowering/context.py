@@ -127,10 +127,12 @@ class Lowering:
             return None
         if value_name(v) in self.wide:
             return self.wide[value_name(v)]
+        return self._calibrated(v)
+
+    def _calibrated(self, v: SSAValue) -> P.QParams | None:
+        """The 8-bit grid of TOP value `v`'s calibration entry (None if it has none)."""
         entry = self.table.entries.get(value_name(v))
-        if entry is None:
-            return None
-        return P.activation(*entry[:3], asymmetric=self.asymmetric)
+        return None if entry is None else P.activation(*entry[:3], asymmetric=self.asymmetric)
 
     def grid(self, v: SSAValue) -> P.QParams | None:
         """The INT8 grid the op being lowered reads TOP value `v` on: the one its producer
@@ -138,8 +140,7 @@ class Lowering:
         without need); a 16-bit link's 8-bit grid for an op that reads 8 bits only."""
         if self.reading is not None and v.owner is not self.reading and value_name(v) in self.wide and \
                 not int8_reads_wide(self.reading, v):
-            entry = self.table.entries[value_name(v)]
-            return P.activation(*entry[:3], asymmetric=self.asymmetric)
+            return self._calibrated(v)
         if not isinstance(v.type, NoneType) and not self.is_weight(v) and v in self.values:
             have = self.params_of(self.values[v])
             if have is not None:
