@@ -195,6 +195,33 @@ def test_mixed_precision_keeps_the_fewest_ops(cnn_case, ranking):
         search_mixed_precision(model, "npu1", table, samples, target, ranking="random")
 
 
+def test_the_test_input_meets_the_target_on_its_own(cnn_case):
+    """`judge_first`: a test input (the first sample) whose outputs miss the target alone while
+    the pool meets it makes the search keep ops in float until it meets it on its own too."""
+    from tftpu.interp.similarity import sqnr
+    from tftpu.interp.top_interpreter import TopInterpreter
+    from tftpu.interp.tpu import TpuInterpreter
+    from tftpu.transforms.lowering import lower
+    from tftpu.transforms.lowering.search import search_mixed_precision
+
+    model, table, samples = cnn_case
+    base = {"prob": "F32"}
+
+    def alone(qtable, sample):
+        tpu, _ = lower(model, "npu1", "INT8", table, qtable={**base, **qtable})
+        return sqnr(TopInterpreter(model).run(sample)["prob"], TpuInterpreter(tpu).run(sample)["prob"])
+
+    order = sorted(samples, key=lambda s: alone({}, s))          # the worst sample first
+    pooled = search_mixed_precision(model, "npu1", table, order, "0.9,0", qtable=base).int8_reached[1]
+    first = alone({}, order[0])
+    assert first < pooled - 0.5, (first, pooled)
+    target = f"0.9,{(first + pooled) / 2:.3f}"                   # the pool meets it, the first sample not
+    assert not search_mixed_precision(model, "npu1", table, order, target, qtable=base).kept
+    res = search_mixed_precision(model, "npu1", table, order, target, qtable=base, judge_first=True)
+    assert res.met and res.kept and res.reached[1] >= (first + pooled) / 2 - 1e-3
+    assert alone({n: m for n, m, _ in res.kept}, order[0]) >= (first + pooled) / 2 - 1e-3
+
+
 def test_bad_input_is_one_clear_error(cnn_case, tmp_path):
     model, table, samples = cnn_case
     with pytest.raises(errors.UsageError, match="calibration table"):

@@ -255,7 +255,7 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
         mixed_precision = AUTO_TARGET if inputs is not None or samples else None
     if mixed_precision:
         from tftpu.transforms.lowering.search import search_mixed_precision
-        # what verify then judges: the test input and the samples, pooled
+        # what verify then judges: the test input and the samples, pooled; the test input alone too
         pool = ([inputs] if inputs is not None else []) + [s for s in (samples or []) if s is not inputs] or None
         if pool is None:
             raise errors.UsageError("--mixed_precision needs --test_input (or samples) to measure with")
@@ -264,7 +264,8 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
                                         qtable=qtable, ranking=mixed_precision_ranking, weights_from=rounded,
                                         float_budget=mixed_precision_budget, wide_links=wide_links,
                                         latency_budget=mixed_precision_latency,
-                                        latency=lambda m: _profile(m, the_chip).latency_us)
+                                        latency=lambda m: _profile(m, the_chip).latency_us,
+                                        judge_first=inputs is not None)
         given_qtable, qtable = qtable, search.qtable
         seconds["mixed precision search"] = time.perf_counter() - t1
     lowered, corrected = top_model, None

@@ -9,7 +9,8 @@ finds the shortest prefix of the ranking to keep in float. `effect` grows the fl
 error appears: it runs the mixed model, compares every tensor with TOP's and, among the
 ancestors of the outputs that miss, floats the ops adding the most noise, a few more each round.
 Each strategy ends by trying the float ops holding the most FLOPs back in INT8 (prune). Outputs,
-and every part of a concatenated output, are judged over all samples pooled; ops go to F16
+and every part of a concatenated output, are judged over all samples pooled (and, given a test
+input, on it alone as well); ops go to F16
 where the chip has it. The result is a quantize table (TPU-MLIR's format).
 
 >>> result = search_mixed_precision(model, "npu1", table, samples, "0.99,20")   # doctest: +SKIP
@@ -332,7 +333,7 @@ def ancestors(model, tensor_names: set) -> set[str]:
 
 def _search(model, chip, table, samples, target, asymmetric, qtable, float_mode, ranking,
             weights_from=None, float_budget=None, wide_links=True, latency_budget=None,
-            latency=None) -> MixedPrecisionResult:
+            latency=None, judge_first=False) -> MixedPrecisionResult:
     t0 = time.perf_counter()
     chip = chips.load(chip)
     cos_t, snr_t = parse_target(target)
@@ -352,15 +353,17 @@ def _search(model, chip, table, samples, target, asymmetric, qtable, float_mode,
     evaluations = 0
 
     def evaluate(extra: dict, n_samples: int | None = None, dumps: list | None = None):
-        """(worst (cosine, SQNR) over the judged tensors, each pooled over the samples, the
-        lowering report, those figures per judged tensor); `dumps` collects every tensor of the
-        first ATTRIBUTION_SAMPLES runs."""
+        """(worst (cosine, SQNR) over the judged tensors, each pooled over the samples (and,
+        with `judge_first`, on the first sample alone: the worse of the two), the lowering report,
+        those figures per judged tensor); `dumps` collects every tensor of the first
+        ATTRIBUTION_SAMPLES runs."""
         nonlocal evaluations
         evaluations += 1
         tpu_model, report = lower(_lowered(model, weights_from, {**base, **extra}), chip, "INT8", table,
                                   qtable={**base, **extra}, asymmetric=asymmetric, wide_links=wide_links)
         run = TpuInterpreter(tpu_model, exact_rows=False)
         pooled: dict = {}
+        first: dict = {}
         for i, (s, ref) in enumerate(list(zip(samples, refs))[:n_samples]):
             dump = dumps is not None and i < ATTRIBUTION_SAMPLES
             got = run.run(s, dump_all=bool(parts) or dump, dequantize=True)
@@ -374,7 +377,11 @@ def _search(model, chip, table, samples, target, asymmetric, qtable, float_mode,
                 pooled.setdefault(n, ([], []))
                 pooled[n][0].append(np.ravel(a))
                 pooled[n][1].append(np.ravel(b))
+            if i == 0 and judge_first and len(samples) > 1:
+                first = {n: ([np.ravel(a)], [np.ravel(b)]) for n, a, b in pairs}
         figures = _judge(pooled, floor)
+        for n, (c, s) in _judge(first, floor).items():      # the test input must meet the target itself
+            figures[n] = (min(c, figures.get(n, (c, s))[0]), min(s, figures.get(n, (c, s))[1]))
         return _worst(figures), report, figures
 
     def meets(r) -> bool:
@@ -627,7 +634,8 @@ def search_mixed_precision(model, chip, table, samples: list[dict], target, *, a
                            qtable: dict | None = None, float_mode: str | None = None,
                            ranking: str = "isolated", weights_from=None,
                            float_budget: float | None = None, wide_links: bool = True,
-                           latency_budget: float | None = None, latency=None) -> MixedPrecisionResult:
+                           latency_budget: float | None = None, latency=None,
+                           judge_first: bool = False) -> MixedPrecisionResult:
     """Ops to keep in float for the INT8 model to reach `target` ("cosine,sqnr_db"), judged
     over the samples pooled. `ranking`: "isolated" (each op's own error on exact inputs per share
     of the FLOPs, then the shortest prefix, pruned), "effect" (grow the float set where the error
@@ -640,7 +648,9 @@ def search_mixed_precision(model, chip, table, samples: list[dict], target, *, a
     `wide_links`: the lowering's (`tftpu.transforms.lowering.lower`). `latency_budget`: the float
     ops may make the program at most this many times slower than with all of them in INT8, as
     `latency(tpu_model)` (an estimate in any unit) says; like the float budget, where the target
-    needs more the search keeps what fits and says so.
+    needs more the search keeps what fits and says so. `judge_first`: the first sample (the test
+    input a user names as representative) must meet the target on its own as well as in the pool;
+    its near-zero outputs are judged against the pool's noise floor, as pooled ones are.
     """
     if ranking not in RANKINGS:
         raise UsageError(f"mixed precision ranking {ranking!r}: expected one of {', '.join(RANKINGS)}")
@@ -656,4 +666,4 @@ def search_mixed_precision(model, chip, table, samples: list[dict], target, *, a
     if latency_budget is not None and math.isinf(latency_budget):
         latency_budget = None                      # inf: no limit
     return _search(model, chip, table, samples, target, asymmetric, qtable, float_mode, ranking, weights_from,
-                   float_budget, wide_links, latency_budget, latency)
+                   float_budget, wide_links, latency_budget, latency, judge_first)
