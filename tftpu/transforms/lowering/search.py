@@ -380,8 +380,8 @@ def _search(model, chip, table, samples, target, asymmetric, qtable, float_mode,
             if i == 0 and judge_first and len(samples) > 1:
                 first = {n: ([np.ravel(a)], [np.ravel(b)]) for n, a, b in pairs}
         figures = _judge(pooled, floor)
-        for n, (c, s) in _judge(first, floor).items():      # the test input must meet the target itself
-            figures[n] = (min(c, figures.get(n, (c, s))[0]), min(s, figures.get(n, (c, s))[1]))
+        for n, alone in _judge(first, floor).items():      # the test input must meet the target itself
+            figures[n] = tuple(map(min, alone, figures.get(n, alone)))
         return _worst(figures), report, figures
 
     def meets(r) -> bool:
