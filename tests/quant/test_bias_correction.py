@@ -187,20 +187,53 @@ def test_deploy_keeps_the_model_as_given_where_the_test_input_loses(case, monkey
                   samples=samples, mixed_precision="none", bias_correction=True)
     assert kept.bias_correction.kept
     assert "kept: worst output SQNR on the test input and 6 samples" in str(kept.bias_correction)
-    real = D._keep_correction
+    real = D._choose_correction
 
-    def refuse(*args):
-        real(*args)
-        for report in args[-1]:
-            report.kept = False
-        return False
+    def refuse(top_model, candidates, *rest):
+        real(top_model, candidates, *rest)
+        plain = candidates[-1]
+        assert plain[0] == (False, False)
+        for report in rest[-2:]:
+            if report is not None:
+                report.kept = False
+        return plain
 
-    monkeypatch.setattr(D, "_keep_correction", refuse)
+    monkeypatch.setattr(D, "_choose_correction", refuse)
     res = deploy(model, quantize="INT8", chip="npu1", calibration_table=table, test_input=held[0],
                  samples=samples, mixed_precision="none", bias_correction=True)
     plain, _ = lower(model, "npu1", "INT8", table)
     assert not res.bias_correction.kept and res.model.weights.keys() == plain.weights.keys()
     assert all(np.array_equal(plain.weights[k], v) for k, v in res.model.weights.items())
+
+
+def test_a_tie_on_the_worst_sample_is_settled_by_the_next():
+    """Candidates are compared on their samples' worst SQNRs, worst first: an image whose output
+    is empty scores -inf dB for both where both miss its zeros by the same offsets, and the
+    next sample decides (judged only on the worst sample, the tie kept the correction)."""
+    from tftpu.ir.module import TopModel
+    from tftpu.pipelines.deploy import _choose_correction
+    from tftpu.quant.bias_correction import BiasCorrection
+
+    b = TopBuilder("identity")
+    x = b.input("x", (1, 4, 6, 6))
+    y = b.op("Conv", [x, b.weight("w", np.eye(4, dtype=np.float32).reshape(4, 4, 1, 1)),
+                      b.weight("b", np.zeros(4, np.float32))], {"kernel_shape": [1, 1]}, "y")
+    model = b.finish([y])
+    offsets = np.array([0.05, -0.05, 0.05, -0.05], np.float32)
+    near = lower(TopModel(model.module, {**model.weights, "b": offsets}), "npu1", "F32")       # 21 dB
+    far = lower(TopModel(model.module, {**model.weights, "b": offsets, "w": 1.3 * model.weights["w"]}),
+                "npu1", "F32")                                                                 # 10 dB
+    image = {"x": np.random.default_rng(0).uniform(-1, 1, (1, 4, 6, 6)).astype(np.float32)}
+    empty = {"x": np.zeros((1, 4, 6, 6), np.float32)}
+    for first, kept in ((far, False), (near, True)):
+        other = near if first is far else far
+        report = BiasCorrection([], 1, 0.0)
+        uses, chosen = _choose_correction(model, [((False, True), first), ((False, False), other)],
+                                          [image, empty], None, report)
+        assert report.kept is kept and uses == (False, kept) and chosen is (first if kept else other)
+        figures = "-inf, 9.74 -> -inf, 21.56" if kept else "-inf, 21.56 -> -inf, 9.74"
+        assert report.check == f"{'kept' if kept else 'not kept'}: worst output SQNR on the test input and 1 sample, " \
+                               f"worst first {figures} dB"
 
 
 def test_tftpu_deploy_flag(case, tmp_path):

@@ -36,7 +36,8 @@ from tftpu.ir.base import value_name
 from tftpu.transforms.lowering.lower import lower
 from tftpu.utils.progress import progress
 
-__all__ = ["search_mixed_precision", "MixedPrecisionResult", "parse_target", "output_parts", "part_slices"]
+__all__ = ["search_mixed_precision", "MixedPrecisionResult", "parse_target", "output_parts", "part_slices",
+           "output_pairs", "judge_runs", "worst_figures"]
 
 _CAP = 100.0        # dB: an exact tensor counts as this
 RANK_SAMPLES = 4    # samples the per-op error is measured on
@@ -251,6 +252,33 @@ PRUNE_TRIALS = 8          # at most this many trials to move float ops back to I
 PRUNE_SHARE = 0.01        # ... each for an op holding at least this share of the FLOPs
 
 
+def output_pairs(model, parts: list, ref: dict, got: dict) -> list[tuple[str, np.ndarray, np.ndarray]]:
+    """(label, reference, got) of every output of `model` and every part (`parts`: `output_parts`
+    specs) of a concatenated output, from one sample's reference and TPU runs."""
+    pairs = [(n, ref[n], got[n]) for n in model.output_names]
+    for spec in parts:
+        pairs += [(f"{spec[0]}[{p}]", a, b) for (p, a), (_, b) in zip(part_slices(ref, spec), part_slices(got, spec))]
+    return pairs
+
+
+def judge_runs(runs: list[list], floor: float, judge_first: bool = False) -> dict[str, tuple[float, float]]:
+    """(cosine, SQNR) per output and part over the samples' `output_pairs`, pooled (an output
+    zero up to `floor` on a sample weighs by its energy, not as a whole sample); with
+    `judge_first`, the first sample (the test input) alone as well, the worse of the two."""
+    pooled: dict = {}
+    for pairs in runs:
+        for n, a, b in pairs:
+            pooled.setdefault(n, ([], []))
+            pooled[n][0].append(np.ravel(a))
+            pooled[n][1].append(np.ravel(b))
+    figures = _judge(pooled, floor)
+    if judge_first and len(runs) > 1:
+        first = {n: ([np.ravel(a)], [np.ravel(b)]) for n, a, b in runs[0]}
+        for n, alone in _judge(first, floor).items():
+            figures[n] = tuple(map(min, alone, figures.get(n, alone)))
+    return figures
+
+
 def _judge(pairs: dict, floor: float) -> dict[str, tuple[float, float]]:
     """(cosine, SQNR) per judged tensor, from its (reference, got) arrays pooled over samples."""
     out = {}
@@ -262,7 +290,8 @@ def _judge(pairs: dict, floor: float) -> dict[str, tuple[float, float]]:
     return out
 
 
-def _worst(figures: dict) -> tuple[float, float]:
+def worst_figures(figures: dict) -> tuple[float, float]:
+    """The worst (cosine, SQNR) of `judge_runs`' figures."""
     return (min((c for c, _ in figures.values()), default=1.0), min((s for _, s in figures.values()), default=_CAP))
 
 
@@ -362,27 +391,15 @@ def _search(model, chip, table, samples, target, asymmetric, qtable, float_mode,
         tpu_model, report = lower(_lowered(model, weights_from, {**base, **extra}), chip, "INT8", table,
                                   qtable={**base, **extra}, asymmetric=asymmetric, wide_links=wide_links)
         run = TpuInterpreter(tpu_model, exact_rows=False)
-        pooled: dict = {}
-        first: dict = {}
+        runs = []
         for i, (s, ref) in enumerate(list(zip(samples, refs))[:n_samples]):
             dump = dumps is not None and i < ATTRIBUTION_SAMPLES
             got = run.run(s, dump_all=bool(parts) or dump, dequantize=True)
             if dump:
                 dumps.append(got)
-            pairs = [(n, ref[n], got[n]) for n in model.output_names]
-            for spec in parts:
-                pairs += [(f"{spec[0]}[{p}]", a, b)
-                          for (p, a), (_, b) in zip(part_slices(ref, spec), part_slices(got, spec))]
-            for n, a, b in pairs:
-                pooled.setdefault(n, ([], []))
-                pooled[n][0].append(np.ravel(a))
-                pooled[n][1].append(np.ravel(b))
-            if i == 0 and judge_first and len(samples) > 1:
-                first = {n: ([np.ravel(a)], [np.ravel(b)]) for n, a, b in pairs}
-        figures = _judge(pooled, floor)
-        for n, alone in _judge(first, floor).items():      # the test input must meet the target itself
-            figures[n] = tuple(map(min, alone, figures.get(n, alone)))
-        return _worst(figures), report, figures
+            runs.append(output_pairs(model, parts, ref, got))
+        figures = judge_runs(runs, floor, judge_first)
+        return worst_figures(figures), report, figures
 
     def meets(r) -> bool:
         return r[0] >= cos_t and r[1] >= snr_t
