@@ -187,18 +187,16 @@ def test_deploy_keeps_the_model_as_given_where_the_test_input_loses(case, monkey
                   samples=samples, mixed_precision="none", bias_correction=True)
     assert kept.bias_correction.kept
     assert "kept: worst output SQNR on the test input and 6 samples" in str(kept.bias_correction)
-    real = D._choose_correction
+    assert ", on the test input alone " in str(kept.bias_correction)
+    real = D._keep_correction
 
-    def refuse(top_model, candidates, *rest):
-        real(top_model, candidates, *rest)
-        plain = candidates[-1]
-        assert plain[0] == (False, False)
-        for report in rest[-2:]:
-            if report is not None:
-                report.kept = False
-        return plain
+    def refuse(*args):
+        real(*args)
+        for report in args[4]:
+            report.kept = False
+        return False
 
-    monkeypatch.setattr(D, "_choose_correction", refuse)
+    monkeypatch.setattr(D, "_keep_correction", refuse)
     res = deploy(model, quantize="INT8", chip="npu1", calibration_table=table, test_input=held[0],
                  samples=samples, mixed_precision="none", bias_correction=True)
     plain, _ = lower(model, "npu1", "INT8", table)
@@ -206,12 +204,13 @@ def test_deploy_keeps_the_model_as_given_where_the_test_input_loses(case, monkey
     assert all(np.array_equal(plain.weights[k], v) for k, v in res.model.weights.items())
 
 
-def test_a_tie_on_the_worst_sample_is_settled_by_the_next():
-    """Candidates are compared on their samples' worst SQNRs, worst first: an image whose output
-    is empty scores -inf dB for both where both miss its zeros by the same offsets, and the
-    next sample decides (judged only on the worst sample, the tie kept the correction)."""
+def test_the_guard_judges_pooled_and_the_test_input_alone():
+    """An image whose output is zero says nothing on its own (judged alone, any error there is
+    -inf dB, and a tie kept the correction whatever else it did), so the samples are pooled, as
+    verify pools them; and the test input is judged alone too: a constant offset, small beside
+    the other images' outputs, is not kept where the test input's output is small as well."""
     from tftpu.ir.module import TopModel
-    from tftpu.pipelines.deploy import _choose_correction
+    from tftpu.pipelines.deploy import _keep_correction
     from tftpu.quant.bias_correction import BiasCorrection
 
     b = TopBuilder("identity")
@@ -219,21 +218,19 @@ def test_a_tie_on_the_worst_sample_is_settled_by_the_next():
     y = b.op("Conv", [x, b.weight("w", np.eye(4, dtype=np.float32).reshape(4, 4, 1, 1)),
                       b.weight("b", np.zeros(4, np.float32))], {"kernel_shape": [1, 1]}, "y")
     model = b.finish([y])
-    offsets = np.array([0.05, -0.05, 0.05, -0.05], np.float32)
-    near = lower(TopModel(model.module, {**model.weights, "b": offsets}), "npu1", "F32")       # 21 dB
-    far = lower(TopModel(model.module, {**model.weights, "b": offsets, "w": 1.3 * model.weights["w"]}),
-                "npu1", "F32")                                                                 # 10 dB
-    image = {"x": np.random.default_rng(0).uniform(-1, 1, (1, 4, 6, 6)).astype(np.float32)}
-    empty = {"x": np.zeros((1, 4, 6, 6), np.float32)}
-    for first, kept in ((far, False), (near, True)):
-        other = near if first is far else far
-        report = BiasCorrection([], 1, 0.0)
-        uses, chosen = _choose_correction(model, [((False, True), first), ((False, False), other)],
-                                          [image, empty], None, report)
-        assert report.kept is kept and uses == (False, kept) and chosen is (first if kept else other)
-        figures = "-inf, 9.74 -> -inf, 21.56" if kept else "-inf, 21.56 -> -inf, 9.74"
-        assert report.check == f"{'kept' if kept else 'not kept'}: worst output SQNR on the test input and 1 sample, " \
-                               f"worst first {figures} dB"
+    offset, _ = lower(TopModel(model.module, {**model.weights, "b": np.array([0.05, -0.05, 0.05, -0.05], np.float32)}),
+                      "npu1", "F32")                            # the "correction": +-0.05 everywhere
+    gain, _ = lower(TopModel(model.module, {**model.weights, "w": 1.3 * model.weights["w"]}),
+                    "npu1", "F32")                              # the model "as given": 30% off, 10.5 dB
+    pattern = np.random.default_rng(0).uniform(-1, 1, (1, 4, 6, 6)).astype(np.float32)
+    small, large, empty = ({"x": np.float32(v) * pattern} for v in (0.02, 1, 0))
+    report = BiasCorrection([], 1, 0.0)
+    assert _keep_correction(model, offset, gain, [large, empty, small], [report]) and report.kept
+    assert report.check.startswith("kept: worst output SQNR on the test input and 2 samples 10.")
+    report = BiasCorrection([], 1, 0.0)
+    assert not _keep_correction(model, offset, gain, [small, empty, large], [report]) and not report.kept
+    assert ", on the test input alone 10." in report.check and report.check.endswith(" -> -12.42 dB")
+    assert _keep_correction(model, offset, gain, [small, empty, large], [report], target=-13.0)   # still at target
 
 
 def test_tftpu_deploy_flag(case, tmp_path):

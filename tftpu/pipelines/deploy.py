@@ -24,7 +24,7 @@ from tftpu.interp.tpu import TpuInterpreter
 from tftpu.ir import top
 from tftpu.ir.base import value_name
 from tftpu.transforms.lowering.search import (FLOAT_BUDGET, LATENCY_BUDGET, judge_runs, output_pairs, output_parts,
-                                              part_slices, worst_figures)
+                                              parse_target, part_slices, worst_figures)
 
 __all__ = ["deploy", "DeployResult", "DEFAULT_TOLERANCE", "verify", "output_parts"]
 
@@ -191,11 +191,13 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     runs the program and is checked against TPU inference. `bias_correction` (INT8): the model
     lowered is a copy whose conv / matmul / deconv biases absorb the mean INT8 error measured on
     `samples` (else the test input; `tftpu.quant.bias_correction`), the ops the search keeps in
-    float excepted, kept only if the samples' worst output SQNRs (the test input's and `samples`'),
-    compared worst first, do not drop for it; every check still compares against the model given. `weight_rounding` (INT8): the INT8 ops' weights are rounded by per-layer
-    reconstruction on `samples` (`tftpu.quant.weight_rounding`, GPTQ's error feedback) instead of
-    to nearest, before the search (which then judges with them) and the bias correction; kept on
-    the same condition.
+    float excepted, kept only if the worst output SQNR does not drop for it, neither over the test
+    input and `samples` pooled (as verify judges them) nor on the test input alone (unless it
+    stays at the mixed-precision target, 20 dB by default); every check still compares against
+    the model given. `weight_rounding` (INT8): the INT8 ops' weights are
+    rounded by per-layer reconstruction on `samples` (`tftpu.quant.weight_rounding`, GPTQ's
+    error feedback) instead of to nearest, before the search (which then judges with them) and
+    the bias correction; kept on the same condition.
     `mixed_precision_budget`: the most of the model's FLOPs the search may keep in float (a share,
     0..1; 5% by default, None: no limit); where the target needs more, it keeps what fits and
     says so. `mixed_precision_latency`: the most the float ops may slow the program, as a multiple
@@ -284,14 +286,14 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
                                 wide_links=wide_links)
     tpu_model.verify()
     seconds["lower"] = time.perf_counter() - t1
-    if (rounding is not None or corrected is not None) and inputs is not None:
+    reports = [r for r in (rounding, corrected) if r is not None]
+    if reports and inputs is not None:
         t1 = time.perf_counter()                 # kept only where the outputs verify judges do not lose
-        candidates = [((rounding is not None, corrected is not None), (tpu_model, lowering)),
-                      ((False, False), lower(top_model, the_chip, mode, table, qtable=qtable,      # as given
-                                             asymmetric=asymmetric, wide_links=wide_links))]
+        plain = lower(top_model, the_chip, mode, table, qtable=qtable, asymmetric=asymmetric, wide_links=wide_links)
         judged = [inputs] + [x for x in (samples or []) if x is not inputs]     # what verify judges on
-        uses, (tpu_model, lowering) = _choose_correction(top_model, candidates, judged, rounding, corrected)
-        if uses != candidates[0][0]:
+        target = parse_target(mixed_precision or AUTO_TARGET)[1]
+        if not _keep_correction(top_model, tpu_model, plain[0], judged, reports, target):
+            tpu_model, lowering = plain
             tpu_model.verify()
         seconds["keep check"] = time.perf_counter() - t1
     t1 = time.perf_counter()
@@ -364,47 +366,37 @@ def _float_ops(qtable) -> set:
     return {name for name, m in (qtable or {}).items() if str(m).upper() != "INT8"}
 
 
-def _choose_correction(top_model, candidates: list, held: list[dict], rounding, corrected):
-    """The candidate `((uses weight rounding, uses bias correction), (TpuModel, LoweringReport))`
-    that does best on the sample it does worst on, over `held` (the test input first, then the
-    samples verify judges on): each sample's worst output (or part) SQNR against TOP, sorted
-    worst first and compared in that order (to 0.01 dB), so a tie on the worst sample (an image
-    whose output is near zero scores alike for every candidate) is settled by the next; the most
-    corrected on a full tie. A correction that most samples like but one does not (the test input
-    unlike the calibration photos) is not kept. Notes in `rounding` and `corrected` whether each
-    was kept, and the worst sample's figure of the best candidate without and with it."""
+def _keep_correction(top_model, corrected_tpu, plain_tpu, held: list[dict], reports, target: float = math.inf) -> bool:
+    """Whether the corrected TPU model (reconstructed rounding, bias correction) does at least
+    as well against TOP as the plain one, in the worst output (or part of a concatenated output)
+    SQNR over `held` (the test input first, then the samples verify judges on) pooled, as the
+    search and verify judge (an image whose output is zero up to rounding weighs by its energy),
+    and on the test input alone unless it stays at `target` dB: a correction that the
+    calibration photos like but the test input does not is not kept. Notes the figures in each
+    of `reports`."""
     parts = [spec for specs in output_parts(top_model).values() for spec in specs]
     needed = set(top_model.output_names) | {spec[0] for spec in parts}
     top_run = TopInterpreter(top_model)
     refs = [{k: v for k, v in top_run.run(x, dump_all=bool(parts)).items() if k in needed} for x in held]
     floor = noise_floor(v for ref in refs for v in ref.values())
 
-    def figures(tpu) -> list[float]:
+    def worst(tpu) -> tuple[float, float]:
+        """(pooled, test input alone) worst SQNR."""
         run = TpuInterpreter(tpu, exact_rows=False)
-        each = []
-        for x, ref in zip(held, refs):
-            pairs = output_pairs(top_model, parts, ref, run.run(x, dump_all=bool(parts), dequantize=True))
-            snr = worst_figures(judge_runs([pairs], floor))[1]
-            each.append(-math.inf if math.isnan(snr) else round(snr, 2))
-        return sorted(each)
+        runs = [output_pairs(top_model, parts, ref, run.run(x, dump_all=bool(parts), dequantize=True))
+                for x, ref in zip(held, refs)]
+        figures = (worst_figures(judge_runs(runs, floor))[1], worst_figures(judge_runs(runs[:1], floor))[1])
+        return tuple(-math.inf if math.isnan(v) else v for v in figures)
 
-    scores = [figures(tpu) for _, (tpu, _) in candidates]
-    best = max(range(len(candidates)), key=lambda i: (scores[i], -i))
+    before, after = worst(plain_tpu), worst(corrected_tpu)
+    kept = after[0] >= before[0] and (after[1] >= before[1] or after[1] >= target)
     where = "the test input" + (f" and {len(held) - 1} sample{'s' if len(held) > 2 else ''}" if len(held) > 1 else "")
-    for k, report in enumerate((rounding, corrected)):
-        if report is None:
-            continue
-        with_it = max(f for (uses, _), f in zip(candidates, scores) if uses[k])
-        without = max(f for (uses, _), f in zip(candidates, scores) if not uses[k])
-        report.kept = candidates[best][0][k]
-        shown = next((k + 1 for k, (a, b) in enumerate(zip(without, with_it)) if a != b), 1)
-        report.check = (f"{'kept' if report.kept else 'not kept'}: worst output SQNR on {where}"
-                        f"{', worst first' if shown > 1 else ''} {_dbs(without[:shown])} -> {_dbs(with_it[:shown])} dB")
-    return candidates[best]
-
-
-def _dbs(figures) -> str:
-    return ", ".join(f"{f:.2f}" for f in figures)
+    alone = f", on the test input alone {before[1]:.2f} -> {after[1]:.2f} dB" if len(held) > 1 else ""
+    for report in reports:
+        report.kept = kept
+        report.check = (f"{'kept' if kept else 'not kept'}: worst output SQNR on {where} "
+                        f"{before[0]:.2f} -> {after[0]:.2f} dB{alone}")
+    return kept
 
 
 def _entries_for_moves(model, table):
