@@ -191,10 +191,10 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     runs the program and is checked against TPU inference. `bias_correction` (INT8): the model
     lowered is a copy whose conv / matmul / deconv biases absorb the mean INT8 error measured on
     `samples` (else the test input; `tftpu.quant.bias_correction`), the ops the search keeps in
-    float excepted, kept only if the worst output SQNR does not drop for it, neither over the test
-    input and `samples` pooled (as verify judges them) nor on the test input alone (unless it
-    stays at the mixed-precision target, 20 dB by default); every check still compares against
-    the model given. `weight_rounding` (INT8): the INT8 ops' weights are
+    float excepted, kept only if the worst output SQNR does not drop for it, judged as the search
+    judges (the worse of the test input and `samples` pooled and the test input alone), nor on
+    the test input alone unless it stays at the mixed-precision target (20 dB by default); every
+    check still compares against the model given. `weight_rounding` (INT8): the INT8 ops' weights are
     rounded by per-layer reconstruction on `samples` (`tftpu.quant.weight_rounding`, GPTQ's
     error feedback) instead of to nearest, before the search (which then judges with them) and
     the bias correction; kept on the same condition.
@@ -369,11 +369,11 @@ def _float_ops(qtable) -> set:
 def _keep_correction(top_model, corrected_tpu, plain_tpu, held: list[dict], reports, target: float = math.inf) -> bool:
     """Whether the corrected TPU model (reconstructed rounding, bias correction) does at least
     as well against TOP as the plain one, in the worst output (or part of a concatenated output)
-    SQNR over `held` (the test input first, then the samples verify judges on) pooled, as the
-    search and verify judge (an image whose output is zero up to rounding weighs by its energy),
-    and on the test input alone unless it stays at `target` dB: a correction that the
-    calibration photos like but the test input does not is not kept. Notes the figures in each
-    of `reports`."""
+    SQNR as the search judges it: the worse of `held` (the test input first, then the samples
+    verify judges on) pooled (an image whose output is zero up to rounding weighs by its energy)
+    and the test input alone; and the test input alone does not drop either, unless it stays at
+    `target` dB (a correction that the calibration photos like but the test input does not is
+    not kept). Notes the figures in each of `reports`."""
     parts = [spec for specs in output_parts(top_model).values() for spec in specs]
     needed = set(top_model.output_names) | {spec[0] for spec in parts}
     top_run = TopInterpreter(top_model)
@@ -389,7 +389,7 @@ def _keep_correction(top_model, corrected_tpu, plain_tpu, held: list[dict], repo
         return tuple(-math.inf if math.isnan(v) else v for v in figures)
 
     before, after = worst(plain_tpu), worst(corrected_tpu)
-    kept = after[0] >= before[0] and (after[1] >= before[1] or after[1] >= target)
+    kept = min(after) >= min(before) and (after[1] >= before[1] or after[1] >= target)
     where = "the test input" + (f" and {len(held) - 1} sample{'s' if len(held) > 2 else ''}" if len(held) > 1 else "")
     alone = f", on the test input alone {before[1]:.2f} -> {after[1]:.2f} dB" if len(held) > 1 else ""
     for report in reports:
