@@ -192,7 +192,7 @@ def test_deploy_keeps_the_model_as_given_where_the_test_input_loses(case, monkey
 
     def refuse(*args):
         real(*args)
-        for report in args[4]:
+        for report in args[3]:
             report.kept = False
         return False
 
@@ -210,7 +210,7 @@ def test_the_guard_judges_pooled_and_the_test_input_alone():
     verify pools them; and the test input is judged alone too: a constant offset, small beside
     the other images' outputs, is not kept where the test input's output is small as well."""
     from tftpu.ir.module import TopModel
-    from tftpu.pipelines.deploy import _keep_correction
+    from tftpu.pipelines.deploy import _Judge, _keep_correction
     from tftpu.quant.bias_correction import BiasCorrection
 
     b = TopBuilder("identity")
@@ -225,10 +225,10 @@ def test_the_guard_judges_pooled_and_the_test_input_alone():
     pattern = np.random.default_rng(0).uniform(-1, 1, (1, 4, 6, 6)).astype(np.float32)
     small, large, empty = ({"x": np.float32(v) * pattern} for v in (0.02, 1, 0))
     report = BiasCorrection([], 1, 0.0)
-    assert _keep_correction(model, offset, gain, [large, empty, small], [report]) and report.kept
+    assert _keep_correction(_Judge(model, [large, empty, small]), offset, gain, [report]) and report.kept
     assert report.check.startswith("kept: worst output SQNR on the test input and 2 samples 10.")
     report = BiasCorrection([], 1, 0.0)
-    assert not _keep_correction(model, offset, gain, [small, empty, large], [report]) and not report.kept
+    assert not _keep_correction(_Judge(model, [small, empty, large]), offset, gain, [report]) and not report.kept
     assert ", on the test input alone 10." in report.check and report.check.endswith(" -> -12.42 dB")
 
 

@@ -223,6 +223,34 @@ def test_the_test_input_meets_the_target_on_its_own(cnn_case):
     assert alone({n: m for n, m, _ in res.kept}, order[0]) >= (first + pooled) / 2 - 1e-3
 
 
+def test_float_ops_that_do_not_help_the_lowered_weights_are_undone(monkeypatch):
+    """Where the search's float ops do worse than all INT8 on the weights finally lowered (here
+    F16 overflows a conv whose outputs pass 65504, which INT8 holds), deploy lowers all INT8 and
+    says why."""
+    import tftpu.transforms.lowering.search as S
+
+    b = TopBuilder("big")
+    x = b.input("x", (1, 4, 6, 6))
+    y = b.op("Conv", [x, b.weight("w", 1e5 * np.eye(4, dtype=np.float32).reshape(4, 4, 1, 1)), b.none()],
+             {"kernel_shape": [1, 1]}, "y")
+    model = b.finish([b.op("Relu", [y], {}, "r")])
+    rng = np.random.default_rng(0)
+    samples = [{"x": rng.uniform(0, 1, (1, 4, 6, 6)).astype(np.float32)} for _ in range(3)]
+    table = quant.calibrate(model, samples, "minmax")
+
+    def search(*args, **kwargs):
+        return S.MixedPrecisionResult({"y": "F16"}, [("y", "F16", 0.0)], (0.99, 20.0), (1.0, 100.0), (0.9, 10.0), 1, 0.0, 2)
+
+    monkeypatch.setattr(S, "search_mixed_precision", search)
+    res = deploy(model, quantize="INT8", chip="npu1", calibration_table=table, test_input=samples[0],
+                 samples=samples[1:], mixed_precision="auto", weight_rounding=False, bias_correction=False)
+    assert res.search.undone is not None and res.search.undone[0] < res.search.undone[1]
+    assert not res.search.kept and not res.search.qtable
+    assert {d.mode for d in res.lowering.decisions} == {"INT8"}
+    assert "do not help with the weights lowered" in str(res.search)
+    assert res.search.as_dict()["undone"] == [round(v, 3) for v in res.search.undone]
+
+
 def test_bad_input_is_one_clear_error(cnn_case, tmp_path):
     model, table, samples = cnn_case
     with pytest.raises(errors.UsageError, match="calibration table"):

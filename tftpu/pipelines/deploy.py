@@ -287,15 +287,29 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     tpu_model.verify()
     seconds["lower"] = time.perf_counter() - t1
     reports = [r for r in (rounding, corrected) if r is not None]
-    if reports and inputs is not None:
+    judge = None
+    if inputs is not None and (reports or search is not None and search.kept):
+        judge = _Judge(top_model, [inputs] + [x for x in (samples or []) if x is not inputs])  # what verify judges
+    if reports and judge is not None:
         t1 = time.perf_counter()                 # kept only where the outputs verify judges do not lose
         plain = lower(top_model, the_chip, mode, table, qtable=qtable, asymmetric=asymmetric, wide_links=wide_links)
-        judged = [inputs] + [x for x in (samples or []) if x is not inputs]     # what verify judges on
         target = parse_target(mixed_precision or AUTO_TARGET)[1]
-        if not _keep_correction(top_model, tpu_model, plain[0], judged, reports, target):
+        if not _keep_correction(judge, tpu_model, plain[0], reports, target):
             tpu_model, lowering = plain
+            lowered = top_model
             tpu_model.verify()
         seconds["keep check"] = time.perf_counter() - t1
+    if search is not None and search.kept and judge is not None:
+        t1 = time.perf_counter()                 # the float ops must help the weights lowered
+        pure = lower(lowered, the_chip, mode, table, qtable=given_qtable, asymmetric=asymmetric, wide_links=wide_links)
+        mixed_figure, pure_figure = min(judge(tpu_model)), min(judge(pure[0]))
+        if pure_figure >= mixed_figure:
+            tpu_model, lowering = pure
+            tpu_model.verify()
+            search = dataclasses.replace(search, qtable=dict(given_qtable or {}), kept=[],
+                                         undone=(mixed_figure, pure_figure))
+            qtable = search.qtable
+        seconds["float check"] = time.perf_counter() - t1
     t1 = time.perf_counter()
     from tftpu.backend import s2d_stem
     from tftpu.backend.codegen import annotate, generate
@@ -366,35 +380,49 @@ def _float_ops(qtable) -> set:
     return {name for name, m in (qtable or {}).items() if str(m).upper() != "INT8"}
 
 
-def _keep_correction(top_model, corrected_tpu, plain_tpu, held: list[dict], reports, target: float = math.inf) -> bool:
+class _Judge:
+    """The mixed-precision search's measure of TPU models against TOP on `held` (the test input
+    first, then the samples verify judges on): (worst output or part SQNR over them pooled, an
+    image whose output is zero up to rounding weighing by its energy; the same on the test input
+    alone). TOP runs once."""
+
+    def __init__(self, top_model, held: list[dict]):
+        self.model, self.held = top_model, held
+        self.parts = [spec for specs in output_parts(top_model).values() for spec in specs]
+        needed = set(top_model.output_names) | {spec[0] for spec in self.parts}
+        top_run = TopInterpreter(top_model)
+        self.refs = [{k: v for k, v in top_run.run(x, dump_all=bool(self.parts)).items() if k in needed}
+                     for x in held]
+        self.floor = noise_floor(v for ref in self.refs for v in ref.values())
+        self.seen: dict[int, tuple[float, float]] = {}
+
+    def __call__(self, tpu) -> tuple[float, float]:
+        if id(tpu) not in self.seen:
+            run = TpuInterpreter(tpu, exact_rows=False)
+            runs = [output_pairs(self.model, self.parts, ref, run.run(x, dump_all=bool(self.parts), dequantize=True))
+                    for x, ref in zip(self.held, self.refs)]
+            figures = (worst_figures(judge_runs(runs, self.floor))[1], worst_figures(judge_runs(runs[:1], self.floor))[1])
+            self.seen[id(tpu)] = tuple(-math.inf if math.isnan(v) else v for v in figures)
+        return self.seen[id(tpu)]
+
+    @property
+    def where(self) -> str:
+        n = len(self.held) - 1
+        return "the test input" + (f" and {n} sample{'s' if n > 1 else ''}" if n else "")
+
+
+def _keep_correction(judge: _Judge, corrected_tpu, plain_tpu, reports, target: float = math.inf) -> bool:
     """Whether the corrected TPU model (reconstructed rounding, bias correction) does at least
-    as well against TOP as the plain one, in the worst output (or part of a concatenated output)
-    SQNR as the search judges it: the worse of `held` (the test input first, then the samples
-    verify judges on) pooled (an image whose output is zero up to rounding weighs by its energy)
-    and the test input alone; and the test input alone does not drop either, unless it stays at
-    `target` dB (a correction that the calibration photos like but the test input does not is
-    not kept). Notes the figures in each of `reports`."""
-    parts = [spec for specs in output_parts(top_model).values() for spec in specs]
-    needed = set(top_model.output_names) | {spec[0] for spec in parts}
-    top_run = TopInterpreter(top_model)
-    refs = [{k: v for k, v in top_run.run(x, dump_all=bool(parts)).items() if k in needed} for x in held]
-    floor = noise_floor(v for ref in refs for v in ref.values())
-
-    def worst(tpu) -> tuple[float, float]:
-        """(pooled, test input alone) worst SQNR."""
-        run = TpuInterpreter(tpu, exact_rows=False)
-        runs = [output_pairs(top_model, parts, ref, run.run(x, dump_all=bool(parts), dequantize=True))
-                for x, ref in zip(held, refs)]
-        figures = (worst_figures(judge_runs(runs, floor))[1], worst_figures(judge_runs(runs[:1], floor))[1])
-        return tuple(-math.inf if math.isnan(v) else v for v in figures)
-
-    before, after = worst(plain_tpu), worst(corrected_tpu)
+    as well as the plain one by `judge` (the worse of pooled and the test input alone), and on
+    the test input alone as well unless that stays at `target` dB (a correction that the
+    calibration photos like but the test input does not is not kept). Notes the figures in each
+    of `reports`."""
+    before, after = judge(plain_tpu), judge(corrected_tpu)
     kept = min(after) >= min(before) and (after[1] >= before[1] or after[1] >= target)
-    where = "the test input" + (f" and {len(held) - 1} sample{'s' if len(held) > 2 else ''}" if len(held) > 1 else "")
-    alone = f", on the test input alone {before[1]:.2f} -> {after[1]:.2f} dB" if len(held) > 1 else ""
+    alone = f", on the test input alone {before[1]:.2f} -> {after[1]:.2f} dB" if len(judge.held) > 1 else ""
     for report in reports:
         report.kept = kept
-        report.check = (f"{'kept' if kept else 'not kept'}: worst output SQNR on {where} "
+        report.check = (f"{'kept' if kept else 'not kept'}: worst output SQNR on {judge.where} "
                         f"{before[0]:.2f} -> {after[0]:.2f} dB{alone}")
     return kept
 

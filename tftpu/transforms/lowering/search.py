@@ -79,6 +79,8 @@ class MixedPrecisionResult:
     float_budget: float | None = None    # the most of the model's FLOPs the search could keep in float
     budget_limited: bool = False         # the target was missed because a budget stopped the search
     latency_budget: float | None = None  # the most the float ops could slow the program (x all-INT8)
+    undone: tuple | None = None          # (mixed, all-INT8) worst SQNR on the final weights, where the
+                                         # float ops did not help there and deploy lowered all INT8
 
     @property
     def met(self) -> bool:
@@ -104,6 +106,9 @@ class MixedPrecisionResult:
             ([f"latency {self.latency_budget:.2f}x the all-INT8 program's"] if self.latency_budget is not None else [])
         budget = (f" within the budget ({', '.join(budgets)}; a larger mixed_precision_budget / _latency "
                   f"lets it keep more in float)" if self.budget_limited else "")
+        if self.undone is not None:
+            return (f"the float ops the search chose do not help with the weights lowered (worst SQNR "
+                    f"{self.undone[0]:.1f} dB against {self.undone[1]:.1f} all in INT8), so all runs in INT8")
         if not self.kept:
             if self.met:
                 return f"pure INT8 reaches the target (cosine {c8:.5f}, SQNR {s8:.1f} dB)"
@@ -134,6 +139,7 @@ class MixedPrecisionResult:
                 "seconds": round(self.seconds, 3),
                 "ranking": self.ranking, "float_budget": self.float_budget, "latency_budget": self.latency_budget,
                 "budget_limited": self.budget_limited,
+                "undone": None if self.undone is None else [round(v, 3) for v in self.undone],
                 "latency_vs_all_int8": None if self.latency_ratio is None else round(self.latency_ratio, 4),
                 "kept": [{"name": n, "mode": m, _KEPT_FIGURE[self.ranking]: round(d, 3)} for n, m, d in self.kept]}
 
