@@ -394,7 +394,7 @@ class _Judge:
         self.refs = [{k: v for k, v in top_run.run(x, dump_all=bool(self.parts)).items() if k in needed}
                      for x in held]
         self.floor = noise_floor(v for ref in self.refs for v in ref.values())
-        self.seen: dict[int, tuple[float, float]] = {}
+        self.seen: dict[int, tuple] = {}        # id -> (the model, kept alive so the id stays its, figures)
 
     def __call__(self, tpu) -> tuple[float, float]:
         if id(tpu) not in self.seen:
@@ -402,8 +402,8 @@ class _Judge:
             runs = [output_pairs(self.model, self.parts, ref, run.run(x, dump_all=bool(self.parts), dequantize=True))
                     for x, ref in zip(self.held, self.refs)]
             figures = (worst_figures(judge_runs(runs, self.floor))[1], worst_figures(judge_runs(runs[:1], self.floor))[1])
-            self.seen[id(tpu)] = tuple(-math.inf if math.isnan(v) else v for v in figures)
-        return self.seen[id(tpu)]
+            self.seen[id(tpu)] = (tpu, tuple(-math.inf if math.isnan(v) else v for v in figures))
+        return self.seen[id(tpu)][1]
 
     @property
     def where(self) -> str:
