@@ -194,10 +194,11 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     float excepted, kept only if the worst output SQNR does not drop for it, judged as the search
     judges (the worse of the test input and `samples` pooled and the test input alone), nor on
     the test input alone unless it stays at the mixed-precision target (20 dB by default); every
-    check still compares against the model given. `weight_rounding` (INT8): the INT8 ops' weights are
-    rounded by per-layer reconstruction on `samples` (`tftpu.quant.weight_rounding`, GPTQ's
-    error feedback) instead of to nearest, before the search (which then judges with them) and
-    the bias correction; kept on the same condition.
+    check still compares against the model given. `weight_rounding` (INT8): the INT8 ops'
+    weights are rounded by per-layer reconstruction on `samples` (`tftpu.quant.weight_rounding`,
+    GPTQ's error feedback) instead of to nearest, before the search (which then judges with
+    them) and the bias correction; kept on the same condition. The search's float ops are then
+    judged once more on the weights lowered: where all INT8 does as well, all runs in INT8.
     `mixed_precision_budget`: the most of the model's FLOPs the search may keep in float (a share,
     0..1; 5% by default, None: no limit); where the target needs more, it keeps what fits and
     says so. `mixed_precision_latency`: the most the float ops may slow the program, as a multiple
