@@ -300,6 +300,7 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
             lowered = top_model
             tpu_model.verify()
         seconds["keep check"] = time.perf_counter() - t1
+    pure = None                                  # the program all in INT8, where it was lowered
     if search is not None and search.kept and judge is not None:
         t1 = time.perf_counter()                 # the float ops must help the weights lowered
         pure = lower(lowered, the_chip, mode, table, qtable=given_qtable, asymmetric=asymmetric, wide_links=wide_links)
@@ -318,8 +319,9 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     cycles = estimate(tpu_model, the_chip)
     all_int8_us = None
     if search is not None and search.kept:       # what the float ops cost: the program all in INT8
-        all_int8_us = _profile(lower(top_model, the_chip, mode, table, qtable=given_qtable,
-                                     asymmetric=asymmetric, wide_links=wide_links)[0], the_chip).latency_us
+        pure = pure or lower(top_model, the_chip, mode, table, qtable=given_qtable, asymmetric=asymmetric,
+                             wide_links=wide_links)
+        all_int8_us = _profile(pure[0], the_chip).latency_us
     program = generate(tpu_model, the_chip)
     annotate(program)                 # addresses and group_info into the module's text
     memory = program.memory
