@@ -16,6 +16,7 @@ from tftpu.interp.tpu import TpuInterpreter
 from tftpu.ir import quant, top
 from tftpu.ir.base import value_name
 from tftpu.quant import CalibrationTable
+from tftpu.quant import links as links_module
 from tftpu.quant.links import HEADROOM, I16_MAX, wide_grids
 from tftpu.transforms.lowering import lower
 
@@ -266,7 +267,7 @@ def test_bias_correction_reads_a_split_link_on_8_bits_where_the_lowering_does(mo
         m.setattr(bc, "wide_grids", functools.partial(wide_grids, split=False))
         whole, _ = bc.correct_biases(model, table, samples, "auto")
     with monkeypatch.context() as m:
-        m.setattr(bc, "int8_reads_wide", lambda reader, v: True)
+        m.setattr(bc, "reads_link", lambda reader, v, wide: True)
         wide, _ = bc.correct_biases(model, table, samples, "auto")
 
     def bias(m, name):
@@ -276,3 +277,87 @@ def test_bias_correction_reads_a_split_link_on_8_bits_where_the_lowering_does(mo
     for name in ("d1", "d2"):
         near, far = np.abs(bias(split, name) - bias(whole, name)).sum(), np.abs(bias(wide, name) - bias(whole, name)).sum()
         assert near < far / 2, (name, near, far)
+
+
+def pyramid(c: int = 4, seed: int = 0, mode: str = "nearest", tap: bool = False):
+    """Two paths through pass-through ops into Adds, as detectors build them: an FPN's coarse conv
+    `u` -> upsampling Resize `up` -> lateral Add `lat`; a block output `p` -> MaxPool `mp` ->
+    channel Pad `pad` -> residual Add `res`. `tap`: the Resize output feeds a conv `t` as well."""
+    rng = np.random.default_rng(seed)
+
+    def body(b, xs):
+        x = xs[0]
+        low = b.op("Conv", [x, b.weight("wd", W(rng, c, c, 3, 3)), b.weight("bd", W(rng, c, scale=0.1))],
+                   {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1], "do_relu": True}, "down")
+        u = b.op("Conv", [low, b.weight("wu", W(rng, c, c, 1, 1)), b.none()], {"kernel_shape": [1, 1]}, "u")
+        up = b.op("Resize", [u], {"mode": mode, "target_shape": [8, 8], "coord_mode": "half_pixel"}, "up")
+        side = b.op("Conv", [x, b.weight("wl", W(rng, c, c, 1, 1)), b.none()], {"kernel_shape": [1, 1]}, "l")
+        lat = b.op("Add", [side, up], {}, "lat")
+        p = b.op("PRelu", [lat, b.weight("s", rng.uniform(0.05, 0.5, (1, c, 1, 1)).astype(np.float32))], {}, "p")
+        mp = b.op("MaxPool", [p, ], {"kernel_shape": [2, 2], "strides": [2, 2]}, "mp")
+        pad = b.op("Pad", [mp], {"paddings": [0, 0, 0, 0, 0, c, 0, 0]}, "pad")
+        wide = b.op("Conv", [low, b.weight("ww", W(rng, 2 * c, c, 1, 1)), b.none()], {"kernel_shape": [1, 1]}, "w")
+        res = b.op("Add", [wide, pad], {}, "res")
+        outs = [res]
+        if tap:
+            outs.append(b.op("Conv", [up, b.weight("wt", W(rng, c, c, 1, 1)), b.none()], {"kernel_shape": [1, 1]}, "t"))
+        return outs
+
+    return make_model({"x": (1, c, 8, 8)}, body)
+
+
+@pytest.mark.parametrize("tap", [False, True])
+def test_a_link_passes_through_resize_pool_and_pad_on_its_16_bits(tap):
+    model = pyramid(tap=tap)
+    x = feeds({"x": (1, 4, 8, 8)}, 1)
+    table = table_for(model, x, spread=(1.0, 1.0))
+    grids = wide_grids(model, table, "auto", lambda name: True)
+    # the conv before the Resize and the PReLU before the pool write 16 bits, and the moved
+    # tensors keep their source's grid
+    assert {"u", "up", "p", "mp", "pad"} <= set(grids)
+    assert grids["up"] == grids["u"] and grids["mp"] == grids["pad"] == grids["p"]
+    # the lateral Add reads the Resize output on a scale its integer multiplier holds exactly
+    ratio = grids["u"].scale / grids["lat"].scale                # (lat is a link too: PReLU reads it)
+    assert ratio == 2.0 ** round(np.log2(ratio))
+    # without splitting, a Resize that a conv reads too is no pass-through (the conv needs 8 bits)
+    assert ("up" in wide_grids(model, table, "auto", lambda name: True, split=False)) == (not tap)
+    # a pass-through kept in float reads its input as any float op does (cast from the 16 bits)
+    assert "u" in wide_grids(model, table, "auto", lambda name: name != "up")
+
+
+@FEW
+@given(st.data())
+def test_int8_through_pass_through_links_is_bit_exact(data):
+    d = data.draw
+    c = d(st.integers(1, 5), "channels")
+    seed = d(st.integers(0, 2 ** 16), "seed")
+    mode = d(st.sampled_from(["nearest", "linear"]), "resize mode")
+    model = pyramid(c, seed, mode, tap=d(st.booleans(), "tap"))
+    inputs = feeds({"x": (1, c, 8, 8)}, seed)
+    table = table_for(model, inputs, seed)
+    tm, _ = lower(model, "npu1", "INT8", table, asymmetric=d(st.sampled_from([False, True, "auto"]), "asymmetric"))
+    tm.verify()
+    types = _types(tm)
+    assert all("i16" in types[n] for n in ("u", "up", "mp", "pad")), types
+    dump = TpuInterpreter(tm).run(inputs, dump_all=True)
+    seen = R.check_model(tm, dump)
+    assert seen.get("tpu.Resize", 0) == 1 and seen.get("tpu.MaxPool", 0) == 1 and seen.get("tpu.Pad", 0) == 1
+
+
+def test_pass_through_links_lower_the_int8_error_and_the_simulator_agrees(tmp_path):
+    from tftpu.pipelines.deploy import deploy
+    model = pyramid(8, seed=2)
+    samples = [feeds({"x": (1, 8, 8, 8)}, s) for s in range(4)]
+    table = table_for(model, samples[0], spread=(1.0, 1.0))
+    errors = {}
+    for through in (False, True):
+        with pytest.MonkeyPatch.context() as m:
+            if not through:
+                m.setattr(links_module, "PASS_THROUGH", ())
+            tm, _ = lower(model, "npu1", "INT8", table, asymmetric="auto")
+            ref, run = TopInterpreter(model), TpuInterpreter(tm)
+            errors[through] = np.mean([_sqnr(ref.run(x)["res"], run.run(x, dequantize=True)["res"]) for x in samples])
+    assert errors[True] > errors[False] + 1.0, errors
+    result = deploy(model, quantize="INT8", chip="npu1", calibration_table=table, test_input=samples[0],
+                    mixed_precision="none", model=str(tmp_path / "m.tpumodel"))
+    assert result.simulator["passed"] and all(r["bit_exact"] for r in result.simulator["outputs"])

@@ -39,7 +39,7 @@ from tftpu.ir import top
 from tftpu.ir.module import TopModel, parse_module
 from tftpu.ir.quant import STORAGE
 from tftpu.quant import params as P
-from tftpu.quant.links import int8_reads_wide, wide_grids
+from tftpu.quant.links import reads_link, wide_grids
 from tftpu.utils.names import unique_name
 
 __all__ = ["correct_biases", "BiasCorrection", "MAX_SAMPLES"]
@@ -198,7 +198,7 @@ def correct_biases(model: TopModel, table, samples: list[dict], asymmetric: bool
         # operands this INT8 op reads through a link's cast to 8 bits
         narrowed = [] if op.loc in float_ops else \
             [(i, narrow[interp.names[s]]) for i, (s, v) in enumerate(zip(ins, op.operands))
-             if s is not None and interp.names.get(s) in narrow and not int8_reads_wide(op, v)]
+             if s is not None and interp.names.get(s) in narrow and not reads_link(op, v, narrow)]
         for ef, eq in zip(envs_f, envs_q):
             got_f = kernel([None if s is None else (ef[s] if s in ef else consts[s]) for s in ins], run_attrs)
             args_q = [None if s is None else (eq[s] if s in eq else consts[s]) for s in ins]

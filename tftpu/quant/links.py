@@ -6,7 +6,9 @@ ops; and an activation table read so), would round its int32 accumulator to 8 bi
 the next element-wise op to rescale it and round again. Written on a 16-bit grid instead (the
 conv still multiplies INT8 by INT8), that rounding all but disappears, as in a fused conv + add + activation kernel, and the FLOPs
 stay INT8: only the link between the two ops is wider. On detectors built of residual blocks
-this is a large share of the INT8 noise (`benchmarks/detectors.py`).
+this is a large share of the INT8 noise (`benchmarks/detectors.py`). A link passes through the
+INT8 ops that only move values (`PASS_THROUGH`: an FPN's upsampling Resize, a max pool, a
+channel Pad), which keep its grid, to the element-wise ops behind them.
 
 The 16-bit grid is symmetric (zero point 0) over twice the tensor's calibrated range. Where the
 reader is an Add or Sub, its scale is the reader's output scale over a power of two, so that the
@@ -26,7 +28,8 @@ from tftpu.ir import top
 from tftpu.ir.base import value_name
 from tftpu.quant import params as P
 
-__all__ = ["wide_grids", "reads_wide", "int8_reads_wide", "WIDE_PRODUCERS", "WIDE_READERS", "LOOKUP_TABLES", "I16_MAX", "HEADROOM"]
+__all__ = ["wide_grids", "reads_wide", "int8_reads_wide", "reads_link", "WIDE_PRODUCERS", "WIDE_READERS",
+           "PASS_THROUGH", "LOOKUP_TABLES", "I16_MAX", "HEADROOM"]
 
 # activations whose INT8 form is a 256-entry lookup table (the lowering registers these)
 LOOKUP_TABLES = ("top.Relu", "top.Clip", "top.LeakyRelu", "top.Sigmoid", "top.HardSigmoid", "top.HardSwish",
@@ -37,6 +40,11 @@ LOOKUP_TABLES = ("top.Relu", "top.Clip", "top.LeakyRelu", "top.Sigmoid", "top.Ha
 WIDE_PRODUCERS = ("top.Conv", "top.Add", "top.Sub", "top.PRelu", *LOOKUP_TABLES)
 # INT8 ops that read a 16-bit data operand (their integer rule works on any width)
 WIDE_READERS = ("top.Add", "top.Sub", "top.PRelu")
+# INT8 ops that move their data operand's values without arithmetic (their result keeps its grid):
+# a link passes through them on its 16 bits to the element-wise ops behind them (an FPN's conv ->
+# upsampling Resize -> lateral Add; a max pool -> channel Pad -> residual Add)
+PASS_THROUGH = ("top.Resize", "top.MaxPool", "top.Pad", "top.Reshape", "top.Flatten", "top.Permute",
+                "top.Squeeze", "top.Unsqueeze", "top.DepthToSpace", "top.SpaceToDepth")
 I16_MAX = 32767
 # a link's grid spans this many times the calibrated range: 16 bits afford the room (a step still
 # 1/8192 of the range), and an image beyond the calibration photos is not clipped there
@@ -65,6 +73,17 @@ def int8_reads_wide(reader, v) -> bool:
                                             reader.operands[0] is v and reader.operands[1] is not v)
 
 
+def _passes(reader, v) -> bool:
+    """Whether `reader` is a pass-through op taking `v` as its moved data."""
+    return reader.name in PASS_THROUGH and reader.operands[0] is v and len(reader.results) == 1
+
+
+def reads_link(reader, v, wide) -> bool:
+    """Whether the INT8 op `reader` reads the link `v` on its 16 bits, given the links `wide`
+    (names): an Add / Sub / PReLU as its data, or a pass-through op whose result is a link too."""
+    return int8_reads_wide(reader, v) or (_passes(reader, v) and value_name(reader.results[0]) in wide)
+
+
 def wide_grids(model, table, asymmetric: bool | str, in_int8: Callable[[str], bool],
                split: bool = True) -> dict[str, P.QParams]:
     """Tensor name -> 16-bit grid, for each tensor made by an INT8 conv / Add / Sub / PReLU (`in_int8`
@@ -76,9 +95,30 @@ def wide_grids(model, table, asymmetric: bool | str, in_int8: Callable[[str], bo
     `split`: a tensor that such ops read beside others (a residual block's input, which the next
     Add reads and the next conv too) is a link as well; the others read it requantized to its
     8-bit grid (one cast), so the residual path is never rounded to 8 bits, as a fused kernel
-    keeps it. Every other tensor keeps the 8-bit grid of its calibration entry."""
+    keeps it. A pass-through op (`PASS_THROUGH`) whose result is read so in turn carries the link
+    on the same grid (its result is in the map too). Every other tensor keeps the 8-bit grid of
+    its calibration entry."""
     outputs = set(model.output_names)
+
+    def through(v, readers) -> list:
+        """The readers of `v` that read it wide, a pass-through one where its own result is read
+        wide in turn (and leaves the model only through such readers)."""
+        wide = []
+        for r in readers:
+            if _passes(r, v) and in_int8(r.loc):
+                out = r.results[0]
+                inner = [u.operation for u in out.uses]
+                below = through(out, inner)
+                if value_name(out) in outputs or not below or \
+                        (len(below) < len(inner) and (not split or not any(in_int8(b.loc) for b in below))):
+                    continue
+                wide.append(r)
+            elif reads_wide(r, v, in_int8):
+                wide.append(r)
+        return wide
+
     links: dict[str, list] = {}
+    moved: dict[str, str] = {}              # a pass-through op's link -> the link it moves
     for op in model.ops:
         if not op.results or isinstance(op, top.Weight) or (in_int8(op.loc) and op.name not in WIDE_PRODUCERS):
             continue
@@ -87,7 +127,7 @@ def wide_grids(model, table, asymmetric: bool | str, in_int8: Callable[[str], bo
         if name in outputs or name not in table.entries or _range(table.entries[name]) <= 0:
             continue
         readers = [use.operation for use in v.uses]
-        wide = [r for r in readers if reads_wide(r, v, in_int8)]
+        wide = through(v, readers)
         if not wide:
             continue
         if len(wide) < len(readers):        # a split link: only where an INT8 op reads the 16 bits
@@ -97,12 +137,18 @@ def wide_grids(model, table, asymmetric: bool | str, in_int8: Callable[[str], bo
         # an op kept in float links only where an INT8 reader casts it (to 16 bits, not 8)
         if in_int8(op.loc) or any(in_int8(r.loc) for r in wide):
             links[name] = wide
+            stack = [r for r in wide if _passes(r, v) and in_int8(r.loc)]
+            while stack:                    # the pass-through ops carry the same grid
+                r = stack.pop()
+                out = r.results[0]
+                moved[value_name(out)] = name
+                stack += [u for u in through(out, [x.operation for x in out.uses]) if _passes(u, out)]
     grids: dict[str, P.QParams] = {}
 
     def grid_of(name: str) -> P.QParams | None:
         """The grid a tensor is written on: its 16-bit one if it is a link, else its 8-bit one."""
-        if name in links:
-            return link_grid(name)
+        if name in links or name in moved:
+            return link_grid(moved.get(name, name))
         entry = table.entries.get(name)
         return None if entry is None else P.activation(*entry[:3], asymmetric=asymmetric)
 
@@ -112,21 +158,33 @@ def wide_grids(model, table, asymmetric: bool | str, in_int8: Callable[[str], bo
             arr = model.weights.get(v.owner.key)
             return None if arr is None or arr.dtype.kind != "f" else P.QParams(P.weights_per_tensor(arr)[1])
         name = value_name(v)
-        return None if name in links else grid_of(name)
+        return None if name in links or name in moved else grid_of(name)
+
+    def final_readers(readers: list, name: str) -> list:
+        """(reader, the name it reads) of a link's readers, through the pass-through ops that move it."""
+        out = []
+        for r in readers:
+            moved_name = value_name(r.results[0]) if r.results else None
+            if moved_name in moved:
+                out += final_readers([u.operation for u in r.results[0].uses], moved_name)
+            else:
+                out.append((r, name))
+        return out
 
     def link_grid(name: str) -> P.QParams:
         if name in grids:
             return grids[name]
         span = HEADROOM * _range(table.entries[name])
         scale = span / I16_MAX
-        add = next((r for r in links[name] if r.name in _ADD_LIKE and in_int8(r.loc)), None)
+        add, read = next(((r, n) for r, n in final_readers(links[name], name)
+                          if r.name in _ADD_LIKE and in_int8(r.loc)), (None, name))
         out = None if add is None else grid_of(value_name(add.results[0]))
         if out is not None:
             # the reader's output scale over 2**k (k < 0 where that output is 16-bit too and
             # narrower): the Add's int16 multiplier for this input is then exact, as long as k
             # is within the Add's shift (other 16-bit inputs aside)
             k = math.floor(math.log2(I16_MAX * out.scale / span))
-            others = [operand_grid(x) for x in add.operands if value_name(x) != name]
+            others = [operand_grid(x) for x in add.operands if value_name(x) != read]
             ratios = [p.scale / out.scale for p in others if p is not None]
             try:
                 _, rshift = P.add_multipliers(ratios + [2.0 ** -k])
@@ -138,4 +196,6 @@ def wide_grids(model, table, asymmetric: bool | str, in_int8: Callable[[str], bo
 
     for name in links:
         link_grid(name)
+    for name, source in moved.items():
+        grids[name] = grids[source]
     return grids

@@ -7,7 +7,7 @@ exact integers on the input's grid, by this rule (TFLite's quantized ResizeBilin
   C = floor(c * 2**10 + 1/2);
 - i0 = C >> 10, i1 = min(i0 + 1, L - 1), weights w1 = C mod 2**10 and w0 = 2**10 - w1;
 - the sum over the 2**n corners of (x - zp) times the product of their weights is exact (int64,
-  at most 255 * 2**30), then divided by 2**(10 n), rounded half away from zero, plus zp.
+  at most 2**16 * 2**30 on a 16-bit link), then divided by 2**(10 n), rounded half away from zero, plus zp.
 
 The weights of every axis sum to 2**10, so the result is a convex combination of input levels:
 it keeps the input's grid and never saturates.
@@ -81,10 +81,11 @@ def resize(operands, attrs, info):
     if attrs["mode"] != "linear":
         raise ValueError(f"INT8 Resize: mode {attrs['mode']!r} has no integer rule")
     axes = spatial_axes(x.ndim, attrs)
-    if len(axes) * FRACTION_BITS + 9 > 63:
+    bits = 8 * x.dtype.itemsize + 1                 # |x - zp| < 2**bits: 9 for int8 / uint8, 17 for a 16-bit link
+    if len(axes) * FRACTION_BITS + bits > 63:
         raise ValueError(f"INT8 linear Resize of {len(axes)} axes: its sums would overflow int64")
-    # |x - zp| <= 255: two axes of 10 bits stay under 2**28 (int32), three need int64
-    dtype = np.int32 if len(axes) * FRACTION_BITS + 9 <= 31 else np.int64
+    # two axes of 10 bits on 8-bit data stay under 2**29 (int32); wider sums take int64
+    dtype = np.int32 if len(axes) * FRACTION_BITS + bits <= 31 else np.int64
     t = x.astype(dtype) - dtype(info.ins[0].zp)
     shift = 0
     for ax, n in zip(axes, attrs["target_shape"]):

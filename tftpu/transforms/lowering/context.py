@@ -21,7 +21,7 @@ from tftpu.ir import quant, top, tpu
 from tftpu.ir.base import make_attributes, set_loc, value_name
 from tftpu.ir.module import TpuModel, default_weight_file
 from tftpu.quant import params as P
-from tftpu.quant.links import int8_reads_wide
+from tftpu.quant.links import reads_link
 from tftpu.utils.names import unique_name
 
 __all__ = ["Lowering", "Decision", "float_dtype"]
@@ -139,7 +139,7 @@ class Lowering:
         already wrote it on, else its calibration entry's (so no requantization is inserted
         without need); a 16-bit link's 8-bit grid for an op that reads 8 bits only."""
         if self.reading is not None and v.owner is not self.reading and value_name(v) in self.wide and \
-                not int8_reads_wide(self.reading, v):
+                not reads_link(self.reading, v, self.wide):
             return self._calibrated(v)
         if not isinstance(v.type, NoneType) and not self.is_weight(v) and v in self.values:
             have = self.params_of(self.values[v])
