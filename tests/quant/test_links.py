@@ -280,9 +280,10 @@ def test_bias_correction_reads_a_split_link_on_8_bits_where_the_lowering_does(mo
 
 
 def pyramid(c: int = 4, seed: int = 0, mode: str = "nearest", tap: bool = False):
-    """Two paths through pass-through ops into Adds, as detectors build them: an FPN's coarse conv
-    `u` -> upsampling Resize `up` -> lateral Add `lat`; a block output `p` -> MaxPool `mp` ->
-    channel Pad `pad` -> residual Add `res`. `tap`: the Resize output feeds a conv `t` as well."""
+    """Paths through pass-through ops into Adds, as detectors build them: an FPN's coarse conv
+    `u` -> upsampling Resize `up` -> lateral Add `lat`; a block output `p` (which the Add `q`
+    reads too) -> MaxPool `mp` -> channel Pad `pad` -> residual Add `res`; a stem conv `stem` ->
+    MaxPool `sp` -> Add `sa`. `tap`: the Resize output feeds a conv `t` as well."""
     rng = np.random.default_rng(seed)
 
     def body(b, xs):
@@ -298,7 +299,14 @@ def pyramid(c: int = 4, seed: int = 0, mode: str = "nearest", tap: bool = False)
         pad = b.op("Pad", [mp], {"paddings": [0, 0, 0, 0, 0, c, 0, 0]}, "pad")
         wide = b.op("Conv", [low, b.weight("ww", W(rng, 2 * c, c, 1, 1)), b.none()], {"kernel_shape": [1, 1]}, "w")
         res = b.op("Add", [wide, pad], {}, "res")
-        outs = [res]
+        # p is a block output the next Add reads too (so it is a link of its own)
+        q = b.op("Add", [p, b.op("Conv", [x, b.weight("wq", W(rng, c, c, 1, 1)), b.none()], {"kernel_shape": [1, 1]}, "cq")],
+                 {}, "q")
+        # a stem conv whose only reader is a strided pool: not widened just to be pooled down
+        stem = b.op("Conv", [x, b.weight("ws", W(rng, c, c, 3, 3)), b.none()],
+                    {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}, "stem")
+        pooled = b.op("MaxPool", [stem], {"kernel_shape": [2, 2], "strides": [2, 2]}, "sp")
+        outs = [res, q, b.op("Add", [pooled, low], {}, "sa")]
         if tap:
             outs.append(b.op("Conv", [up, b.weight("wt", W(rng, c, c, 1, 1)), b.none()], {"kernel_shape": [1, 1]}, "t"))
         return outs
@@ -315,6 +323,7 @@ def test_a_link_passes_through_resize_pool_and_pad_on_its_16_bits(tap):
     # the conv before the Resize and the PReLU before the pool write 16 bits, and the moved
     # tensors keep their source's grid
     assert {"u", "up", "p", "mp", "pad"} <= set(grids)
+    assert "stem" not in grids and "sp" not in grids
     assert grids["up"] == grids["u"] and grids["mp"] == grids["pad"] == grids["p"]
     # the lateral Add reads the Resize output on a scale its integer multiplier holds exactly
     ratio = grids["u"].scale / grids["lat"].scale                # (lat is a link too: PReLU reads it)
@@ -341,7 +350,8 @@ def test_int8_through_pass_through_links_is_bit_exact(data):
     assert all("i16" in types[n] for n in ("u", "up", "mp", "pad")), types
     dump = TpuInterpreter(tm).run(inputs, dump_all=True)
     seen = R.check_model(tm, dump)
-    assert seen.get("tpu.Resize", 0) == 1 and seen.get("tpu.MaxPool", 0) == 1 and seen.get("tpu.Pad", 0) == 1
+    assert seen.get("tpu.Resize", 0) == 1 and seen.get("tpu.MaxPool", 0) == 2 and seen.get("tpu.Pad", 0) == 1
+    assert "i16" not in types["stem"] and "i16" not in types["sp"]
 
 
 def test_pass_through_links_lower_the_int8_error_and_the_simulator_agrees(tmp_path):
@@ -356,7 +366,8 @@ def test_pass_through_links_lower_the_int8_error_and_the_simulator_agrees(tmp_pa
                 m.setattr(links_module, "PASS_THROUGH", ())
             tm, _ = lower(model, "npu1", "INT8", table, asymmetric="auto")
             ref, run = TopInterpreter(model), TpuInterpreter(tm)
-            errors[through] = np.mean([_sqnr(ref.run(x)["res"], run.run(x, dequantize=True)["res"]) for x in samples])
+            errors[through] = np.mean([_sqnr(ref.run(x)[o], run.run(x, dequantize=True)[o])
+                                       for x in samples for o in ("res", "q")])
     assert errors[True] > errors[False] + 1.0, errors
     result = deploy(model, quantize="INT8", chip="npu1", calibration_table=table, test_input=samples[0],
                     mixed_precision="none", model=str(tmp_path / "m.tpumodel"))

@@ -42,7 +42,9 @@ WIDE_PRODUCERS = ("top.Conv", "top.Add", "top.Sub", "top.PRelu", *LOOKUP_TABLES)
 WIDE_READERS = ("top.Add", "top.Sub", "top.PRelu")
 # INT8 ops that move their data operand's values without arithmetic (their result keeps its grid):
 # a link passes through them on its 16 bits to the element-wise ops behind them (an FPN's conv ->
-# upsampling Resize -> lateral Add; a max pool -> channel Pad -> residual Add)
+# upsampling Resize -> lateral Add; a max pool -> channel Pad -> residual Add). One that shrinks
+# its data (a strided pool) does so only from a tensor that is a link already (a block output the
+# next Add reads): a stem widened to 16 bits just to be pooled would cost more DMA than it saves
 PASS_THROUGH = ("top.Resize", "top.MaxPool", "top.Pad", "top.Reshape", "top.Flatten", "top.Permute",
                 "top.Squeeze", "top.Unsqueeze", "top.DepthToSpace", "top.SpaceToDepth")
 I16_MAX = 32767
@@ -78,6 +80,10 @@ def _passes(reader, v) -> bool:
     return reader.name in PASS_THROUGH and reader.operands[0] is v and len(reader.results) == 1
 
 
+def _size(v) -> int:
+    return math.prod(v.type.get_shape())
+
+
 def reads_link(reader, v, wide) -> bool:
     """Whether the INT8 op `reader` reads the link `v` on its 16 bits, given the links `wide`
     (names): an Add / Sub / PReLU as its data, or a pass-through op whose result is a link too."""
@@ -104,9 +110,12 @@ def wide_grids(model, table, asymmetric: bool | str, in_int8: Callable[[str], bo
         """The readers of `v` that read it wide, a pass-through one where its own result is read
         wide in turn (and leaves the model only through such readers)."""
         wide = []
+        direct = any(reads_wide(r, v, in_int8) for r in readers if not _passes(r, v))
         for r in readers:
             if _passes(r, v) and in_int8(r.loc):
                 out = r.results[0]
+                if _size(out) < _size(v) and not direct:
+                    continue                # no tensor is widened only to be pooled down
                 inner = [u.operation for u in out.uses]
                 below = through(out, inner)
                 if value_name(out) in outputs or not below or \
