@@ -37,9 +37,9 @@ STRUCTURE = {
     "resnet18_like_top_f32_weights.npz": "d80b11f78eaba3ce1096adccfc20ee45bf223b4dd8a928cadb7cc92e2999fdf3",
     "resnet18_like_nhwc_top_f32_weights.npz": "fd05be7e3270cab021af4c3b3dd6b57c32bc3a61e098a8fb35fc00e284a05868",
     "resnet18_like_tac.tflite": "50f583e15dddae8c7d40d5d91f63924b9d041a4d4db9154a9c8009508a954c79",
-    "resnet18_like_npu1_int8.tpu.mlir": "93c510a280ca78416964033d3204c917204bec6a100b6f8140652b35efb1395c",
+    "resnet18_like_npu1_int8.tpu.mlir": "a43e882610969b05f058dcd4d7810780e1816e6b6a0f8e326fc23d1775fe08d5",
     "resnet18_like_tpu_int8_weights.npz": "3949e36a32df1d7fc1908e516de0c9ce853a161e4d5c9dfcb0c218de7fb0b0f9",
-    "resnet18_like_npu1_int8.tpumodel": "1029c4e54f38b179a4688c7c55fd649e113257ef617ec6c6111f9c578d49f6f8",
+    "resnet18_like_npu1_int8.tpumodel": "eeb0e35ddeb8fb0f86cee0399e8acf18ed61e96e511955bb5ca77739c028ba3d",
 }
 TIMED = {"space_to_depth_report.txt", "tac_report.txt", "resnet18_like_npu1_int8_deploy.html"}
 _FLOAT = re.compile(r"(?<![\w.])-?\d+\.\d*(?:[eE][-+]?\d+)?|(?<![\w.])-?\d+[eE][-+]?\d+")
