@@ -739,7 +739,7 @@ def _score_head(rng, through_moves: bool, more_users: bool = False):
         r = b.op("Reshape", [s], {"shape": [1, 3, 48]}, "flat")
         outs = [b.op("Permute", [r], {"order": [0, 2, 1]}, "per_anchor")]
     if more_users:
-        outs.append(b.op("Mul", [s, s], {}, "squared"))
+        outs.append(b.op("Conv", [s, b.weight("w2", W(rng, 3, 3, 1, 1)), b.none()], {"kernel_shape": [1, 1]}, "mixed"))
     return b.finish(outs)
 
 

@@ -372,3 +372,57 @@ def test_pass_through_links_lower_the_int8_error_and_the_simulator_agrees(tmp_pa
     result = deploy(model, quantize="INT8", chip="npu1", calibration_table=table, test_input=samples[0],
                     mixed_precision="none", model=str(tmp_path / "m.tpumodel"))
     assert result.simulator["passed"] and all(r["bit_exact"] for r in result.simulator["outputs"])
+
+
+def squeeze_excite(c: int = 4, seed: int = 0):
+    """x -> conv `f` -> [GlobalAvgPool -> 1x1 conv -> HardSigmoid `gate`] -> Mul `se` (f times
+    its gate) -> + x `out`: the SE block of a MobileNetV3 / PP-OCR backbone."""
+    rng = np.random.default_rng(seed)
+
+    def body(b, xs):
+        x = xs[0]
+        f = b.op("Conv", [x, b.weight("wf", W(rng, c, c, 3, 3)), b.weight("bf", W(rng, c, scale=0.1))],
+                 {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}, "f")
+        g = b.op("GlobalAvgPool", [f], {}, "gap")
+        z = b.op("Conv", [g, b.weight("wz", W(rng, c, c, 1, 1)), b.weight("bz", W(rng, c, scale=0.5))],
+                 {"kernel_shape": [1, 1]}, "z")
+        gate = b.op("HardSigmoid", [z], {}, "gate")
+        se = b.op("Mul", [f, gate], {}, "se")
+        return b.op("Add", [se, x], {}, "out")
+
+    return make_model({"x": (1, c, 6, 6)}, body)
+
+
+@FEW
+@given(st.data())
+def test_a_mul_reads_and_writes_16_bit_links_bit_exactly(data):
+    """An SE block's Mul reads its input and its gate on 16 bits (the pool reads the input
+    through the cast to 8 bits) and writes 16 bits to the Add behind it: INT8 inference stays
+    bit-exact against the integer reference."""
+    d = data.draw
+    c = d(st.integers(1, 5), "channels")
+    seed = d(st.integers(0, 2 ** 16), "seed")
+    model = squeeze_excite(c, seed)
+    inputs = feeds({"x": (1, c, 6, 6)}, seed)
+    table = table_for(model, inputs, seed)
+    grids = wide_grids(model, table, "auto", lambda name: True)
+    assert {"f", "gate", "se"} <= set(grids)
+    tm, _ = lower(model, "npu1", "INT8", table, asymmetric=d(st.sampled_from([False, True, "auto"]), "asymmetric"))
+    tm.verify()
+    types = _types(tm)
+    assert all("i16" in types[n] for n in ("f", "gate", "se")), types
+    seen = R.check_model(tm, TpuInterpreter(tm).run(inputs, dump_all=True))
+    assert seen.get("tpu.Mul", 0) == 1 and seen.get("tpu.GlobalAvgPool", 0) == 1
+
+
+def test_mul_links_lower_the_int8_error_of_an_se_block():
+    model = squeeze_excite(8, seed=4)
+    samples = [feeds({"x": (1, 8, 6, 6)}, s) for s in range(4)]
+    table = table_for(model, samples[0], spread=(1.0, 1.0))
+    ref = TopInterpreter(model)
+    errors = {}
+    for wide in (False, True):
+        tm, _ = lower(model, "npu1", "INT8", table, asymmetric="auto", wide_links=wide)
+        run = TpuInterpreter(tm)
+        errors[wide] = np.mean([_sqnr(ref.run(x)["out"], run.run(x, dequantize=True)["out"]) for x in samples])
+    assert errors[True] > errors[False] + 1.0, errors

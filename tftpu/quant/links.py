@@ -1,6 +1,6 @@
 """16-bit links: a tensor that only INT8 element-wise ops read is written on a 16-bit grid.
 
-A conv whose output goes only into a residual Add, or an Add whose output goes only into a
+A conv whose output goes only into a residual Add (or an SE block's Mul), or an Add whose output goes only into a
 PReLU or into ops kept in float (and an op kept in float whose output goes only into such INT8
 ops; and an activation table read so), would round its int32 accumulator to 8 bits just for
 the next element-wise op to rescale it and round again. Written on a 16-bit grid instead (the
@@ -36,10 +36,11 @@ LOOKUP_TABLES = ("top.Relu", "top.Clip", "top.LeakyRelu", "top.Sigmoid", "top.Ha
                  "top.SiLU", "top.Tanh", "top.Exp", "top.Log", "top.Sqrt", "top.Erf", "top.Abs", "top.Neg",
                  "top.GELU")
 # ops whose INT8 kernel requantizes its result and can write it on a 16-bit grid: a conv, Add,
-# Sub or PReLU rounds its wide intermediate there; a table holds 16-bit entries as well as 8-bit
-WIDE_PRODUCERS = ("top.Conv", "top.Add", "top.Sub", "top.PRelu", *LOOKUP_TABLES)
-# INT8 ops that read a 16-bit data operand (their integer rule works on any width)
-WIDE_READERS = ("top.Add", "top.Sub", "top.PRelu")
+# Sub, Mul or PReLU rounds its wide intermediate there; a table holds 16-bit entries as well as 8-bit
+WIDE_PRODUCERS = ("top.Conv", "top.Add", "top.Sub", "top.Mul", "top.PRelu", *LOOKUP_TABLES)
+# INT8 ops that read a 16-bit data operand (their integer rule works on any width: a Mul's
+# product of two centred 16-bit values stays within int64, as an SE block's gate times its input)
+WIDE_READERS = ("top.Add", "top.Sub", "top.Mul", "top.PRelu")
 # INT8 ops that move their data operand's values without arithmetic (their result keeps its grid):
 # a link passes through them on its 16 bits to the element-wise ops behind them (an FPN's conv ->
 # upsampling Resize -> lateral Add; a max pool -> channel Pad -> residual Add). One that shrinks
@@ -60,7 +61,7 @@ def _range(entry) -> float:
 
 
 def reads_wide(reader, v, in_int8) -> bool:
-    """Whether `reader` takes `v` on a 16-bit grid as it is: an INT8 Add / Sub / PReLU (as its
+    """Whether `reader` takes `v` on a 16-bit grid as it is: an INT8 Add / Sub / Mul / PReLU (as its
     data), or an op kept in float (its cast from 16 bits is as cheap, and finer)."""
     if reader.name == "func.return":
         return False
@@ -86,15 +87,15 @@ def _size(v) -> int:
 
 def reads_link(reader, v, wide) -> bool:
     """Whether the INT8 op `reader` reads the link `v` on its 16 bits, given the links `wide`
-    (names): an Add / Sub / PReLU as its data, or a pass-through op whose result is a link too."""
+    (names): an Add / Sub / Mul / PReLU as its data, or a pass-through op whose result is a link too."""
     return int8_reads_wide(reader, v) or (_passes(reader, v) and value_name(reader.results[0]) in wide)
 
 
 def wide_grids(model, table, asymmetric: bool | str, in_int8: Callable[[str], bool],
                split: bool = True) -> dict[str, P.QParams]:
-    """Tensor name -> 16-bit grid, for each tensor made by an INT8 conv / Add / Sub / PReLU (`in_int8`
-    of the op's name) or by an op kept in float, that is not a model output and whose every
-    reader is an INT8 Add, Sub or PReLU reading it as data, or an op kept in float (a
+    """Tensor name -> 16-bit grid, for each tensor made by an INT8 conv / Add / Sub / Mul / PReLU / table
+    (`in_int8` of the op's name) or by an op kept in float, that is not a model output and whose
+    every reader is an INT8 Add, Sub, Mul or PReLU reading it as data, or an op kept in float (a
     mixed-precision island: the cast from 16 bits spares it a rounding; and an island's output
     that such INT8 ops read is cast to 16 bits, not rounded to 8 on its way back).
 
