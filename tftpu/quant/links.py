@@ -107,6 +107,14 @@ def wide_grids(model, table, asymmetric: bool | str, in_int8: Callable[[str], bo
     its calibration entry."""
     outputs = set(model.output_names)
 
+    def accepted(readers: list, wide: list) -> bool:
+        """Whether a tensor that `readers` read, `wide` of them on 16 bits, is a link."""
+        if len(wide) == len(readers):
+            return bool(wide)
+        # a split link: only where an INT8 op reads the 16 bits
+        return bool(wide) and split and not any(r.name == "func.return" for r in readers) and \
+            any(in_int8(r.loc) for r in wide)
+
     def through(v, readers) -> list:
         """The readers of `v` that read it wide, a pass-through one where its own result is read
         wide in turn (and leaves the model only through such readers)."""
@@ -118,11 +126,8 @@ def wide_grids(model, table, asymmetric: bool | str, in_int8: Callable[[str], bo
                 if _size(out) < _size(v) and not direct:
                     continue                # no tensor is widened only to be pooled down
                 inner = [u.operation for u in out.uses]
-                below = through(out, inner)
-                if value_name(out) in outputs or not below or \
-                        (len(below) < len(inner) and (not split or not any(in_int8(b.loc) for b in below))):
-                    continue
-                wide.append(r)
+                if value_name(out) not in outputs and accepted(inner, through(out, inner)):
+                    wide.append(r)
             elif reads_wide(r, v, in_int8):
                 wide.append(r)
         return wide
@@ -138,12 +143,8 @@ def wide_grids(model, table, asymmetric: bool | str, in_int8: Callable[[str], bo
             continue
         readers = [use.operation for use in v.uses]
         wide = through(v, readers)
-        if not wide:
+        if not accepted(readers, wide):
             continue
-        if len(wide) < len(readers):        # a split link: only where an INT8 op reads the 16 bits
-            if not split or any(r.name == "func.return" for r in readers) or \
-                    not any(in_int8(r.loc) for r in wide):
-                continue
         # an op kept in float links only where an INT8 reader casts it (to 16 bits, not 8)
         if in_int8(op.loc) or any(in_int8(r.loc) for r in wide):
             links[name] = wide
