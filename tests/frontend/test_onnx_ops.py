@@ -95,6 +95,8 @@ CASES = [
     ("split", "Split", {"x": [2, 7, 3]}, {"s": i64(2, 5)}, dict(axis=1, _n=2)),
     ("squeeze", "Squeeze", {"x": [2, 1, 3, 1]}, {"a": i64(-1)}, {}),
     ("unsqueeze", "Unsqueeze", {"x": [2, 3]}, {"a": i64(0, 3)}, {}),
+    ("tile", "Tile", {"x": [2, 3, 1, 4]}, {"r": i64(1, 2, 3, 1)}, {}),
+    ("tile_once", "Tile", {"x": [2, 3]}, {"r": i64(1, 1)}, {}),
     ("resize_nearest", "Resize", {"x": [1, 2, 4, 5]}, {"r": np.zeros(0, np.float32), "sc": np.array([1, 1, 2, 2], np.float32)},
      dict(mode="nearest", coordinate_transformation_mode="asymmetric", nearest_mode="floor")),
     ("resize_bilinear_hp", "Resize", {"x": [1, 2, 4, 6]}, {"r": np.zeros(0, np.float32), "sc": np.array([1, 1, 2, 1.5], np.float32)},

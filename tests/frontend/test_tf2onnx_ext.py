@@ -49,3 +49,24 @@ def test_grouped_conv_runs_in_xla_and_still_converts(groups):
     proto, top = _check(model, x, np.asarray(model(x)))
     convs = [n for n in proto.graph.node if n.op_type == "Conv"]
     assert any(a.name == "group" and a.i == groups for n in convs for a in n.attribute)
+
+
+@pytest.mark.parametrize("size", [(2, 2), (3, 1)])
+def test_keras_upsampling_imports_and_runs_int8(size):
+    """Keras 3's UpSampling2D exports as Unsqueeze -> Tile -> Reshape (`tf.repeat`): Tile imports as
+    Concats of copies, equal to Keras, and lowers to INT8 (data movement on the input's grid)."""
+    from tftpu.interp.tpu import TpuInterpreter
+    from tftpu.quant import calibrate
+    from tftpu.transforms.lowering import lower
+
+    inp = keras.Input((5, 6, 3))
+    y = keras.layers.Conv2D(4, 3, padding="same")(inp)
+    model = keras.Model(inp, keras.layers.UpSampling2D(size)(y))
+    x = np.random.default_rng(3).normal(size=(1, 5, 6, 3)).astype(np.float32)
+    proto, top = _check(model, x, np.asarray(model(x)))
+    assert "Tile" in {n.op_type for n in proto.graph.node}
+    tm, _ = lower(top, "npu1", "INT8", calibrate(top, [{top.input_names[0]: x}]))
+    got = TpuInterpreter(tm).run({top.input_names[0]: x}, dequantize=True)[top.output_names[0]]
+    want = np.asarray(model(x))
+    assert got.shape == want.shape
+    assert 10 * np.log10(np.sum(want ** 2) / np.sum((got - want) ** 2)) > 25

@@ -685,4 +685,23 @@ def _expand(imp, node, a):
     imp.emit(node, "Mul", [x, ones], {})
 
 
+@converter("Tile")
+def _tile(imp, node, a):
+    """Repeat along each axis by a constant count: a Concat of that many copies per axis (exact
+    data movement, any dtype). Keras's UpSampling2D and `tf.repeat` export as Unsqueeze -> Tile ->
+    Reshape."""
+    reps = [int(r) for r in np.ravel(imp.need_const(node.input[1], "repeats"))]
+    src = imp.shape(node.input[0])
+    if len(reps) != len(src) or any(r < 1 for r in reps):
+        raise Unsupported(f"repeats {reps} for a rank-{len(src)} input")
+    x = imp.value(node.input[0])
+    axes = [ax for ax, r in enumerate(reps) if r > 1]
+    if not axes:
+        imp.alias(node, x)
+        return
+    for ax in axes[:-1]:
+        x = imp.b.op("Concat", [x] * reps[ax], {"axis": ax, "do_relu": False}, f"{node.output[0]}_tile{ax}")
+    imp.emit(node, "Concat", [x] * reps[axes[-1]], {"axis": axes[-1], "do_relu": False})
+
+
 SUPPORTED = sorted(name[5:] for name in CONVERTERS)   # the ONNX op types imported
