@@ -426,3 +426,32 @@ def test_mul_links_lower_the_int8_error_of_an_se_block():
         run = TpuInterpreter(tm)
         errors[wide] = np.mean([_sqnr(ref.run(x)["out"], run.run(x, dequantize=True)["out"]) for x in samples])
     assert errors[True] > errors[False] + 1.0, errors
+
+
+def test_a_link_passes_through_an_imported_tile():
+    """Keras's UpSampling2D imports as Unsqueeze -> Concat of copies -> Reshape per axis: a Concat
+    whose operands are all one tensor moves data as a Resize does, so an FPN's conv -> upsample ->
+    Add keeps its 16 bits there too, bit-exactly."""
+    rng = np.random.default_rng(5)
+
+    def body(b, xs):
+        x = xs[0]
+        low = b.op("Conv", [x, b.weight("wd", W(rng, 4, 4, 3, 3)), b.none()],
+                   {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}, "down")
+        y = low
+        for axis, n in ((2, 8), (3, 8)):           # repeat H, then W, twice each
+            e = b.op("Unsqueeze", [y], {"axes": [axis + 1]}, f"e{axis}")
+            t = b.op("Concat", [e, e], {"axis": axis + 1}, f"t{axis}")
+            shape = [1, 4, 8, 4] if axis == 2 else [1, 4, 8, 8]
+            y = b.op("Reshape", [t], {"shape": shape}, f"r{axis}")
+        side = b.op("Conv", [x, b.weight("wl", W(rng, 4, 4, 1, 1)), b.none()], {"kernel_shape": [1, 1]}, "l")
+        return b.op("Add", [side, y], {}, "lat")
+
+    model = make_model({"x": (1, 4, 8, 8)}, body)
+    x = feeds({"x": (1, 4, 8, 8)}, 5)
+    table = table_for(model, x, spread=(1.0, 1.0))
+    grids = wide_grids(model, table, "auto", lambda name: True)
+    assert {"down", "e2", "t2", "r2", "e3", "t3", "r3"} <= set(grids)
+    tm, _ = lower(model, "npu1", "INT8", table, asymmetric="auto")
+    seen = R.check_model(tm, TpuInterpreter(tm).run(x, dump_all=True))
+    assert seen.get("tpu.Concat", 0) == 2 and "i16" in _types(tm)["r3"]

@@ -77,7 +77,10 @@ def int8_reads_wide(reader, v) -> bool:
 
 
 def _passes(reader, v) -> bool:
-    """Whether `reader` is a pass-through op taking `v` as its moved data."""
+    """Whether `reader` is a pass-through op taking `v` as its moved data (a Concat of copies of
+    `v` too: an imported Tile, as Keras's UpSampling2D exports)."""
+    if reader.name == "top.Concat":
+        return all(o is v for o in reader.operands) and not reader.attrs().get("do_relu")
     return reader.name in PASS_THROUGH and reader.operands[0] is v and len(reader.results) == 1
 
 
