@@ -1,7 +1,7 @@
 """16-bit links: a tensor that only INT8 element-wise ops read is written on a 16-bit grid.
 
-A conv whose output goes only into a residual Add (or an SE block's Mul), or an Add whose output goes only into a
-PReLU or into ops kept in float (and an op kept in float whose output goes only into such INT8
+A conv whose output goes only into a residual Add (or an SE block's Mul), or an Add whose
+output goes only into a PReLU or into ops kept in float (and an op kept in float whose output goes only into such INT8
 ops; and an activation table read so), would round its int32 accumulator to 8 bits just for
 the next element-wise op to rescale it and round again. Written on a 16-bit grid instead (the
 conv still multiplies INT8 by INT8), that rounding all but disappears, as in a fused conv + add + activation kernel, and the FLOPs
@@ -39,7 +39,7 @@ LOOKUP_TABLES = ("top.Relu", "top.Clip", "top.LeakyRelu", "top.Sigmoid", "top.Ha
 # Sub, Mul or PReLU rounds its wide intermediate there; a table holds 16-bit entries as well as 8-bit
 WIDE_PRODUCERS = ("top.Conv", "top.Add", "top.Sub", "top.Mul", "top.PRelu", *LOOKUP_TABLES)
 # INT8 ops that read a 16-bit data operand (their integer rule works on any width: a Mul's
-# product of two centred 16-bit values stays within int64, as an SE block's gate times its input)
+# product of two links, zero point 0, stays under 2**30, within its int32 accumulator)
 WIDE_READERS = ("top.Add", "top.Sub", "top.Mul", "top.PRelu")
 # INT8 ops that move their data operand's values without arithmetic (their result keeps its grid):
 # a link passes through them on its 16 bits to the element-wise ops behind them (an FPN's conv ->
