@@ -1,14 +1,15 @@
 """16-bit links: a tensor that only INT8 element-wise ops read is written on a 16-bit grid.
 
-A conv whose output goes only into a residual Add (or an SE block's Mul), or an Add whose
-output goes only into a PReLU or into ops kept in float (and an op kept in float whose output goes only into such INT8
-ops; and an activation table read so), would round its int32 accumulator to 8 bits just for
-the next element-wise op to rescale it and round again. Written on a 16-bit grid instead (the
-conv still multiplies INT8 by INT8), that rounding all but disappears, as in a fused conv + add + activation kernel, and the FLOPs
-stay INT8: only the link between the two ops is wider. On detectors built of residual blocks
-this is a large share of the INT8 noise (`benchmarks/detectors.py`). A link passes through the
-INT8 ops that only move values (`PASS_THROUGH`: an FPN's upsampling Resize, a max pool, a
-channel Pad), which keep its grid, to the element-wise ops behind them.
+A conv whose output goes only into a residual Add (or an SE block's Mul), or an Add whose output
+goes only into a PReLU or into ops kept in float (and an op kept in float whose output goes only
+into such INT8 ops; and an activation table read so), would round its int32 accumulator to 8
+bits just for the next element-wise op to rescale it and round again. Written on a 16-bit grid
+instead (the conv still multiplies INT8 by INT8), that rounding all but disappears, as in a
+fused conv + add + activation kernel, and the FLOPs stay INT8: only the link between the two ops
+is wider. On detectors built of residual blocks this is a large share of the INT8 noise
+(`benchmarks/detectors.py`). A link passes through the INT8 ops that only move values
+(`PASS_THROUGH`: an FPN's upsampling Resize, a max pool, a channel Pad), which keep its grid, to
+the element-wise ops behind them.
 
 The 16-bit grid is symmetric (zero point 0) over twice the tensor's calibrated range. Where the
 reader is an Add or Sub, its scale is the reader's output scale over a power of two, so that the
