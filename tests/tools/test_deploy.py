@@ -541,3 +541,15 @@ def test_outputs_are_judged_over_the_samples_pooled():
     # a sample the TPU gets structurally wrong fails the row, whatever the others
     bad = _pooled_row("y", (4, 8), [big, small], [big, np.full((4, 8), np.nan)], tol, 0.0)
     assert not bad.passed and "non-finite" in bad.note
+
+
+def test_the_float_check_judges_as_the_correction_guard():
+    """The search's float ops stay only if they do better on the worse of (pooled, test input
+    alone) and not worse on the test input alone unless it stays at the target."""
+    from tftpu.pipelines.deploy import _float_ops_fail
+
+    assert _float_ops_fail((14.0, 18.0), (13.0, 17.0), 20.0) is None          # better on both
+    assert _float_ops_fail((13.0, 18.0), (13.5, 17.0), 20.0) == (13.0, 13.5)  # worse pooled
+    # better pooled, worse on the test input (below the target): all INT8, on the figures that decided
+    assert _float_ops_fail((14.0, 15.1), (13.0, 16.7), 20.0) == (15.1, 16.7)
+    assert _float_ops_fail((14.0, 21.0), (13.0, 22.0), 20.0) is None          # still at the target

@@ -304,12 +304,11 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     if search is not None and search.kept and judge is not None:
         t1 = time.perf_counter()                 # the float ops must help the weights lowered
         pure = lower(lowered, the_chip, mode, table, qtable=given_qtable, asymmetric=asymmetric, wide_links=wide_links)
-        mixed_figure, pure_figure = min(judge(tpu_model)), min(judge(pure[0]))
-        if pure_figure >= mixed_figure:
+        undone = _float_ops_fail(judge(tpu_model), judge(pure[0]), parse_target(mixed_precision or AUTO_TARGET)[1])
+        if undone is not None:
             tpu_model, lowering = pure
             tpu_model.verify()
-            search = dataclasses.replace(search, qtable=dict(given_qtable or {}), kept=[],
-                                         undone=(mixed_figure, pure_figure))
+            search = dataclasses.replace(search, qtable=dict(given_qtable or {}), kept=[], undone=undone)
             qtable = search.qtable
         seconds["float check"] = time.perf_counter() - t1
     t1 = time.perf_counter()
@@ -428,6 +427,18 @@ def _keep_correction(judge: _Judge, corrected_tpu, plain_tpu, reports, target: f
         report.check = (f"{'kept' if kept else 'not kept'}: worst output SQNR on {judge.where} "
                         f"{before[0]:.2f} -> {after[0]:.2f} dB{alone}")
     return kept
+
+
+def _float_ops_fail(mixed: tuple, pure: tuple, target: float) -> tuple | None:
+    """(mixed, all-INT8) figures where the search's float ops are not worth keeping, judged as the
+    correction guard judges (`_Judge`'s (pooled, test input alone) of each program): they must do
+    better on the worse of the two, and not worse on the test input alone unless it stays at
+    `target` dB. None where they are kept."""
+    if min(mixed) <= min(pure):
+        return min(mixed), min(pure)
+    if mixed[1] < pure[1] and mixed[1] < target:
+        return mixed[1], pure[1]
+    return None
 
 
 def _entries_for_moves(model, table):

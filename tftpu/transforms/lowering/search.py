@@ -81,6 +81,7 @@ class MixedPrecisionResult:
     latency_budget: float | None = None  # the most the float ops could slow the program (x all-INT8)
     undone: tuple | None = None          # (mixed, all-INT8) worst SQNR on the final weights, where the
                                          # float ops did not help there and deploy lowered all INT8
+                                         # (pooled, or on the test input alone where that decided)
 
     @property
     def met(self) -> bool:
