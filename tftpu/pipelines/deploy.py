@@ -289,12 +289,12 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     seconds["lower"] = time.perf_counter() - t1
     reports = [r for r in (rounding, corrected) if r is not None]
     judge = None
+    target = parse_target(mixed_precision or AUTO_TARGET)[1]
     if inputs is not None and (reports or search is not None and search.kept):
         judge = _Judge(top_model, [inputs] + [x for x in (samples or []) if x is not inputs])  # what verify judges
     if reports and judge is not None:
         t1 = time.perf_counter()                 # kept only where the outputs verify judges do not lose
         plain = lower(top_model, the_chip, mode, table, qtable=qtable, asymmetric=asymmetric, wide_links=wide_links)
-        target = parse_target(mixed_precision or AUTO_TARGET)[1]
         if not _keep_correction(judge, tpu_model, plain[0], reports, target):
             tpu_model, lowering = plain
             lowered = top_model
@@ -304,7 +304,7 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     if search is not None and search.kept and judge is not None:
         t1 = time.perf_counter()                 # the float ops must help the weights lowered
         pure = lower(lowered, the_chip, mode, table, qtable=given_qtable, asymmetric=asymmetric, wide_links=wide_links)
-        undone = _float_ops_fail(judge(tpu_model), judge(pure[0]), parse_target(mixed_precision or AUTO_TARGET)[1])
+        undone = _float_ops_fail(judge(tpu_model), judge(pure[0]), target)
         if undone is not None:
             tpu_model, lowering = pure
             tpu_model.verify()
@@ -420,7 +420,7 @@ def _keep_correction(judge: _Judge, corrected_tpu, plain_tpu, reports, target: f
     calibration photos like but the test input does not is not kept). Notes the figures in each
     of `reports`."""
     before, after = judge(plain_tpu), judge(corrected_tpu)
-    kept = min(after) >= min(before) and (after[1] >= before[1] or after[1] >= target)
+    kept = _holds(after, before, target)
     alone = f", on the test input alone {before[1]:.2f} -> {after[1]:.2f} dB" if len(judge.held) > 1 else ""
     for report in reports:
         report.kept = kept
@@ -434,11 +434,17 @@ def _float_ops_fail(mixed: tuple, pure: tuple, target: float) -> tuple | None:
     correction guard judges (`_Judge`'s (pooled, test input alone) of each program): they must do
     better on the worse of the two, and not worse on the test input alone unless it stays at
     `target` dB. None where they are kept."""
-    if min(mixed) <= min(pure):
-        return min(mixed), min(pure)
-    if mixed[1] < pure[1] and mixed[1] < target:
-        return mixed[1], pure[1]
-    return None
+    if _holds(mixed, pure, target, strict=True):
+        return None
+    return (min(mixed), min(pure)) if min(mixed) <= min(pure) else (mixed[1], pure[1])
+
+
+def _holds(new: tuple, old: tuple, target: float, strict: bool = False) -> bool:
+    """Whether `_Judge` figures `new` hold against `old`: the worse of (pooled, test input alone)
+    does not drop (rises, `strict`), and the test input alone does not drop unless it stays at
+    `target` dB."""
+    worse = min(new) > min(old) if strict else min(new) >= min(old)
+    return worse and (new[1] >= old[1] or new[1] >= target)
 
 
 def _entries_for_moves(model, table):
