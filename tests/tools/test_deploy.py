@@ -106,31 +106,44 @@ def test_files_reports_and_reload(cnn_case, tmp_path):
     assert (mlir.read_bytes(), res.weights.read_bytes()) == first          # deterministic
 
 
-def test_concat_of_boxes_and_scores_keeps_both_parts():
+def test_concat_of_boxes_and_scores_keeps_both_parts(monkeypatch):
+    from tftpu.transforms.lowering import decode_tail
+
+    monkeypatch.setattr(decode_tail, "SHARE", 0.1)       # this toy's head is a few % of its FLOPs
     model = detector()
     samples = samples_for(model, 8)
     table = quant.calibrate(model, samples, "mse")
     res = deploy(model, quantize="INT8", chip="npu1", calibration_table=table, test_input=samples[0],
                  samples=samples[1:])
-    cat = [d for d in res.lowering.decisions if d.name == "cat"][0]
-    assert cat.mode == "F32" and "erase the smaller input" in cat.reason
+    modes = {d.name: (d.mode, d.reason) for d in res.lowering.decisions}
+    tail = ("box_sig", "boxes", "scores", "cat", "detections")      # the decode tail: float by design
+    assert all(modes[n][0] == "F16" and "decode tail" in modes[n][1] for n in tail), modes
+    assert all(modes[n][0] == "INT8" for n in ("feat", "raw_box", "logits")), modes
     (out, parts), = res.parts
     assert out == "detections" and [p.name for p in parts] == ["detections[boxes]", "detections[scores]"]
     assert all(p.sqnr > 20 and p.cosine > 0.99 for p in parts), parts
     assert res.passed
+    # pinned to INT8, the scores keep their 16-bit grid and the Concat keeps float
+    res = deploy(model, quantize="INT8", chip="npu1", calibration_table=table, test_input=samples[0],
+                 samples=samples[1:], quantize_table=dict.fromkeys(tail, "INT8"), mixed_precision="none")
+    cat = [d for d in res.lowering.decisions if d.name == "cat"][0]
+    assert cat.mode == "F32" and "16-bit" in cat.reason
+    assert all(p.sqnr > 20 and p.cosine > 0.99 for _, parts in res.parts for p in parts), res.parts
 
 
 def test_one_grid_for_boxes_and_scores_is_caught(monkeypatch):
     """Forced onto one INT8 grid the scores are erased: the whole output still looks fine, the
     scores part does not, and the check fails."""
-    from tftpu.transforms.lowering import int8_movement
+    from tftpu.transforms.lowering import int8_elementwise, int8_movement
 
     monkeypatch.setattr(int8_movement, "RANGE_RATIO", 1e9)
+    monkeypatch.setattr(int8_elementwise, "SCORES", ())
     model = detector()
     samples = samples_for(model, 8)
     table = quant.calibrate(model, samples, "mse")
+    tail = ("box_sig", "boxes", "scores", "cat", "detections")
     res = deploy(model, quantize="INT8", chip="npu1", calibration_table=table, test_input=samples[0],
-                 mixed_precision="none")
+                 mixed_precision="none", quantize_table=dict.fromkeys(tail, "INT8"))
     assert res.outputs[0].cosine > 0.99
     scores = [p for _, parts in res.parts for p in parts if p.name.endswith("[scores]")][0]
     assert scores.sqnr < 10 and not res.passed

@@ -23,6 +23,7 @@ from tftpu.interp.top_interpreter import TopInterpreter
 from tftpu.interp.tpu import TpuInterpreter
 from tftpu.ir import top
 from tftpu.ir.base import value_name
+from tftpu.transforms.lowering.decode_tail import decode_tail
 from tftpu.transforms.lowering.search import (FLOAT_BUDGET, LATENCY_BUDGET, judge_runs, output_pairs, output_parts,
                                               parse_target, part_slices, worst_figures)
 
@@ -250,7 +251,7 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     if weight_rounding and mode == "INT8" and table is not None and (samples or inputs is not None):
         from tftpu.quant.weight_rounding import reconstruct_rounding
         t1 = time.perf_counter()
-        rounded, rounding = reconstruct_rounding(top_model, samples or [inputs], float_ops=_float_ops(qtable))
+        rounded, rounding = reconstruct_rounding(top_model, samples or [inputs], float_ops=_float_ops(top_model, qtable))
         seconds["weight rounding"] = time.perf_counter() - t1
     search = None
     if mixed_precision in (None, "none", "") or mode != "INT8":
@@ -272,44 +273,54 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
                                         judge_first=inputs is not None)
         given_qtable, qtable = qtable, search.qtable
         seconds["mixed precision search"] = time.perf_counter() - t1
-    lowered, corrected = top_model, None
-    if rounded is not None:
-        from tftpu.quant.weight_rounding import restore_weights
-        lowered = restore_weights(rounded, top_model, _float_ops(qtable))
-    if bias_correction and mode == "INT8" and table is not None and (samples or inputs is not None):
-        from tftpu.quant.bias_correction import correct_biases
-        t1 = time.perf_counter()
-        lowered, corrected = correct_biases(lowered, table, samples or [inputs], asymmetric=asymmetric,
-                                            float_ops=_float_ops(qtable), wide_links=wide_links)
-        seconds["bias correction"] = time.perf_counter() - t1
-    t1 = time.perf_counter()
-    tpu_model, lowering = lower(lowered, the_chip, mode, table, qtable=qtable, asymmetric=asymmetric,
-                                wide_links=wide_links)
-    tpu_model.verify()
-    seconds["lower"] = time.perf_counter() - t1
-    reports = [r for r in (rounding, corrected) if r is not None]
     judge = None
     target = parse_target(mixed_precision or AUTO_TARGET)[1]
-    if inputs is not None and (reports or search is not None and search.kept):
+    correcting = bias_correction and mode == "INT8" and table is not None and (samples or inputs is not None)
+    if inputs is not None and (rounded is not None or correcting or search is not None and search.kept):
         judge = _Judge(top_model, [inputs] + [x for x in (samples or []) if x is not inputs])  # what verify judges
-    if reports and judge is not None:
-        t1 = time.perf_counter()                 # kept only where the outputs verify judges do not lose
-        plain = lower(top_model, the_chip, mode, table, qtable=qtable, asymmetric=asymmetric, wide_links=wide_links)
-        if not _keep_correction(judge, tpu_model, plain[0], reports, target):
-            tpu_model, lowering = plain
-            lowered = top_model
-            tpu_model.verify()
-        seconds["keep check"] = time.perf_counter() - t1
+
+    def build(q, notes_of_rounding):
+        """(TPU model, lowering, weights lowered, bias-correction report) for quantize table `q`:
+        the rounded and bias-corrected weights, kept only where the outputs verify judges do not lose."""
+        lowered, corrected = top_model, None
+        float_ops = _float_ops(top_model, q)
+        if rounded is not None:
+            from tftpu.quant.weight_rounding import restore_weights
+            lowered = restore_weights(rounded, top_model, float_ops)
+        if correcting:
+            from tftpu.quant.bias_correction import correct_biases
+            t1 = time.perf_counter()
+            lowered, corrected = correct_biases(lowered, table, samples or [inputs], asymmetric=asymmetric,
+                                                float_ops=float_ops, wide_links=wide_links)
+            seconds["bias correction"] = seconds.get("bias correction", 0.0) + time.perf_counter() - t1
+        t1 = time.perf_counter()
+        tpu_model, lowering = lower(lowered, the_chip, mode, table, qtable=q, asymmetric=asymmetric,
+                                    wide_links=wide_links)
+        tpu_model.verify()
+        seconds["lower"] = seconds.get("lower", 0.0) + time.perf_counter() - t1
+        reports = [r for r in (notes_of_rounding, corrected) if r is not None]
+        if reports and judge is not None:
+            t1 = time.perf_counter()
+            plain = lower(top_model, the_chip, mode, table, qtable=q, asymmetric=asymmetric, wide_links=wide_links)
+            if not _keep_correction(judge, tpu_model, plain[0], reports, target):
+                (tpu_model, lowering), lowered = plain, top_model
+                tpu_model.verify()
+            seconds["keep check"] = seconds.get("keep check", 0.0) + time.perf_counter() - t1
+        return tpu_model, lowering, lowered, corrected
+
+    tpu_model, lowering, lowered, corrected = build(qtable, rounding)
     pure = None                                  # the program all in INT8, where it was lowered
     if search is not None and search.kept and judge is not None:
-        t1 = time.perf_counter()                 # the float ops must help the weights lowered
-        pure = lower(lowered, the_chip, mode, table, qtable=given_qtable, asymmetric=asymmetric, wide_links=wide_links)
+        t1 = time.perf_counter()                 # the float ops must beat what mixed_precision="none" makes
+        pure_rounding = dataclasses.replace(rounding) if rounding is not None else None
+        pure = build(given_qtable, pure_rounding)
         undone = _float_ops_fail(judge(tpu_model), judge(pure[0]), target)
         if undone is not None:
-            tpu_model, lowering = pure
-            tpu_model.verify()
+            tpu_model, lowering, lowered, corrected = pure
+            rounding = pure_rounding
             search = dataclasses.replace(search, qtable=dict(given_qtable or {}), kept=[], undone=undone)
             qtable = search.qtable
+        pure = pure[:2]
         seconds["float check"] = time.perf_counter() - t1
     t1 = time.perf_counter()
     from tftpu.backend import s2d_stem
@@ -377,7 +388,7 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     return result
 
 
-def _float_ops(qtable) -> set:
+def _float_ops(top_model, qtable) -> set:
     """The ops a quantize table keeps out of INT8."""
     return {name for name, m in (qtable or {}).items() if str(m).upper() != "INT8"}
 

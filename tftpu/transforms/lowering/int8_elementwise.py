@@ -102,21 +102,23 @@ def div(ctx, op):
 ACTIVATIONS = LOOKUP_TABLES        # each lowered to a 256-entry table (`tftpu.quant.links` lists them)
 
 
-# [0, 1] activations whose values only leave the model (a detector's score maps): written on a
-# fixed 16-bit grid, not the calibrated 8-bit one, which would erase the many low scores and clip
-# the high ones an image scores above the calibration photos
+# [0, 1] activations whose values only leave the model (a detector's score maps, alone or as a
+# part of a concatenated output): written on a fixed 16-bit grid, not the calibrated 8-bit one,
+# which would erase the many low scores and clip the high ones an image scores above the
+# calibration photos
 SCORES = ("top.Sigmoid", "top.HardSigmoid")
 SCORE_GRID = P.QParams(1.0 / 65536, -32768, "i16")
 _MOVES = ("top.Reshape", "top.Flatten", "top.Permute", "top.Squeeze", "top.Unsqueeze")
 
 
 def only_output(op) -> bool:
-    """Whether `op`'s results reach nothing but the model's outputs, through reshapes and transposes."""
+    """Whether `op`'s results reach nothing but the model's outputs, through reshapes, transposes
+    and Concats (a part of a concatenated output, which then keeps each part's grid)."""
     todo = list(op.results)
     while todo:
         for use in todo.pop().uses:
             user = use.operation
-            if user.name in _MOVES:
+            if user.name in _MOVES or user.name == "top.Concat":
                 todo.extend(user.results)
             elif user.name != "func.return":
                 return False

@@ -61,6 +61,8 @@ def concat(ctx, op):
         if any(p is None and ctx.is_weight(v) for v, p in zip(op.operands, ins)):
             return "it concatenates an integer constant"
         return "a calibration entry is missing for it or one of its inputs"
+    if any(p.storage != po.storage for p in ins):
+        return "it concatenates a score map on its 16-bit output grid, which one INT8 grid would coarsen"
     ranges = [p.scale * 127 for p in ins]
     smallest = min(ranges)
     if smallest * RANGE_RATIO < po.scale * 127:

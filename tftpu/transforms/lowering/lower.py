@@ -22,6 +22,7 @@ from tftpu.ir.base import set_loc, loc_names, value_name
 from tftpu.quant.links import wide_grids
 from tftpu.transforms.lowering import int8_conv, int8_elementwise, int8_movement, int8_pool, int8_resize  # noqa: F401
 from tftpu.transforms.lowering.context import Decision, Lowering, float_dtype
+from tftpu.transforms.lowering.decode_tail import decode_tail, tail_mode
 from tftpu.transforms.lowering.float_ops import lower_float
 from tftpu.transforms.lowering.registry import INT8
 
@@ -86,7 +87,7 @@ ASYMMETRIC = (False, True, "auto")
 
 
 def lower(model, chip, mode: str, table=None, qtable: dict | None = None, asymmetric: bool | str = False,
-          wide_links: bool = True, split_links: bool = True):
+          wide_links: bool = True, split_links: bool = True, float_tail: bool = True):
     """(TpuModel, LoweringReport): `model` lowered for `chip` (name, path or Chip) in `mode`.
 
     `table` (a CalibrationTable) is required for INT8. `qtable` maps TOP op names to the mode
@@ -95,7 +96,9 @@ def lower(model, chip, mode: str, table=None, qtable: dict | None = None, asymme
     table calibrated `asymmetric=True`, whose min/max are the clipped asymmetric ranges).
     `wide_links`: a tensor that only INT8 Add / Sub / PReLU ops read is written on a 16-bit grid
     by its INT8 conv or Add (`tftpu.quant.links`); False keeps every activation on 8 bits.
-    `split_links`: so is one they read beside other ops (which read it through a cast to 8 bits)."""
+    `split_links`: so is one they read beside other ops (which read it through a cast to 8 bits).
+    `float_tail` (INT8): the decode tail (`decode_tail`: score sigmoids, softmax, box arithmetic
+    after the last feature layers) runs in float by design, unless `qtable` names its ops."""
     chip = chips.load(chip)
     mode = mode.upper()
     if mode not in chips.MODES:
@@ -118,6 +121,10 @@ def lower(model, chip, mode: str, table=None, qtable: dict | None = None, asymme
         if m not in chip.modes:
             raise UsageError(f"quantize table: {name}: chip {chip.name} does not run {m}")
     fallback = float_mode_of(chip)
+    by_design = {}
+    if mode == "INT8" and float_tail:
+        by_design = {n: why for n, why in decode_tail(model).items() if n not in qtable}
+        qtable.update(dict.fromkeys(by_design, tail_mode(model, by_design, chip, table, fallback)))
     wide = None
     if wide_links and table is not None:
         wide = wide_grids(model, table, asymmetric, lambda name: qtable.get(name, mode) == "INT8", split_links)
@@ -135,7 +142,8 @@ def lower(model, chip, mode: str, table=None, qtable: dict | None = None, asymme
             ctx.input_types.append(op.output.type)
             ctx.values[op.results[0]] = new.results[0]
             continue
-        _lower_op(ctx, op, qtable.get(op.loc, mode), fallback, op.loc in qtable)
+        why = by_design.get(op.loc, "quantize table" if op.loc in qtable else "")
+        _lower_op(ctx, op, qtable.get(op.loc, mode), fallback, why)
     outputs, names_out = [], []
     for v in model.return_op.operands:
         name = value_name(v)
@@ -163,7 +171,7 @@ def _rename(value, new: str) -> None:
     set_loc(value.owner, names if len(names) > 1 else names[0])
 
 
-def _lower_op(ctx, op, want: str, fallback: str, pinned: bool) -> None:
+def _lower_op(ctx, op, want: str, fallback: str, why: str) -> None:
     if op.name not in tpu.FROM_TOP and op.name != "top.Cast":
         raise UsageError(f"{op.name} at {op.loc!r} has no TPU op")
     if want == "INT8":
@@ -189,7 +197,7 @@ def _lower_op(ctx, op, want: str, fallback: str, pinned: bool) -> None:
         ctx.record(op, mode, reason)
         lower_float(ctx, op, float_dtype(mode))
         return
-    ctx.record(op, want, "quantize table" if pinned else "")
+    ctx.record(op, want, why)
     lower_float(ctx, op, float_dtype(want))
 
 

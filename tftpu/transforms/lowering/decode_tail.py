@@ -1,0 +1,104 @@
+"""The decode tail: the ops after a model's last feature layers that only compute its outputs
+(score sigmoids, softmax, a DFL softmax-expectation, box arithmetic, and the reshapes,
+concats and splits between them). INT8 lowers them in float by design, as one small island:
+the feature convs then write their logits on 16 bits into it (`tftpu.quant.links`), where an
+8-bit grid shared by box and class logits would erase the low scores of a YOLO-style head.
+
+A tail is made of data moves, scores (sigmoid, exp), a DFL's softmax and expectation, box
+arithmetic and clamps. It is kept only where it starts at feature layers (convs, deconvs,
+matmuls), holds a score or an expectation (a tail of reshapes alone gains nothing from float,
+and a classifier's softmax stays INT8), and holds at most `SHARE` of the model's FLOPs.
+"""
+
+from __future__ import annotations
+
+from tftpu.ir.base import value_name
+from tftpu.transforms.lowering.int8_movement import MOVEMENT
+
+__all__ = ["decode_tail", "tail_mode", "SHARE"]
+
+SHARE = 0.01
+F16_LIMIT = 65504.0 / 16           # calibrated ranges below this run in F16 with headroom to spare
+_FEATURES = ("top.Conv", "top.Deconv", "top.MatMul")
+_MOVES = (*MOVEMENT, "top.Concat", "top.Gather", "top.Pad")
+# what a decode computes: scores, exp of box sizes, a DFL's softmax, box arithmetic and clamps
+_SCORES = ("top.Sigmoid", "top.HardSigmoid", "top.Exp")
+_DECODE = (*_MOVES, *_SCORES, "top.Softmax", "top.Add", "top.Sub", "top.Mul", "top.Div", "top.Clip")
+_SKIP = ("top.Weight", "top.None", "top.Input")
+REASON = "decode tail: computes only the model's outputs after its last feature layer (float by design)"
+
+
+def _reads_softmax(op) -> bool:
+    """Whether `op`'s data input is a Softmax's result, through data moves (a DFL expectation)."""
+    v = op.operands[0]
+    while v.owner is not None and getattr(v.owner, "name", "") in _MOVES:
+        v = v.owner.operands[0]
+    return getattr(v.owner, "name", "") == "top.Softmax"
+
+
+def decode_tail(model) -> dict[str, str]:
+    """TOP op name -> why it runs in float, for each op of `model`'s decode tail (empty where
+    the model has none)."""
+    tail: set = set()
+    for op in reversed(list(model.ops)):
+        if op.name in _SKIP or not op.results:
+            continue
+        users = [u.operation for r in op.results for u in r.uses]
+        if not users or not all(u.name == "func.return" or u in tail for u in users):
+            continue
+        if not (op.name in _DECODE or op.name in _FEATURES and _reads_softmax(op)):
+            continue
+        tail.add(op)
+    kept = set()
+    for group in _components(tail):
+        if any(op.name in _SCORES or op.name in _FEATURES for op in group) and _after_features(group):
+            kept |= group
+    total = sum(op.flops() for op in model.ops if op.name not in _SKIP)
+    if not kept or total and sum(op.flops() for op in kept) > SHARE * total:
+        return {}
+    return {op.loc: REASON for op in model.ops if op in kept}
+
+
+def _after_features(group: set) -> bool:
+    """Whether every activation entering `group` is a feature layer's output."""
+    for op in group:
+        for v in op.operands:
+            src = v.owner
+            name = getattr(src, "name", "")
+            if src in group or name in ("top.Weight", "top.None"):
+                continue
+            if name not in _FEATURES:
+                return False
+    return True
+
+
+def tail_mode(model, tail: dict, chip, table, fallback: str) -> str:
+    """F16 where the chip runs it and every tensor of the tail is calibrated well inside its
+    range (half the bytes of F32); else `fallback`."""
+    if "F16" not in chip.modes or table is None:
+        return fallback
+    for op in model.ops:
+        if op.loc not in tail:
+            continue
+        for r in op.results:
+            entry = table.entries.get(value_name(r))
+            if entry is None or max(abs(float(v)) for v in entry[:3]) > F16_LIMIT:
+                return fallback
+    return "F16"
+
+
+def _components(ops: set) -> list[set]:
+    """`ops` split into groups connected by the values they pass each other."""
+    left, groups = set(ops), []
+    while left:
+        todo, group = [left.pop()], set()
+        while todo:
+            op = todo.pop()
+            group.add(op)
+            near = [v.owner for v in op.operands] + [u.operation for r in op.results for u in r.uses]
+            for other in near:
+                if other in left:
+                    left.discard(other)
+                    todo.append(other)
+        groups.append(group)
+    return groups
