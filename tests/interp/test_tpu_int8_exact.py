@@ -365,12 +365,13 @@ def test_concat_exact(data):
 
 
 def test_concat_of_very_different_ranges_stays_float_and_keeps_both_parts():
-    """Boxes up to ~300 beside scores in 0..1 (a YOLO head): one INT8 grid would erase the
-    scores, so the Concat stays float, says why, and each part keeps its precision."""
+    """Boxes up to ~300 beside scores in 0..3 (a YOLO head's logits): one INT8 grid would erase
+    the scores, so the Concat stays float, says why, and each part keeps its precision. (A
+    sigmoid's scores there are on their 16-bit grid: tests/tools/test_deploy.py.)"""
     shapes = {"boxes": (1, 4, 8), "scores": (1, 2, 8)}
 
     def body(b, xs):
-        return b.op("Concat", [b.op("Relu", [xs[0]], {}, "bx"), b.op("Sigmoid", [xs[1]], {}, "sc")],
+        return b.op("Concat", [b.op("Relu", [xs[0]], {}, "bx"), b.op("Relu", [xs[1]], {}, "sc")],
                     {"axis": 1}, "y")
 
     model = make_model(shapes, body)
