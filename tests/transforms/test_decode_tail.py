@@ -113,3 +113,14 @@ def test_a_quantize_table_pins_tail_ops_back_to_int8():
     _, report = lower(model, "npu1", "INT8", table, qtable={"scores": "INT8"})
     modes = {d.name: (d.mode, d.reason) for d in report.decisions}
     assert modes["scores"] == ("INT8", "") and modes["dist_prob"][0] == "F16"
+
+
+def test_deploy_keeps_the_tail_out_of_weight_rounding_and_bias_correction():
+    """The tail runs in float, so its expectation conv keeps its exact 0..N-1 projection: the
+    INT8 weight corrections are fitted to the ops that run in INT8 only."""
+    from tftpu.pipelines.deploy import _float_ops
+
+    model = yolo_head()
+    tail = decode_tail(model)
+    assert _float_ops(model, None) == set(tail)
+    assert _float_ops(model, {"scores": "INT8", "f1": "F16"}) == set(tail) - {"scores"} | {"f1"}

@@ -251,7 +251,8 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     if weight_rounding and mode == "INT8" and table is not None and (samples or inputs is not None):
         from tftpu.quant.weight_rounding import reconstruct_rounding
         t1 = time.perf_counter()
-        rounded, rounding = reconstruct_rounding(top_model, samples or [inputs], float_ops=_float_ops(top_model, qtable))
+        rounded, rounding = reconstruct_rounding(top_model, samples or [inputs],
+                                                 float_ops=_float_ops(top_model, qtable))
         seconds["weight rounding"] = time.perf_counter() - t1
     search = None
     if mixed_precision in (None, "none", "") or mode != "INT8":
@@ -389,8 +390,11 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
 
 
 def _float_ops(top_model, qtable) -> set:
-    """The ops a quantize table keeps out of INT8."""
-    return {name for name, m in (qtable or {}).items() if str(m).upper() != "INT8"}
+    """The ops a quantize table keeps out of INT8, and those of the decode tail it does not name
+    (which the lowering runs in float by design)."""
+    qtable = qtable or {}
+    return {name for name, m in qtable.items() if str(m).upper() != "INT8"} | \
+        {name for name in decode_tail(top_model) if name not in qtable}
 
 
 class _Judge:
