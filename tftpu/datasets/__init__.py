@@ -59,6 +59,7 @@ WHEELS = {
     "rapidocr": Wheel("rapidocr==3.10.0", "rapidocr-3.10.0.dist-info/licenses/LICENSE",
                       "Apache-2.0 (models: PaddleOCR's, Apache-2.0; provenance in MODEL_LICENSES.md)",
                       ("rapidocr-3.10.0.dist-info/licenses/MODEL_LICENSES.md",)),
+    "nudenet": Wheel("nudenet==3.4.2", "nudenet-3.4.2.dist-info/LICENSE", "MIT"),
 }
 
 _SK = "skimage/data/"
@@ -96,6 +97,10 @@ FILES = {
                               "9ba9dd3d42efaaba86b4ff0122b06f29c4122e756b329d89dca1e297fd8f866c"),
     "palm_detection_full.tflite": ("mediapipe", "mediapipe/modules/palm_detection/palm_detection_full.tflite",
                                    "1b14e9422c6ad006cde6581a46c8b90dd573c07ab7f3934b5589e7cea3f89a54"),
+    # a YOLOv8n-style detector at 320x320 (RGB 0..1, NCHW): one output [1, 22, 2100] concatenating
+    # decoded boxes (pixels, up to ~316) and 18 sigmoid class scores
+    "320n.onnx": ("nudenet", "nudenet/320n.onnx",
+                  "c15d8273adad2d0a92f014cc69ab2d6c311a06777a55545f2c4eb46f51911f0f"),
 }
 PHOTOS = {
     "astronaut.png": "88431cd9653ccd539741b555fb0a46b61558b301d4110412b5bc28b5e3ea6cb5",
