@@ -59,7 +59,8 @@ WHEELS = {
     "rapidocr": Wheel("rapidocr==3.10.0", "rapidocr-3.10.0.dist-info/licenses/LICENSE",
                       "Apache-2.0 (models: PaddleOCR's, Apache-2.0; provenance in MODEL_LICENSES.md)",
                       ("rapidocr-3.10.0.dist-info/licenses/MODEL_LICENSES.md",)),
-    "nudenet": Wheel("nudenet==3.4.2", "nudenet-3.4.2.dist-info/LICENSE", "MIT"),
+    # its metadata says MIT, but the licence file it ships (the YOLOv8 weights' terms) is the AGPL's
+    "nudenet": Wheel("nudenet==3.4.2", "nudenet-3.4.2.dist-info/LICENSE", "AGPL-3.0"),
 }
 
 _SK = "skimage/data/"
