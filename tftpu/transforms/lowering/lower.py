@@ -97,8 +97,9 @@ def lower(model, chip, mode: str, table=None, qtable: dict | None = None, asymme
     `wide_links`: a tensor that only INT8 Add / Sub / PReLU ops read is written on a 16-bit grid
     by its INT8 conv or Add (`tftpu.quant.links`); False keeps every activation on 8 bits.
     `split_links`: so is one they read beside other ops (which read it through a cast to 8 bits).
-    `float_tail` (INT8): the decode tail (`decode_tail`: score sigmoids, softmax, box arithmetic
-    after the last feature layers) runs in float by design, unless `qtable` names its ops."""
+    `float_tail` (INT8): the decode tail (`decode_tail`: score sigmoids, a DFL softmax and its
+    expectation, box arithmetic after the last feature layers) runs in float by design, unless
+    `qtable` names its ops."""
     chip = chips.load(chip)
     mode = mode.upper()
     if mode not in chips.MODES:
