@@ -187,7 +187,7 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None, calib
             mixed_precision: str | None = "auto", quantize_table=None, tolerance=None,
             bias_correction: bool = True, weight_rounding: bool = True,
             mixed_precision_budget: float | None = FLOAT_BUDGET, mixed_precision_latency: float | None = LATENCY_BUDGET,
-            wide_links: bool = True, log=None) -> CompiledModel:
+            wide_links: bool = True, float_tail: bool = True, log=None) -> CompiledModel:
     """Compile `model` (an ONNX path or ModelProto, a Keras model or file, a SavedModel
     directory, a `.tflite`, a `.top.mlir` path or TopModel) for `chip` (a name such as "npu1" or
     "edge16", or a YAML path) in `quantize` mode (INT8, F16, BF16, F32).
@@ -217,7 +217,10 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None, calib
     INT8 Add / Sub / PReLU ops read (a residual branch, a conv before its PReLU, a block's output
     that the next Add reads) is written on a 16-bit grid by its conv or Add, other readers taking
     it through a cast to 8 bits, the FLOPs staying INT8 (`tftpu.quant.links`); False keeps every
-    activation on 8 bits. `log` (a callable taking a
+    activation on 8 bits. `float_tail` (INT8): a detector's decode tail (the scores, a DFL
+    softmax-expectation and the box arithmetic after its last feature layers:
+    `tftpu.transforms.lowering.decode_tail`) runs in float by design, its head convs writing
+    16-bit logits into it; False lowers it in INT8 too. `log` (a callable taking a
     line) reports progress; by default the `tftpu.compile` logger."""
     from tftpu.pipelines.deploy import deploy
 
@@ -260,7 +263,8 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None, calib
                       mixed_precision=mixed_precision, samples=[s for s in samples if s is not check][:8],
                       space_to_depth=space_to_depth, bias_correction=bias_correction,
                       weight_rounding=weight_rounding, mixed_precision_budget=mixed_precision_budget,
-                      mixed_precision_latency=mixed_precision_latency, wide_links=wide_links)
+                      mixed_precision_latency=mixed_precision_latency, wide_links=wide_links,
+                      float_tail=float_tail)
     secs = deployed.seconds
     if deployed.weight_rounding is not None:
         stages.append(Stage("weight rounding", secs.get("weight rounding", 0.0), str(deployed.weight_rounding)))
@@ -307,7 +311,7 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None, calib
         if isinstance(qtable, dict):
             qtable = {k: v for k, v in qtable.items() if k in names}
         plain = deploy(top_model, quantize=mode, chip=chip, calibration_table=table, asymmetric=asymmetric,
-                       quantize_table=qtable, mixed_precision=None, wide_links=wide_links)
+                       quantize_table=qtable, mixed_precision=None, wide_links=wide_links, float_tail=float_tail)
         extra["latency_us_without_s2d"] = round(plain.profile.latency_us, 3)
     extra["seconds"] = round(time.perf_counter() - t_all, 3)
     compiled = CompiledModel(deployed, top_model, stages, extra)

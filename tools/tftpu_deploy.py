@@ -60,6 +60,9 @@ flags.DEFINE_bool("wide_links", True, "INT8: a tensor that INT8 Add/Sub/PReLU op
                   "a conv before its PReLU, a block's output) is written on a 16-bit grid by its conv or Add "
                   "(other readers take it through a cast to 8 bits), the FLOPs staying INT8; --nowide_links "
                   "keeps every activation on 8 bits")
+flags.DEFINE_bool("float_tail", True, "INT8: a detector's decode tail (its scores, a DFL softmax-expectation and "
+                  "box arithmetic after the last feature layers) runs in float by design, the head convs "
+                  "writing 16-bit logits into it; --nofloat_tail lowers it in INT8 too")
 flags.DEFINE_string("tpu_mlir", None, "output TPU module (.tpu.mlir; its weights .npz go beside it)")
 flags.DEFINE_string("report", None, "report file: .json for data, .html (any other suffix) for a page")
 flags.DEFINE_string("model", None, "output model file (.tpumodel): the compiled program for the simulator "
@@ -87,7 +90,7 @@ def main(args):
                     mixed_precision_latency=FLAGS.mixed_precision_latency,
                     space_to_depth=FLAGS.space_to_depth, model=FLAGS.model, trace=FLAGS.trace,
                     bias_correction=FLAGS.bias_correction, weight_rounding=FLAGS.weight_rounding,
-                    wide_links=FLAGS.wide_links)
+                    wide_links=FLAGS.wide_links, float_tail=FLAGS.float_tail)
     print(result.lowering)
     if result.search is not None:
         print(result.search)

@@ -123,12 +123,14 @@ def test_concat_of_boxes_and_scores_keeps_both_parts(monkeypatch):
     assert out == "detections" and [p.name for p in parts] == ["detections[boxes]", "detections[scores]"]
     assert all(p.sqnr > 20 and p.cosine > 0.99 for p in parts), parts
     assert res.passed
-    # pinned to INT8, the scores keep their 16-bit grid and the Concat keeps float
-    res = deploy(model, quantize="INT8", chip="npu1", calibration_table=table, test_input=samples[0],
-                 samples=samples[1:], quantize_table=dict.fromkeys(tail, "INT8"), mixed_precision="none")
-    cat = [d for d in res.lowering.decisions if d.name == "cat"][0]
-    assert cat.mode == "F32" and "16-bit" in cat.reason
-    assert all(p.sqnr > 20 and p.cosine > 0.99 for _, parts in res.parts for p in parts), res.parts
+    # pinned to INT8 (or with the tail off), the scores keep their 16-bit grid and the Concat keeps float
+    for extra in ({"quantize_table": dict.fromkeys(tail, "INT8")}, {"float_tail": False}):
+        res = deploy(model, quantize="INT8", chip="npu1", calibration_table=table, test_input=samples[0],
+                     samples=samples[1:], mixed_precision="none", **extra)
+        modes = {d.name: (d.mode, d.reason) for d in res.lowering.decisions}
+        assert modes["cat"][0] == "F32" and "16-bit" in modes["cat"][1], modes
+        assert all(modes[n][0] == "INT8" for n in ("box_sig", "boxes", "scores")), modes
+        assert all(p.sqnr > 20 and p.cosine > 0.99 for _, parts in res.parts for p in parts), res.parts
 
 
 def test_one_grid_for_boxes_and_scores_is_caught(monkeypatch):

@@ -176,7 +176,7 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
            mixed_precision_latency: float | None = LATENCY_BUDGET,
            space_to_depth: bool = False, model=None,
            trace=None, bias_correction: bool = False, weight_rounding: bool = False,
-           wide_links: bool = True) -> DeployResult:
+           wide_links: bool = True, float_tail: bool = True) -> DeployResult:
     """Lower the TOP model `mlir` (a path or TopModel) for `chip` in `quantize` mode.
 
     `test_input` (a dict of arrays or an .npz path) checks the TPU model against TOP, and
@@ -207,7 +207,8 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     default, None: no limit), the same way.
     `wide_links` (INT8, on by default): a tensor that INT8 Add / Sub / PReLU ops read is
     written on a 16-bit grid by the conv or Add that makes it, other readers taking it through a
-    cast to 8 bits (`tftpu.quant.links`)."""
+    cast to 8 bits (`tftpu.quant.links`). `float_tail` (INT8, on by default): a detector's decode
+    tail (`tftpu.transforms.lowering.decode_tail`) runs in float by design."""
     from tftpu.backend import estimate
     from tftpu.ir.module import TopModel, TpuModel, load
     from tftpu.quant.qtable import read_qtable
@@ -252,7 +253,7 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
         from tftpu.quant.weight_rounding import reconstruct_rounding
         t1 = time.perf_counter()
         rounded, rounding = reconstruct_rounding(top_model, samples or [inputs],
-                                                 float_ops=_float_ops(top_model, qtable))
+                                                 float_ops=_float_ops(top_model, qtable, float_tail))
         seconds["weight rounding"] = time.perf_counter() - t1
     search = None
     if mixed_precision in (None, "none", "") or mode != "INT8":
@@ -269,6 +270,7 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
         search = search_mixed_precision(top_model, the_chip, table, pool, mixed_precision, asymmetric=asymmetric,
                                         qtable=qtable, ranking=mixed_precision_ranking, weights_from=rounded,
                                         float_budget=mixed_precision_budget, wide_links=wide_links,
+                                        float_tail=float_tail,
                                         latency_budget=mixed_precision_latency,
                                         latency=lambda m: _profile(m, the_chip).latency_us,
                                         judge_first=inputs is not None)
@@ -284,7 +286,7 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
         """(TPU model, lowering, weights lowered, bias-correction report) for quantize table `q`:
         the rounded and bias-corrected weights, kept only where the outputs verify judges do not lose."""
         lowered, corrected = top_model, None
-        float_ops = _float_ops(top_model, q)
+        float_ops = _float_ops(top_model, q, float_tail)
         if rounded is not None:
             from tftpu.quant.weight_rounding import restore_weights
             lowered = restore_weights(rounded, top_model, float_ops)
@@ -296,13 +298,14 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
             seconds["bias correction"] = seconds.get("bias correction", 0.0) + time.perf_counter() - t1
         t1 = time.perf_counter()
         tpu_model, lowering = lower(lowered, the_chip, mode, table, qtable=q, asymmetric=asymmetric,
-                                    wide_links=wide_links)
+                                    wide_links=wide_links, float_tail=float_tail)
         tpu_model.verify()
         seconds["lower"] = seconds.get("lower", 0.0) + time.perf_counter() - t1
         reports = [r for r in (notes_of_rounding, corrected) if r is not None]
         if reports and judge is not None:
             t1 = time.perf_counter()
-            plain = lower(top_model, the_chip, mode, table, qtable=q, asymmetric=asymmetric, wide_links=wide_links)
+            plain = lower(top_model, the_chip, mode, table, qtable=q, asymmetric=asymmetric, wide_links=wide_links,
+                          float_tail=float_tail)
             if not _keep_correction(judge, tpu_model, plain[0], reports, target):
                 (tpu_model, lowering), lowered = plain, top_model
                 tpu_model.verify()
@@ -331,7 +334,7 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     all_int8_us = None
     if search is not None and search.kept:       # what the float ops cost: the program all in INT8
         pure = pure or lower(top_model, the_chip, mode, table, qtable=given_qtable, asymmetric=asymmetric,
-                             wide_links=wide_links)
+                             wide_links=wide_links, float_tail=float_tail)
         all_int8_us = _profile(pure[0], the_chip).latency_us
     program = generate(tpu_model, the_chip)
     annotate(program)                 # addresses and group_info into the module's text
@@ -389,12 +392,13 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     return result
 
 
-def _float_ops(top_model, qtable) -> set:
-    """The ops a quantize table keeps out of INT8, and those of the decode tail it does not name
-    (which the lowering runs in float by design)."""
+def _float_ops(top_model, qtable, float_tail: bool = True) -> set:
+    """The ops a quantize table keeps out of INT8, and (`float_tail`) those of the decode tail it
+    does not name (which the lowering runs in float by design)."""
     qtable = qtable or {}
+    tail = decode_tail(top_model) if float_tail else {}
     return {name for name, m in qtable.items() if str(m).upper() != "INT8"} | \
-        {name for name in decode_tail(top_model) if name not in qtable}
+        {name for name in tail if name not in qtable}
 
 
 class _Judge:

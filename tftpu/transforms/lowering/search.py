@@ -369,7 +369,7 @@ def ancestors(model, tensor_names: set) -> set[str]:
 
 def _search(model, chip, table, samples, target, asymmetric, qtable, float_mode, ranking,
             weights_from=None, float_budget=None, wide_links=True, latency_budget=None,
-            latency=None, judge_first=False) -> MixedPrecisionResult:
+            latency=None, judge_first=False, float_tail=True) -> MixedPrecisionResult:
     t0 = time.perf_counter()
     chip = chips.load(chip)
     cos_t, snr_t = parse_target(target)
@@ -396,7 +396,8 @@ def _search(model, chip, table, samples, target, asymmetric, qtable, float_mode,
         nonlocal evaluations
         evaluations += 1
         tpu_model, report = lower(_lowered(model, weights_from, {**base, **extra}), chip, "INT8", table,
-                                  qtable={**base, **extra}, asymmetric=asymmetric, wide_links=wide_links)
+                                  qtable={**base, **extra}, asymmetric=asymmetric, wide_links=wide_links,
+                                  float_tail=float_tail)
         run = TpuInterpreter(tpu_model, exact_rows=False)
         runs = []
         for i, (s, ref) in enumerate(list(zip(samples, refs))[:n_samples]):
@@ -421,7 +422,7 @@ def _search(model, chip, table, samples, target, asymmetric, qtable, float_mode,
         """The estimated latency with `names` (and the quantize table's own) in float."""
         q = {**base, **{n: fmode for n in names}}
         return latency(lower(_lowered(model, weights_from, q), chip, "INT8", table, qtable=q,
-                             asymmetric=asymmetric, wide_links=wide_links)[0])
+                             asymmetric=asymmetric, wide_links=wide_links, float_tail=float_tail)[0])
 
     if ranking == "effect":
         flops = {op.loc: op.flops() for op in model.ops if op.loc in set(int8_ops)}
@@ -448,7 +449,7 @@ def _search(model, chip, table, samples, target, asymmetric, qtable, float_mode,
             alone[name] = snr
     else:
         tpu_model, _ = lower(_lowered(model, weights_from, base), chip, "INT8", table, qtable=base,
-                             asymmetric=asymmetric, wide_links=wide_links)
+                             asymmetric=asymmetric, wide_links=wide_links, float_tail=float_tail)
         alone = isolated_errors(model, tpu_model, samples[:RANK_SAMPLES], set(int8_ops))
     flops = {op.loc: op.flops() for op in model.ops if op.loc in set(int8_ops)}
     total = max(1, sum(flops.values()))
@@ -659,7 +660,7 @@ def search_mixed_precision(model, chip, table, samples: list[dict], target, *, a
                            ranking: str = "isolated", weights_from=None,
                            float_budget: float | None = None, wide_links: bool = True,
                            latency_budget: float | None = None, latency=None,
-                           judge_first: bool = False) -> MixedPrecisionResult:
+                           judge_first: bool = False, float_tail: bool = True) -> MixedPrecisionResult:
     """Ops to keep in float for the INT8 model to reach `target` ("cosine,sqnr_db"), judged
     over the samples pooled. `ranking`: "isolated" (each op's own error on exact inputs per share
     of the FLOPs, then the shortest prefix, pruned), "effect" (grow the float set where the error
@@ -669,8 +670,8 @@ def search_mixed_precision(model, chip, table, samples: list[dict], target, *, a
     keep the model's own); the outputs are still judged against `model`'s. `float_budget` (a share
     of the model's FLOPs, 0..1): the ops kept in float never hold more; where the target needs
     more, the search keeps what fits and says the target was missed.
-    `wide_links`: the lowering's (`tftpu.transforms.lowering.lower`). `latency_budget`: the float
-    ops may make the program at most this many times slower than with all of them in INT8, as
+    `wide_links`, `float_tail`: the lowering's (`tftpu.transforms.lowering.lower`).
+    `latency_budget`: the float ops may make the program at most this many times slower than with all of them in INT8, as
     `latency(tpu_model)` (an estimate in any unit) says; like the float budget, where the target
     needs more the search keeps what fits and says so. `judge_first`: the first sample (the test
     input a user names as representative) must meet the target on its own as well as in the pool;
@@ -690,4 +691,4 @@ def search_mixed_precision(model, chip, table, samples: list[dict], target, *, a
     if latency_budget is not None and math.isinf(latency_budget):
         latency_budget = None                      # inf: no limit
     return _search(model, chip, table, samples, target, asymmetric, qtable, float_mode, ranking, weights_from,
-                   float_budget, wide_links, latency_budget, latency, judge_first)
+                   float_budget, wide_links, latency_budget, latency, judge_first, float_tail)
