@@ -12,8 +12,11 @@ and a classifier's softmax stays INT8), and holds at most `SHARE` of the model's
 
 from __future__ import annotations
 
+import numpy as np
+
 from tftpu.ir.base import value_name
 from tftpu.transforms.lowering.int8_movement import MOVEMENT
+from tftpu.transforms.lowering.int8_softmax import projects
 
 __all__ = ["decode_tail", "tail_mode", "SHARE"]
 
@@ -28,12 +31,17 @@ _SKIP = ("top.Weight", "top.None", "top.Input")
 REASON = "decode tail: computes only the model's outputs after its last feature layer (float by design)"
 
 
-def _reads_softmax(op) -> bool:
-    """Whether `op`'s data input is a Softmax's result, through data moves (a DFL expectation)."""
+def _expectation(model, op) -> bool:
+    """Whether conv / matmul `op` is a DFL expectation: a Softmax's probabilities (through data
+    moves) times a constant 0..N-1 projection (`int8_softmax.projects`, the Softmax's own rule)."""
     v = op.operands[0]
-    while v.owner is not None and getattr(v.owner, "name", "") in _MOVES:
+    while getattr(v.owner, "name", "") in _MOVES:
         v = v.owner.operands[0]
-    return getattr(v.owner, "name", "") == "top.Softmax"
+    soft, w = v.owner, op.operands[1].owner
+    if getattr(soft, "name", "") != "top.Softmax" or getattr(w, "name", "") != "top.Weight":
+        return False
+    shape = soft.results[0].type.get_shape()
+    return projects(op, np.asarray(model.weights[w.key]), shape[soft.attrs()["axis"] % len(shape)])
 
 
 def decode_tail(model) -> dict[str, str]:
@@ -46,7 +54,7 @@ def decode_tail(model) -> dict[str, str]:
         users = [u.operation for r in op.results for u in r.uses]
         if not users or not all(u.name == "func.return" or u in tail for u in users):
             continue
-        if not (op.name in _DECODE or op.name in _FEATURES and _reads_softmax(op)):
+        if not (op.name in _DECODE or op.name in _FEATURES and _expectation(model, op)):
             continue
         tail.add(op)
     kept = set()

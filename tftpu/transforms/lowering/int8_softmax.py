@@ -55,6 +55,13 @@ def _rows(user, w: np.ndarray, n: int):
     return np.moveaxis(w, -2, -1).reshape(-1, n) if w.shape[-2] == n else None
 
 
+def projects(user, w: np.ndarray, n: int) -> bool:
+    """Whether MatMul / Conv `user` takes dot products of `n` probabilities with the constant `w`
+    whose every vector is a 0..N-1 bin projection (a DFL expectation)."""
+    rows = _rows(user, w, n)
+    return rows is not None and all(_is_projection(r, n) for r in rows)
+
+
 def dfl_reason(ctx, op) -> str | None:
     """Why `op` stays float when its probabilities feed a DFL expectation: a MatMul or 1x1 Conv
     by a constant 0..N-1 projection (through reshapes and transposes), or a Mul by one."""
@@ -72,8 +79,7 @@ def dfl_reason(ctx, op) -> str | None:
                 continue
             const = None
             if user.name in ("top.MatMul", "top.Conv") and use.index == 0 and ctx.is_weight(user.operands[1]):
-                rows = _rows(user, ctx.weight_array(user.operands[1]), n)
-                if rows is not None and all(_is_projection(r, n) for r in rows):
+                if projects(user, ctx.weight_array(user.operands[1]), n):
                     const = user.operands[1]
             elif user.name == "top.Mul":
                 other = user.operands[1 - use.index]
