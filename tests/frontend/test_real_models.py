@@ -108,7 +108,7 @@ def detector_input(name):
     if name == "layout_cdla.onnx":
         img = material.image("page.png", (800, 608))[..., ::-1].astype(np.float32)
         return ((img / 127.5 - 1.0).transpose(2, 0, 1)[None]).astype(np.float32), None
-    if name == "PP-OCRv6_det_small.onnx":
+    if name in ("PP-OCRv6_det_small.onnx", "ch_PP-OCRv4_det_infer.onnx"):
         img = material.image("text.png", (640, 640))[..., ::-1].astype(np.float32) / 255.0
         img = (img - np.array([0.485, 0.456, 0.406], np.float32)) / np.array([0.229, 0.224, 0.225], np.float32)
         return img.transpose(2, 0, 1)[None].astype(np.float32), [[1, 3, 640, 640]]
@@ -130,6 +130,7 @@ DETECTORS = [
     pytest.param("pose_detection.tflite", 2),
     pytest.param("palm_detection_full.tflite", 2),
     pytest.param("320n.onnx", 1),
+    pytest.param("ch_PP-OCRv4_det_infer.onnx", 1, marks=pytest.mark.slow),
 ]
 
 

@@ -59,6 +59,9 @@ WHEELS = {
     "rapidocr": Wheel("rapidocr==3.10.0", "rapidocr-3.10.0.dist-info/licenses/LICENSE",
                       "Apache-2.0 (models: PaddleOCR's, Apache-2.0; provenance in MODEL_LICENSES.md)",
                       ("rapidocr-3.10.0.dist-info/licenses/MODEL_LICENSES.md",)),
+    # ships no licence file: its METADATA declares the licence (the model is PaddleOCR's, Apache-2.0)
+    "rapidocr_onnxruntime": Wheel("rapidocr_onnxruntime==1.4.4", "rapidocr_onnxruntime-1.4.4.dist-info/METADATA",
+                                  "Apache-2.0 (declared in the wheel's METADATA; it ships no licence file)"),
     # its metadata says MIT, but the licence file it ships (the YOLOv8 weights' terms) is the AGPL's
     "nudenet": Wheel("nudenet==3.4.2", "nudenet-3.4.2.dist-info/LICENSE", "AGPL-3.0"),
 }
@@ -98,6 +101,10 @@ FILES = {
                               "9ba9dd3d42efaaba86b4ff0122b06f29c4122e756b329d89dca1e297fd8f866c"),
     "palm_detection_full.tflite": ("mediapipe", "mediapipe/modules/palm_detection/palm_detection_full.tflite",
                                    "1b14e9422c6ad006cde6581a46c8b90dd573c07ab7f3934b5589e7cea3f89a54"),
+    # PaddleOCR's PP-OCRv4 mobile DB text detector (dynamic input: fix it, e.g. 1x3x640x640; BGR,
+    # ImageNet mean / std): a PP-LCNetV3 backbone whose HardSwish outputs pass a learnable affine
+    "ch_PP-OCRv4_det_infer.onnx": ("rapidocr_onnxruntime", "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx",
+                                   "d2a7720d45a54257208b1e13e36a8479894cb74155a5efe29462512d42f49da9"),
     # a YOLOv8n-style detector at 320x320 (RGB 0..1, NCHW): one output [1, 22, 2100] concatenating
     # decoded boxes (pixels, up to ~316) and 18 sigmoid class scores
     "320n.onnx": ("nudenet", "nudenet/320n.onnx",
