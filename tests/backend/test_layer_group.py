@@ -355,3 +355,30 @@ def test_every_slice_fits_not_just_the_representative_one(chip_paths):
     plan = plan_groups(tpu_model, chip)
     generate(tpu_model, chip, plan)
     check_local(plan, chip, generated=True)
+
+
+def token_scale_model():
+    """A transformer's per-feature scale and shift on [N, T, C] tokens (LayerNorm's gamma and
+    beta): by numpy broadcasting a 1-D weight runs along the last axis, which a 3-D op slices."""
+    rng = np.random.default_rng(0)
+    b = TopBuilder("token_scale")
+    x = b.input("x", (1, 40, 120))
+    m = b.op("Mul", [x, b.weight("gamma", rng.uniform(0.5, 2.0, 120))], {}, "m")
+    return b.finish([b.op("Add", [m, b.weight("beta", rng.normal(size=120))], {}, "a")])
+
+
+@pytest.mark.parametrize("which,mode", [("tiny512", "INT8"), ("tiny512", "F16"), ("npu1", "INT8"), ("npu1", "F32")])
+def test_a_1d_weight_along_the_sliced_axis_is_never_cut(chip_paths, which, mode):
+    """A PP-OCRv4 recognizer's LayerNorm crashed the simulator: its (C,) gamma met an H slice of
+    [N, T, C]. Such an op runs whole; the simulator's results equal the interpreter's."""
+    from tftpu.interp.tpu import TpuInterpreter
+    model = token_scale_model()
+    feed = {"x": np.random.default_rng(1).normal(size=(1, 40, 120)).astype(np.float32)}
+    chip = chips.load(chip_paths[which])
+    table = quant.calibrate(model, [feed], "minmax") if mode == "INT8" else None
+    tpu_model, _ = lower(model, chip, mode, table)
+    plan = plan_groups(tpu_model, chip)
+    check_cover(tpu_model, plan)
+    got = Simulator(generate(tpu_model, chip, plan)).run(feed)
+    want = TpuInterpreter(tpu_model).run(feed)
+    assert np.array_equal(np.asarray(got["a"]), np.asarray(want["a"]))

@@ -143,8 +143,8 @@ def _local_kind(op, weights: set) -> tuple[str | None, str]:
         if value_name(v) in weights:
             if len(shape) > rank:
                 return None, "weight of higher rank"
-            if kind == "elementwise" and len(shape) >= rank - 1 and _aligned(shape, rank)[2] > 1:
-                return None, "weight varies along H"
+            if kind == "elementwise" and _aligned(shape, rank)[2] > 1:   # (numpy broadcasting: a 1-D
+                return None, "weight varies along H"                      # weight of a 3-D op runs along H)
             continue
         if len(shape) != rank:
             return None, "operand of another rank"
