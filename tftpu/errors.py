@@ -45,7 +45,12 @@ class UnsupportedOpError(InputError):
 
     def __init__(self, ops: Iterable[tuple[str, str]], where: str = ""):
         self.ops = sorted(set(ops))
-        listed = ", ".join(f"{op_type} ({name})" for op_type, name in self.ops)
+        by_type: dict[str, list[str]] = {}
+        for op_type, name in self.ops:
+            by_type.setdefault(op_type, []).append(name)
+        # a type with many ops (a pre-quantized model's ConvInteger, say) is named with its first three
+        listed = ", ".join(", ".join(f"{t} ({n})" for n in names) if len(names) <= 3 else
+                           f"{t} ({len(names)}: {', '.join(names[:3])}, ...)" for t, names in by_type.items())
         prefix = f"{where}: " if where else ""
         super().__init__(f"{prefix}unsupported op{'s' if len(self.ops) != 1 else ''}: {listed}")
 

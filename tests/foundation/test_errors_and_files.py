@@ -19,6 +19,13 @@ def test_unsupported_op_lists_all_once_sorted():
     assert e.ops == [("Bar", "a"), ("Foo", "b")]
 
 
+def test_unsupported_op_names_the_first_three_of_a_type_with_many():
+    """A pre-quantized model's 21 ConvInteger nodes make one readable clause, not 21."""
+    e = errors.UnsupportedOpError([("ConvInteger", f"c{i:02d}") for i in range(21)] + [("Floor", "f")])
+    assert str(e) == "unsupported ops: ConvInteger (21: c00, c01, c02, ...), Floor (f)"
+    assert len(e.ops) == 22
+
+
 def test_model_file_error_names_path():
     assert str(errors.ModelFileError("x/y.tflite", "not a flatbuffer")) == "x/y.tflite: not a flatbuffer"
 

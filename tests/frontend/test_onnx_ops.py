@@ -164,12 +164,16 @@ def assert_matches(got: dict, want: dict) -> None:
         np.testing.assert_allclose(got[k], want[k], rtol=2e-5, atol=2e-5 * scale, err_msg=k)
 
 
-def test_shape_subgraph_is_folded():
-    """Shape -> Gather -> Unsqueeze -> Concat -> Reshape becomes one static Reshape."""
+@pytest.mark.parametrize("opset", [11, 12, 13])
+def test_shape_subgraph_is_folded(opset):
+    """Shape -> Gather -> Unsqueeze -> Concat -> Reshape becomes one static Reshape, each op folded
+    in the model's own opset (before 13 Unsqueeze takes `axes` as an attribute: ddddocr's model)."""
+    unsqueeze = (helper.make_node("Unsqueeze", ["n"], ["n1"], axes=[0]) if opset < 13 else
+                 helper.make_node("Unsqueeze", ["n", "axes0"], ["n1"]))
     nodes = [
         helper.make_node("Shape", ["x"], ["s"]),
         helper.make_node("Gather", ["s", "zero"], ["n"], axis=0),
-        helper.make_node("Unsqueeze", ["n", "axes0"], ["n1"]),
+        unsqueeze,
         helper.make_node("Concat", ["n1", "minus1"], ["shape"], axis=0),
         helper.make_node("Reshape", ["x", "shape"], ["y"]),
     ]
@@ -178,7 +182,7 @@ def test_shape_subgraph_is_folded():
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
         initializer=[numpy_helper.from_array(i64(0)[0], "zero"), numpy_helper.from_array(i64(0), "axes0"),
                      numpy_helper.from_array(i64(-1), "minus1")])
-    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     m.ir_version = 8
     top = onnx_to_top(m, "m", [[5, 3, 4]])
     assert [op.op_name for op in top.ops] == ["Input", "Reshape"]

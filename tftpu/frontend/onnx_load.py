@@ -328,10 +328,19 @@ class NodeCheck:
 
 
 def _evaluate(node, opset_imports, inputs: list, where: str = "<onnx>"):
-    """The outputs of `node` on constant `inputs`, by ONNX's reference evaluator."""
+    """The outputs of `node` on constant `inputs`, by ONNX's reference evaluator, in the model's
+    opset (given a bare node the evaluator takes each op's newest version: opset 12's Unsqueeze
+    with its `axes` attribute then fails as opset 13's)."""
+    import onnx
+    from onnx import helper
     from onnx.reference import ReferenceEvaluator
+    version = opset_imports.get("", opset_imports.get("ai.onnx"))
     try:
-        ev = ReferenceEvaluator(node, opsets=opset_imports)
+        graph = helper.make_graph([node], "fold", [helper.make_value_info(n, onnx.TypeProto())
+                                                   for n in dict.fromkeys(i for i in node.input if i)],
+                                  [helper.make_value_info(n, onnx.TypeProto()) for n in node.output if n])
+        ev = ReferenceEvaluator(helper.make_model(
+            graph, opset_imports=[helper.make_opsetid("", version)] if version else None))
         feeds = {name: arr for name, arr in zip(node.input, inputs) if name}
         return ev.run(None, feeds)
     except Exception as e:  # the reference kernels raise whatever numpy raises
