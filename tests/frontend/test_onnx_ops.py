@@ -73,6 +73,9 @@ CASES = [
     ("clip_max_only", "Clip", {"x": [2, 8]}, {"hi": np.array(0.5, np.float32)}, dict(_order=["x", "", "hi"])),
     ("softmax", "Softmax", {"x": [2, 3, 5]}, {}, dict(axis=1)),
     ("logsoftmax", "LogSoftmax", {"x": [2, 5]}, {}, {}),
+    ("softmax11_flattened", "Softmax", {"x": [2, 3, 4]}, {}, dict(axis=1, _opset=11)),
+    ("softmax9_squeezenet", "Softmax", {"x": [1, 10, 1, 1]}, {}, dict(axis=1, _opset=9)),
+    ("logsoftmax11_axis0", "LogSoftmax", {"x": [2, 3]}, {}, dict(axis=0, _opset=11)),
     ("maxpool", "MaxPool", {"x": [1, 2, 9, 9]}, {}, dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])),
     ("maxpool_ceil", "MaxPool", {"x": [1, 2, 10, 10]}, {}, dict(kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1)),
     ("maxpool_same", "MaxPool", {"x": [1, 2, 10, 11]}, {}, dict(kernel_shape=[2, 3], strides=[2, 2], auto_pad="SAME_UPPER")),
@@ -117,6 +120,9 @@ CASES = [
     ("reducemean18", "ReduceMean", {"x": [2, 3, 4]}, {"a": i64(0, -1)}, dict(keepdims=0, _opset=18)),
     ("pad18_axes", "Pad", {"x": [1, 2, 4, 5]}, {"p": i64(1, 2, 0, 3), "v": np.array(0.0, np.float32), "a": i64(2, 3)},
      dict(_opset=18)),
+    ("lrn_alexnet", "LRN", {"x": [1, 12, 5, 6]}, {}, dict(size=5, alpha=1e-2, beta=0.75, bias=1.0)),
+    ("lrn_wide_beta", "LRN", {"x": [2, 7, 3, 4]}, {}, dict(size=3, alpha=0.3, beta=1.5, bias=2.0)),
+    ("lrn_defaults", "LRN", {"x": [1, 3, 4, 4]}, {}, dict(size=1)),
     ("reducemean", "ReduceMean", {"x": [2, 3, 4]}, {}, dict(axes=[1, 2], keepdims=1, _opset=13)),
     ("reducesum", "ReduceSum", {"x": [2, 3, 4]}, {"a": i64(-1)}, dict(keepdims=0)),
     ("reducemax", "ReduceMax", {"x": [2, 3, 4]}, {}, dict(axes=[0], _opset=13)),
@@ -189,3 +195,24 @@ def test_shape_subgraph_is_folded(opset):
     assert top.ops[-1].attrs()["shape"] == [5, 12]
     x = rand(5, 3, 4)
     np.testing.assert_array_equal(run(top, {"x": x})["y"], x.reshape(5, 12))
+
+
+def test_dropout_declaring_a_mask_nothing_reads_is_an_identity():
+    """Old exports (squeezenet, vgg19 at opset 9) declare Dropout's mask; only a mask that is read
+    is refused."""
+    from tftpu.errors import UnsupportedOpError
+    for read in (False, True):
+        nodes = [helper.make_node("Dropout", ["x"], ["d", "mask"], ratio=0.5), helper.make_node("Relu", ["d"], ["y"])]
+        outs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]
+        if read:
+            outs.append(helper.make_tensor_value_info("mask", TensorProto.BOOL, None))
+        m = helper.make_model(helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])], outs),
+                              opset_imports=[helper.make_opsetid("", 9)])
+        m.ir_version = 8
+        if read:
+            with pytest.raises(UnsupportedOpError, match="Dropout mask output is read"):
+                onnx_to_top(m, "m")
+            continue
+        top = onnx_to_top(m, "m")
+        x = rand(2, 3)
+        np.testing.assert_array_equal(run(top, {"x": x})["y"], np.maximum(x, 0))

@@ -271,6 +271,32 @@ def _conv(imp, node, a):
     imp.emit(node, "Conv", [imp.value(node.input[0]), imp.value(node.input[1]), imp.value(bias)], attrs)
 
 
+@converter("LRN")
+def _lrn(imp, node, a):
+    """Local response normalization (AlexNet, GoogLeNet) in ops TOP has: x * d^-beta with
+    d = bias + alpha / size * (the sum of x^2 over `size` neighbouring channels), the channel sum
+    a 1x1 conv with a banded filter and d^-beta as exp(-beta log d)."""
+    shape = imp.shape(node.input[0])
+    if len(shape) != 4:
+        raise Unsupported(f"{len(shape)}-D input (LRN imports on NCHW)")
+    size = int(a["size"])
+    alpha, beta, bias = float(a.get("alpha", 1e-4)), float(a.get("beta", 0.75)), float(a.get("bias", 1.0))
+    if size < 1 or bias <= 0 or alpha < 0:
+        raise Unsupported(f"size {size}, alpha {alpha}, bias {bias} (LRN needs size >= 1, alpha >= 0, bias > 0)")
+    c = shape[1]
+    i = np.arange(c)
+    band = (i[None, :] >= i[:, None] - (size - 1) // 2) & (i[None, :] <= i[:, None] + size // 2)
+    out, x = node.output[0], imp.value(node.input[0])
+    sq = imp.b.op("Mul", [x, x], {}, f"{out}_square")
+    conv = {"kernel_shape": [1, 1], "strides": [1, 1], "pads": [0] * 4, "dilations": [1, 1], "group": 1,
+            "do_relu": False, "relu_limit": -1.0}
+    d = imp.b.op("Conv", [sq, imp.weight(f"{out}_band", (band * (alpha / size)).astype(np.float32)[:, :, None, None]),
+                          imp.weight(f"{out}_bias", np.full(c, bias, np.float32))], conv, f"{out}_denominator")
+    log = imp.b.op("Log", [d], {}, f"{out}_log")
+    scaled = imp.b.op("Mul", [log, imp.weight(f"{out}_beta", np.array(-beta, np.float32))], {}, f"{out}_log_scaled")
+    imp.emit(node, "Mul", [x, imp.b.op("Exp", [scaled], {}, f"{out}_factor")], {})
+
+
 @converter("ConvTranspose")
 def _deconv(imp, node, a):
     x, w = imp.shape(node.input[0]), imp.shape(node.input[1])
@@ -402,8 +428,9 @@ def _unary(imp, node, a):
 
 @converter("Identity", "Dropout")
 def _identity(imp, node, a):
-    if len(node.output) > 1 and node.output[1]:
-        raise Unsupported("Dropout mask output")
+    mask = node.output[1] if len(node.output) > 1 else ""
+    if mask and (mask in imp.p.outputs or any(mask in n.input for n in imp.p.nodes)):
+        raise Unsupported("Dropout mask output is read")   # (a mask nothing reads: old exports declare one)
     imp.alias(node, imp.value(node.input[0]))
 
 
@@ -440,11 +467,19 @@ def _clip(imp, node, a):
 
 @converter("Softmax", "LogSoftmax")
 def _softmax(imp, node, a):
-    rank = len(imp.shape(node.input[0]))
+    shape = imp.shape(node.input[0])
+    rank = len(shape)
     axis = a.get("axis", -1 if imp.p.opset >= 13 else 1) % rank
-    if imp.p.opset < 13 and axis != rank - 1:
-        raise Unsupported("opset < 13 softmax over several axes")
-    imp.emit(node, "Softmax", [imp.value(node.input[0])], {"axis": axis, "log": node.op_type == "LogSoftmax"})
+    log = node.op_type == "LogSoftmax"
+    x = imp.value(node.input[0])
+    wide = [i for i in range(axis, rank) if shape[i] != 1]
+    if imp.p.opset >= 13 or len(wide) <= 1:   # before 13, over the axes from `axis` on, flattened
+        imp.emit(node, "Softmax", [x], {"axis": wide[0] if imp.p.opset < 13 and wide else axis, "log": log})
+        return
+    flat = imp.b.op("Reshape", [x], {"shape": [int(np.prod(shape[:axis])), int(np.prod(shape[axis:]))]},
+                    f"{node.output[0]}_flat")
+    soft = imp.b.op("Softmax", [flat], {"axis": 1, "log": log}, f"{node.output[0]}_flat_softmax")
+    imp.emit(node, "Reshape", [soft], {"shape": list(shape)})
 
 
 @converter("MaxPool", "AveragePool")
