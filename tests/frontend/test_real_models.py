@@ -116,6 +116,9 @@ def detector_input(name):
         return (material.image("astronaut.png", (192, 192)).astype(np.float32) / 255.0)[None], None
     if name == "pose_detection.tflite":
         return photo(224), None
+    if name == "common_det.onnx":                             # ddddocr's YOLOX: BGR NCHW 0..255
+        img = material.image("text.png", (416, 416))[..., ::-1].astype(np.float32)
+        return img.transpose(2, 0, 1)[None].copy(), None
     if name == "320n.onnx":                                   # NudeNet's YOLOv8n: RGB NCHW 0..1
         img = material.image("astronaut.png", (320, 320)).astype(np.float32) / 255.0
         return img.transpose(2, 0, 1)[None].astype(np.float32), [[1, 3, 320, 320]]
@@ -131,6 +134,7 @@ DETECTORS = [
     pytest.param("palm_detection_full.tflite", 2),
     pytest.param("320n.onnx", 1),
     pytest.param("ch_PP-OCRv4_det_infer.onnx", 1, marks=pytest.mark.slow),
+    pytest.param("common_det.onnx", 1),
 ]
 
 

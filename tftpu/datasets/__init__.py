@@ -62,6 +62,7 @@ WHEELS = {
     # ships no licence file: its METADATA declares the licence (the model is PaddleOCR's, Apache-2.0)
     "rapidocr_onnxruntime": Wheel("rapidocr_onnxruntime==1.4.4", "rapidocr_onnxruntime-1.4.4.dist-info/METADATA",
                                   "Apache-2.0 (declared in the wheel's METADATA; it ships no licence file)"),
+    "ddddocr": Wheel("ddddocr==1.6.1", "ddddocr-1.6.1.dist-info/licenses/LICENSE", "MIT"),
     # its metadata says MIT, but the licence file it ships (the YOLOv8 weights' terms) is the AGPL's
     "nudenet": Wheel("nudenet==3.4.2", "nudenet-3.4.2.dist-info/LICENSE", "AGPL-3.0"),
 }
@@ -105,6 +106,10 @@ FILES = {
     # ImageNet mean / std): a PP-LCNetV3 backbone whose HardSwish outputs pass a learnable affine
     "ch_PP-OCRv4_det_infer.onnx": ("rapidocr_onnxruntime", "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx",
                                    "d2a7720d45a54257208b1e13e36a8479894cb74155a5efe29462512d42f49da9"),
+    # a YOLOX-style captcha character detector at 416x416 (BGR 0..255, NCHW): one output [1, 3549, 6]
+    # concatenating raw box offsets, a sigmoid objectness and a sigmoid class score
+    "common_det.onnx": ("ddddocr", "ddddocr/common_det.onnx",
+                        "6faa8ea85a8c1a634e5050c4a138fca10f30194e0d7abbe9ade1fcd423af6ed6"),
     # a YOLOv8n-style detector at 320x320 (RGB 0..1, NCHW): one output [1, 22, 2100] concatenating
     # decoded boxes (pixels, up to ~316) and 18 sigmoid class scores
     "320n.onnx": ("nudenet", "nudenet/320n.onnx",
