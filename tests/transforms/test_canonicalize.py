@@ -472,6 +472,46 @@ def test_layernorm_lookalikes_stay():
     assert rep.counts["fuse-layernorm"] == 0
 
 
+def _div_layernorm(shape, axes, gamma, beta, var_axes=None):
+    """PaddlePaddle's / PyTorch's LayerNorm as their exporters write it: (x - mean) / sqrt(var + eps),
+    then * gamma + beta."""
+    b = TopBuilder("m")
+    x = b.input("x", shape)
+    w = lambda name, v: b.weight(name, np.asarray(v, np.float32))  # noqa: E731
+    mean = b.op("ReduceMean", [x], {"axes": axes, "keepdims": True}, "mean")
+    d = b.op("Sub", [x, mean], {}, "d")
+    var = b.op("ReduceMean", [b.op("Mul", [d, d], {}, "sq")], {"axes": var_axes or axes, "keepdims": True}, "var")
+    y = b.op("Div", [d, b.op("Sqrt", [b.op("Add", [var, w("eps", 1e-5)], {}, "ve")], {}, "s")], {}, "y")
+    if gamma is not None:
+        y = b.op("Mul", [y, w("gamma", gamma)], {}, "yg")
+    if beta is not None:
+        y = b.op("Add", [y, w("beta", beta)], {}, "yb")
+    return b.finish([y])
+
+
+@pytest.mark.parametrize("shape,axes,affine", [((2, 5, 8), [2], "both"), ((2, 5, 8), [-1], "none"),
+                                               ((1, 6, 3, 4), [2, 3], "gamma"), ((3, 7), [1], "beta")])
+def test_fuse_div_layernorm(shape, axes, affine):
+    """The division form becomes one LayerNorm, its gamma and beta folded in."""
+    last = shape[-1]
+    gamma = rand(last, lo=0.5, hi=1.5) if affine in ("both", "gamma") else None
+    beta = rand(last) if affine in ("both", "beta") else None
+    m = _div_layernorm(shape, axes, gamma, beta)
+    rep = check(m, {"x": rand(*shape) * 4 + 1}, [C.FuseDivLayerNorm, C.FoldAffineIntoLayerNorm, C.DeadCode],
+                ["LayerNorm"])
+    assert rep.counts["fuse-div-layernorm"] == 1
+    assert rep.counts["fold-affine-into-layernorm"] == (gamma is not None) + (beta is not None)
+    ln = next(op for op in m.ops if op.op_name == "LayerNorm")
+    assert ln.attrs()["axes"] == sorted(a % len(shape) for a in axes) and ln.attrs()["eps"] == pytest.approx(1e-5)
+
+
+def test_div_layernorm_lookalikes_stay():
+    """A variance over other axes than the mean's is not a LayerNorm."""
+    m = _div_layernorm((2, 4, 6), [2], None, None, var_axes=[1])
+    rep = check(m, {"x": rand(2, 4, 6)}, [C.FuseDivLayerNorm, C.DeadCode])
+    assert rep.counts["fuse-div-layernorm"] == 0 and "LayerNorm" not in op_names(m)
+
+
 @pytest.mark.parametrize("bias,right_transpose,relu", [(False, False, False), (True, False, True),
                                                        (True, True, False)])
 def test_pointwise_matmul_becomes_1x1_conv(bias, right_transpose, relu):

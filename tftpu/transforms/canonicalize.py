@@ -683,10 +683,9 @@ class FuseLayerNorm(TopPattern):
         arrays = []
         for arr in (gamma, beta):
             if arr is not None:
-                full = (1,) * (len(shape) - arr.ndim) + arr.shape
-                if len(full) != len(shape) or any(d not in (1, e) for d, e in zip(full, shape)):
+                arr = _broadcast_param(arr, shape)
+                if arr is None:
                     return
-                arr = arr.astype(np.float32).reshape(full)
             arrays.append(arr)
         operands = [x]
         for name, arr in zip(("scale", "bias"), arrays):
@@ -698,6 +697,87 @@ class FuseLayerNorm(TopPattern):
                 operands.append(self.w.add(rewriter, op, f"{op.loc}_{name}", arr))
         _replace(rewriter, op, make_op("LayerNorm", operands, {"axes": axes, "eps": float(eps)}, op.loc))
         self.fired()
+
+
+def _broadcast_param(arr: np.ndarray, shape) -> np.ndarray | None:
+    """`arr` at `shape`'s rank when it broadcasts against `shape` without growing it, else None."""
+    full = (1,) * (len(shape) - arr.ndim) + arr.shape
+    if len(full) != len(shape) or any(d not in (1, e) for d, e in zip(full, shape)):
+        return None
+    return arr.astype(np.float32).reshape(full)
+
+
+class FuseDivLayerNorm(TopPattern):
+    """(x - mean) / sqrt(mean((x - mean)^2) + eps), the moments over the same axes (PaddlePaddle's and
+    PyTorch's LayerNorm as their ONNX exporters write it) -> LayerNorm(x). In INT8 the pieces
+    would each round (the square overflows an 8-bit grid and a variance rounded to zero divides by
+    zero); one LayerNorm runs in float."""
+
+    NAME = "fuse-div-layernorm"
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: top.Div, rewriter: PatternRewriter) -> None:
+        d, sqrt = op.input, op.other.owner
+        if not isinstance(sqrt, top.Sqrt) or not isinstance(sqrt.input.owner, top.Add) \
+                or sqrt.input.owner.attrs()["do_relu"]:
+            return
+        var, eps = _const_operand(self.w, sqrt.input.owner)
+        sub = d.owner
+        if var is None or eps is None or eps < 0 or not isinstance(sub, top.Sub) or sub.attrs()["do_relu"]:
+            return
+        x, mean = sub.input, sub.other
+        var_op, mean_op, sq = var.owner, mean.owner, var.owner.input.owner if isinstance(var.owner, top.ReduceMean) else None
+        if not (isinstance(mean_op, top.ReduceMean) and mean_op.input is x and isinstance(sq, top.Mul)
+                and sq.input is d and sq.other is d and not sq.attrs()["do_relu"]):
+            return
+        rank = len(A.shape_of(x.type))
+        axes = sorted({a % rank for a in mean_op.attrs()["axes"]})
+        if not (mean_op.attrs()["keepdims"] and var_op.attrs()["keepdims"] and axes
+                and sorted({a % rank for a in var_op.attrs()["axes"]}) == axes
+                and A.shape_of(op.output.type) == A.shape_of(x.type)):
+            return
+        nones = []
+        for _ in range(2):
+            none = top.NoneOp.create(result_types=[NoneType()])
+            rewriter.insert(none, InsertPoint.before(op))
+            nones.append(none.results[0])
+        _replace(rewriter, op, make_op("LayerNorm", [x, *nones], {"axes": axes, "eps": float(eps)}, op.loc))
+        self.fired()
+
+
+class FoldAffineIntoLayerNorm(TopPattern):
+    """LayerNorm(x) * gamma, then + beta (constants, the LayerNorm single-use and without that
+    parameter yet) -> the LayerNorm's own scale and bias."""
+
+    NAME = "fold-affine-into-layernorm"
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: top.Mul | top.Add, rewriter: PatternRewriter) -> None:
+        if op.attrs()["do_relu"]:
+            return
+        for v, c in commuted(op):
+            ln = v.owner
+            arr = self.w.get(c)
+            if not isinstance(ln, top.LayerNorm) or arr is None or not _single_use(v):
+                continue
+            shape = A.shape_of(ln.output.type)
+            arr = _broadcast_param(np.asarray(arr), shape)
+            if arr is None or A.shape_of(op.output.type) != shape:
+                continue
+            scale, bias = ln.scale, ln.bias
+            old_scale = self.w.get(scale) if not isinstance(scale.type, NoneType) else None
+            if isinstance(op, top.Mul):
+                if not isinstance(bias.type, NoneType):
+                    continue  # (x_hat * s + b) * g: leave it
+                scale = self.w.add(rewriter, op, f"{op.loc}_scale",
+                                   arr if old_scale is None else np.asarray(old_scale, np.float32) * arr)
+            else:
+                if not isinstance(bias.type, NoneType):
+                    continue
+                bias = self.w.add(rewriter, op, f"{op.loc}_bias", arr)
+            _replace(rewriter, op, make_op("LayerNorm", [ln.input, scale, bias], ln.attrs(), op.loc))
+            self.fired()
+            return
 
 
 class PointwiseMatMulToConv(TopPattern):
@@ -902,7 +982,8 @@ class SplitConvByParts(TopPattern):
 
 
 PATTERNS = [DeadCode, FoldConstants, ClipToRelu, FoldBatchNorm, FoldScaleIntoConv, FoldMulAddIntoConv, FuseRelu,
-            FuseSiLU, FusePRelu, FuseHardSigmoid, FuseHardSwish, FuseGELU, FuseLayerNorm, PointwiseMatMulToConv,
+            FuseSiLU, FusePRelu, FuseHardSigmoid, FuseHardSwish, FuseGELU, FuseLayerNorm, FuseDivLayerNorm,
+            FoldAffineIntoLayerNorm, PointwiseMatMulToConv,
             FoldPadIntoConv, SplitConvByParts,
             DropNoOps, MergePermutes, MergeReshapes]
 
