@@ -726,7 +726,8 @@ class FuseDivLayerNorm(TopPattern):
         if var is None or eps is None or eps < 0 or not isinstance(sub, top.Sub) or sub.attrs()["do_relu"]:
             return
         x, mean = sub.input, sub.other
-        var_op, mean_op, sq = var.owner, mean.owner, var.owner.input.owner if isinstance(var.owner, top.ReduceMean) else None
+        var_op, mean_op = var.owner, mean.owner
+        sq = var_op.input.owner if isinstance(var_op, top.ReduceMean) else None
         if not (isinstance(mean_op, top.ReduceMean) and mean_op.input is x and isinstance(sq, top.Mul)
                 and sq.input is d and sq.other is d and not sq.attrs()["do_relu"]):
             return
