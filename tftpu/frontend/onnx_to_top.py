@@ -681,6 +681,93 @@ def _gather(imp, node, a):
     imp.emit(node, "Gather", [imp.value(node.input[0]), idx_v], {"axis": a.get("axis", 0) % rank})
 
 
+@converter("InstanceNormalization")
+def _instance_norm(imp, node, a):
+    """Instance norm: a LayerNorm over each image's and channel's spatial axes, per-channel
+    scale and bias."""
+    shape = imp.shape(node.input[0])
+    if len(shape) < 3:
+        raise Unsupported(f"{len(shape)}-D input")
+    operands = [imp.value(node.input[0])]
+    for k, name in ((1, "scale"), (2, "bias")):
+        arr = imp.const(node.input[k])
+        if arr is None:
+            raise Unsupported(f"non-constant {name}")
+        per_channel = arr.astype(np.float32).reshape((1, -1) + (1,) * (len(shape) - 2))
+        operands.append(imp.weight(f"{node.output[0]}_{name}", per_channel))
+    imp.emit(node, "LayerNorm", operands, {"axes": list(range(2, len(shape))), "eps": a.get("epsilon", 1e-5)})
+
+
+def _exp_plus_one(imp, x, out: str):
+    """1 + exp(x), whose log is softplus (an exp that overflows gives inf, and log(inf) the right limit)."""
+    e = imp.b.op("Exp", [x], {}, f"{out}_exp")
+    return imp.b.op("Add", [e, imp.weight(f"{out}_one", np.array(1.0, np.float32))], {}, f"{out}_exp_plus_one")
+
+
+@converter("Softplus", "Mish")
+def _softplus_mish(imp, node, a):
+    """Softplus and Mish (x * tanh(softplus(x)), YOLOv4's activation) in the element-wise ops TOP has."""
+    x, out = imp.value(node.input[0]), node.output[0]
+    if node.op_type == "Softplus":
+        imp.emit(node, "Log", [_exp_plus_one(imp, x, out)], {})
+        return
+    softplus = imp.b.op("Log", [_exp_plus_one(imp, x, out)], {}, f"{out}_softplus")
+    imp.emit(node, "Mul", [x, imp.b.op("Tanh", [softplus], {}, f"{out}_tanh")], {})
+
+
+@converter("Elu", "Selu")
+def _elu(imp, node, a):
+    """Elu: relu(x) + alpha * (exp(min(x, 0)) - 1); Selu: gamma times that (its own alpha)."""
+    x, out = imp.value(node.input[0]), node.output[0]
+    selu = node.op_type == "Selu"
+    alpha = float(a.get("alpha", 1.6732632423543772 if selu else 1.0))
+    gamma = float(a.get("gamma", 1.0507009873554805)) if selu else 1.0
+    w = lambda name, v: imp.weight(f"{out}_{name}", np.array(v, np.float32))  # noqa: E731
+    neg = imp.b.op("Exp", [imp.b.op("Min", [x, w("zero", 0.0)], {}, f"{out}_negative")], {}, f"{out}_exp")
+    neg = imp.b.op("Mul", [imp.b.op("Sub", [neg, w("one", 1.0)], {}, f"{out}_expm1"), w("alpha", alpha * gamma)], {},
+                   f"{out}_negative_part")
+    pos = imp.b.op("Relu", [x], {}, f"{out}_positive")
+    if selu:
+        pos = imp.b.op("Mul", [pos, w("gamma", gamma)], {}, f"{out}_positive_part")
+    imp.emit(node, "Add", [pos, neg], {})
+
+
+@converter("LpNormalization", "ReduceL2", "ReduceSumSquare")
+def _l2(imp, node, a):
+    """x / ||x||_2 along an axis (a face embedding's normalization), the L2 norm, the sum of squares."""
+    shape = imp.shape(node.input[0])
+    rank, x, out = len(shape), imp.value(node.input[0]), node.output[0]
+    if node.op_type == "LpNormalization":
+        if a.get("p", 2) != 2:
+            raise Unsupported(f"p = {a.get('p')} (only the L2 norm imports)")
+        axes, keep = [a.get("axis", -1) % rank], True
+    else:
+        axes = _axes(imp, node, a)
+        if not axes and a.get("noop_with_empty_axes", 0):   # no reduction: x^2 or |x|
+            imp.emit(node, *(("Mul", [x, x]) if node.op_type == "ReduceSumSquare" else ("Abs", [x])), {})
+            return
+        axes, keep = sorted(v % rank for v in axes) if axes else list(range(rank)), bool(a.get("keepdims", 1))
+    square = imp.b.op("Mul", [x, x], {}, f"{out}_square")
+    if node.op_type == "ReduceSumSquare":
+        imp.emit(node, "ReduceSum", [square], {"axes": axes, "keepdims": keep})
+        return
+    total = imp.b.op("ReduceSum", [square], {"axes": axes, "keepdims": keep}, f"{out}_sum_of_squares")
+    if node.op_type == "ReduceL2":
+        imp.emit(node, "Sqrt", [total], {})
+        return
+    imp.emit(node, "Div", [x, imp.b.op("Sqrt", [total], {}, f"{out}_norm")], {})
+
+
+@converter("Mean")
+def _mean(imp, node, a):
+    """The element-wise mean of the inputs: their sum over their count."""
+    vals = [imp.value(i) for i in node.input]
+    total = vals[0]
+    for k, v in enumerate(vals[1:]):
+        total = imp.b.op("Add", [total, v], {}, f"{node.output[0]}_sum{k}")
+    imp.emit(node, "Mul", [total, imp.weight(f"{node.output[0]}_inverse_count", np.array(1.0 / len(vals), np.float32))], {})
+
+
 @converter("LayerNormalization")
 def _layer_norm(imp, node, a):
     if any(o for o in node.output[1:]):
