@@ -556,6 +556,10 @@ def test_outputs_are_judged_over_the_samples_pooled():
     # a sample the TPU gets structurally wrong fails the row, whatever the others
     bad = _pooled_row("y", (4, 8), [big, small], [big, np.full((4, 8), np.nan)], tol, 0.0)
     assert not bad.passed and "non-finite" in bad.note
+    # one value per sample (a face-presence logit): the note names the sample with the largest error
+    refs, gots = [np.array([[2.0]]), np.array([[-1.0]]), np.array([[0.5]])], [np.array([[2.1]]), np.array([[-1.5]]), np.array([[0.5]])]
+    scalar = _pooled_row("flag", (1, 1), refs, gots, tol, 0.0)
+    assert "largest error sample #1 (#0 the test input): -1.5 for -1" in scalar.note
 
 
 def test_the_float_check_judges_as_the_correction_guard():

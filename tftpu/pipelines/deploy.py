@@ -163,9 +163,14 @@ def _pooled_row(name: str, shape: tuple, refs: list, gots: list, tol, floor: flo
         return min(each, key=lambda r: (r.passed, -math.inf if math.isnan(r.cosine) else r.cosine))
     row = compare_arrays(name, np.concatenate([np.ravel(a) for a in refs]),
                          np.concatenate([np.ravel(b) for b in gots]), tol, floor)
-    k, worst = min(enumerate(each), key=lambda e: (e[1].sqnr, e[1].cosine))
-    note = (f"{len(refs)} samples pooled; worst sample #{k} (#0 the test input): cosine {worst.cosine:.6f}, "
-            f"SQNR {worst.sqnr:.1f} dB")
+    if np.size(refs[0]) == 1:        # one value per sample: its own cosine and SQNR say nothing
+        k = max(range(len(refs)), key=lambda i: abs(float(np.ravel(refs[i])[0]) - float(np.ravel(gots[i])[0])))
+        note = (f"{len(refs)} samples pooled; largest error sample #{k} (#0 the test input): "
+                f"{float(np.ravel(gots[k])[0]):.6g} for {float(np.ravel(refs[k])[0]):.6g}")
+    else:
+        k, worst = min(enumerate(each), key=lambda e: (e[1].sqnr, e[1].cosine))
+        note = (f"{len(refs)} samples pooled; worst sample #{k} (#0 the test input): cosine {worst.cosine:.6f}, "
+                f"SQNR {worst.sqnr:.1f} dB")
     return dataclasses.replace(row, shape=shape, note="; ".join(filter(None, [row.note, note])))
 
 
