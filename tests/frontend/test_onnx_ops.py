@@ -128,6 +128,7 @@ CASES = [
     ("mish", "Mish", {"x": [2, 3, 4, 4]}, {}, dict(_opset=18)),
     ("elu", "Elu", {"x": [2, 7]}, {}, dict(alpha=0.7)),
     ("selu", "Selu", {"x": [2, 7]}, {}, {}),
+    *((op.lower(), op, {"x": [2, 3, 5]}, {}, {}) for op in ("Floor", "Ceil", "Round", "Sign", "Sin", "Cos", "Softsign")),
     ("lpnorm_axis1", "LpNormalization", {"x": [2, 6, 3]}, {}, dict(axis=1, p=2)),
     ("reducel2", "ReduceL2", {"x": [2, 6, 3]}, {}, dict(axes=[1, 2], keepdims=0, _opset=13)),
     ("reducesumsquare18", "ReduceSumSquare", {"x": [2, 6, 3]}, {"a": i64(-1)}, dict(_opset=18)),

@@ -151,7 +151,8 @@ UNARY = [("Relu", {}), ("Relu", {"relu_limit": 6.0}), ("Relu", {"relu_limit": 0.
          ("Clip", {"min": -0.5, "max": 0.5}), ("Clip", {"min": 0.0, "max": 6.0}),
          ("LeakyRelu", {"alpha": 0.1}), ("Sigmoid", {}), ("HardSigmoid", {"alpha": 0.3, "beta": 0.4}),
          ("HardSwish", {}), ("SiLU", {}), ("Tanh", {}), ("Exp", {}), ("Erf", {}), ("Abs", {}),
-         ("Neg", {}), ("GELU", {}), ("GELU", {"approximate": "tanh"})]
+         ("Neg", {}), ("GELU", {}), ("GELU", {"approximate": "tanh"}), ("Floor", {}), ("Ceil", {}), ("Round", {}),
+         ("Sign", {}), ("Sin", {}), ("Cos", {}), ("Softsign", {})]
 
 
 @pytest.mark.parametrize("shape", [(2, 3, 4, 5), (3, 7)])

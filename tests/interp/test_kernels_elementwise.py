@@ -54,7 +54,9 @@ UNARY = [("Sigmoid", "Sigmoid", {}, {}), ("Tanh", "Tanh", {}, {}), ("Exp", "Exp"
          ("LeakyRelu", "LeakyRelu", {"alpha": 0.1}, None),
          ("LeakyRelu", "LeakyRelu", {"alpha": 0.01}, None),
          ("Relu", "Relu", {}, {}), ("GELU", "Gelu", {"approximate": "none"}, None),
-         ("GELU", "Gelu", {"approximate": "tanh"}, None)]
+         ("GELU", "Gelu", {"approximate": "tanh"}, None),
+         ("Floor", "Floor", {}, {}), ("Ceil", "Ceil", {}, {}), ("Round", "Round", {}, {}), ("Sign", "Sign", {}, {}),
+         ("Sin", "Sin", {}, {}), ("Cos", "Cos", {}, {}), ("Softsign", "Softsign", {}, {})]
 
 
 @pytest.mark.parametrize("op,onnx_op,attrs,onnx_attrs", UNARY)
@@ -191,7 +193,7 @@ def test_every_spec_op_has_kernel_and_flops():
             "HardSwish SiLU Tanh Exp Log Sqrt Erf Abs Neg HardSigmoid GELU Softmax MaxPool "
             "AvgPool GlobalAvgPool GlobalMaxPool BatchNorm Scale Concat Reshape Flatten Permute "
             "Pad Slice Split Squeeze Unsqueeze Resize ReduceMean ReduceMax ReduceMin ReduceSum "
-            "SpaceToDepth DepthToSpace Cast Gather").split()
+            "SpaceToDepth DepthToSpace Cast Gather Floor Ceil Round Sign Sin Cos Softsign").split()
     for op in spec:
         assert callable(KERNELS[f"top.{op}"]) and callable(FLOPS[f"top.{op}"]), op
     assert {f"top.{op}" for op in spec} <= set(KERNELS) & set(FLOPS)
@@ -228,3 +230,10 @@ def test_flops_every_op_non_negative_int():
         attrs = {"kernel_shape": [1, 1], "mode": "linear"}
         n = fn(ins, [shape], attrs)
         assert isinstance(n, int) and n >= 0, op
+
+
+def test_round_takes_halves_to_even_as_onnx():
+    x = np.array([-2.5, -1.5, -0.5, 0.5, 1.5, 2.5, 2.4999998, -3.5000002], np.float32)
+    want = run_node("Round", [x])[0]
+    np.testing.assert_array_equal(KERNELS["top.Round"]([x], {})[0], want)
+    np.testing.assert_array_equal(want, [-2, -2, -0, 0, 2, 2, 2, -4])

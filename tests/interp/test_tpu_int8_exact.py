@@ -230,7 +230,8 @@ def test_add_sub_mul_exact(data):
 ACTS = [("Relu", {}), ("Relu", {"relu_limit": 1.5}), ("Clip", {"min": -0.5, "max": 1.0}),
         ("LeakyRelu", {"alpha": 0.1}), ("Sigmoid", {}), ("HardSigmoid", {"alpha": 0.3, "beta": 0.4}),
         ("HardSwish", {}), ("SiLU", {}), ("Tanh", {}), ("Exp", {}), ("Log", {}), ("Sqrt", {}), ("Erf", {}),
-        ("Abs", {}), ("Neg", {}), ("GELU", {}), ("GELU", {"approximate": "tanh"})]
+        ("Abs", {}), ("Neg", {}), ("GELU", {}), ("GELU", {"approximate": "tanh"}), ("Floor", {}), ("Ceil", {}),
+        ("Round", {}), ("Sign", {}), ("Sin", {}), ("Cos", {}), ("Softsign", {})]
 
 
 def _f64(name, attrs, x):
@@ -254,6 +255,13 @@ def _f64(name, attrs, x):
             "Erf": lambda: erf(x),
             "Abs": lambda: np.abs(x),
             "Neg": lambda: -x,
+            "Floor": lambda: np.floor(x),
+            "Ceil": lambda: np.ceil(x),
+            "Round": lambda: np.round(x),
+            "Sign": lambda: np.sign(x),
+            "Sin": lambda: np.sin(x),
+            "Cos": lambda: np.cos(x),
+            "Softsign": lambda: x / (1 + np.abs(x)),
             "GELU": lambda: (0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3))))
             if attrs.get("approximate") == "tanh" else 0.5 * x * (1 + erf(x / np.sqrt(2))),
         }[name]()

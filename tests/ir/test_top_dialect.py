@@ -35,7 +35,8 @@ def zoo() -> ir.TopModel:
     for name in ("Add", "Sub", "Mul", "Div", "Max", "Min"):
         b.op(name, [mm, b.weight(f"k_{name}", rand(1, 4))], {}, name.lower())
     b.op("PRelu", [d, b.weight("slope", rand(1, 3, 1, 1))], {}, "prelu")
-    for name in ("Sigmoid", "HardSwish", "SiLU", "Tanh", "Exp", "Log", "Sqrt", "Erf", "Abs", "Neg", "GELU"):
+    for name in ("Sigmoid", "HardSwish", "SiLU", "Tanh", "Exp", "Log", "Sqrt", "Erf", "Abs", "Neg", "GELU",
+                 "Floor", "Ceil", "Round", "Sign", "Sin", "Cos", "Softsign"):
         b.op(name, [mm], {}, name.lower())
     b.op("Relu", [mm], {"relu_limit": 6.0}, "relu")
     b.op("Clip", [mm], {"min": -1.0, "max": 1.0}, "clip")

@@ -40,9 +40,8 @@ MAX_GROUP_OPS = 32        # the longest run the DP tries as one group
 _WINDOW = ("tpu.Conv", "tpu.MaxPool", "tpu.AvgPool")
 _BATCH = ("tpu.GlobalAvgPool", "tpu.GlobalMaxPool")
 _ELEMENTWISE = ("tpu.Cast", "tpu.Lut", "tpu.Add", "tpu.Sub", "tpu.Mul", "tpu.Div", "tpu.Max", "tpu.Min",
-                "tpu.PRelu", "tpu.Abs", "tpu.Clip", "tpu.Erf", "tpu.Exp", "tpu.GELU", "tpu.HardSigmoid",
-                "tpu.HardSwish", "tpu.LeakyRelu", "tpu.Log", "tpu.Neg", "tpu.Relu", "tpu.SiLU", "tpu.Sigmoid",
-                "tpu.Sqrt", "tpu.Tanh", "tpu.Scale", "tpu.BatchNorm", "tpu.Concat")
+                "tpu.PRelu", "tpu.Scale", "tpu.BatchNorm", "tpu.Concat",
+                *("tpu." + n[4:] for n in top.LOOKUP_TABLES))
 SLICING = {**{n: "window" for n in _WINDOW}, **{n: "batch" for n in _BATCH},
            **{n: "elementwise" for n in _ELEMENTWISE}}
 

@@ -418,7 +418,9 @@ def _reciprocal(imp, node, a):
 
 
 _UNARY = {"Relu": "Relu", "Sigmoid": "Sigmoid", "Tanh": "Tanh", "Exp": "Exp", "Log": "Log",
-          "Sqrt": "Sqrt", "Erf": "Erf", "Abs": "Abs", "Neg": "Neg", "HardSwish": "HardSwish"}
+          "Sqrt": "Sqrt", "Erf": "Erf", "Abs": "Abs", "Neg": "Neg", "HardSwish": "HardSwish",
+          "Floor": "Floor", "Ceil": "Ceil", "Round": "Round", "Sign": "Sign", "Sin": "Sin", "Cos": "Cos",
+          "Softsign": "Softsign"}
 
 
 @converter(*_UNARY)

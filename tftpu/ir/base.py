@@ -35,7 +35,7 @@ from xdsl.utils.exceptions import VerifyException
 
 from tftpu.ir import attrs as A
 
-__all__ = ["REQUIRED", "AttrSpec", "Int", "Float", "Bool", "Str", "Ints", "Floats", "TensorOp", "define_op",
+__all__ = ["REQUIRED", "AttrSpec", "Int", "Float", "Bool", "Str", "Ints", "Floats", "TensorOp", "LookupTable", "define_op",
            "Pure", "Commutative", "Elementwise", "LayoutSensitive", "loc_names", "loc_name", "set_loc",
            "value_name", "numel"]
 
@@ -108,6 +108,11 @@ class Floats(AttrSpec):
 
 class Elementwise(OpTrait):
     """The op maps each element (of broadcast operands) to one result element."""
+
+
+class LookupTable(OpTrait):
+    """A one-input element-wise function: in INT8 a 256-entry table of its own kernel over the
+    input grid, exact whatever the function."""
 
 
 class LayoutSensitive(OpTrait):

@@ -28,6 +28,7 @@ from tftpu.ir.base import (  # noqa: F401  (REQUIRED and the loc helpers are re-
     Bool,
     Commutative,
     Elementwise,
+    LookupTable,
     Float,
     Int,
     Ints,
@@ -415,10 +416,10 @@ class _Unary(TopOp):
 
 
 def _unary(op_name: str, doc: str, attrs: dict | None = None, flops: int = 1):
-    """An element-wise activation `top.<op_name>` costing `flops` per element."""
+    """An element-wise function `top.<op_name>` costing `flops` per element (INT8: a lookup table)."""
     cls = type(op_name, (_Unary,), {"name": f"top.{op_name}", "__doc__": doc,
                                     "ATTRS": attrs or {}, "__module__": __name__,
-                                    "TRAITS": (Pure(), Elementwise()), "count_flops": per_output(flops),
+                                    "TRAITS": (Pure(), Elementwise(), LookupTable()), "count_flops": per_output(flops),
                                     "__annotations__": {"ATTRS": ClassVar[dict], "TRAITS": ClassVar[tuple]}})
     return top_op(cls)
 
@@ -439,6 +440,13 @@ Erf = _unary("Erf", "error function.", flops=4)
 Abs = _unary("Abs", "absolute value.")
 Neg = _unary("Neg", "-x.")
 GELU = _unary("GELU", "x * Phi(x), exact or tanh-approximated.", {"approximate": Str("none")}, flops=8)
+Floor = _unary("Floor", "largest integer <= x.")
+Ceil = _unary("Ceil", "smallest integer >= x.")
+Round = _unary("Round", "nearest integer, halves to even (ONNX's Round).")
+Sign = _unary("Sign", "-1, 0 or 1 as x is negative, zero or positive.")
+Sin = _unary("Sin", "sine.", flops=4)
+Cos = _unary("Cos", "cosine.", flops=4)
+Softsign = _unary("Softsign", "x / (1 + |x|).", flops=3)
 
 
 @top_op
@@ -902,11 +910,13 @@ class Gather(TopOp):
 
 TOP_OPS = [Input, Weight, NoneOp, Conv, Deconv, MatMul, Add, Sub, Mul, Div, Max, Min, PRelu,
            Relu, Clip, LeakyRelu, Sigmoid, HardSigmoid, HardSwish, SiLU, Tanh, Exp, Log, Sqrt, Erf,
-           Abs, Neg, GELU, Softmax, Cast, MaxPool, AvgPool, GlobalAvgPool, GlobalMaxPool, BatchNorm,
+           Abs, Neg, GELU, Floor, Ceil, Round, Sign, Sin, Cos, Softsign, Softmax, Cast, MaxPool, AvgPool, GlobalAvgPool, GlobalMaxPool, BatchNorm,
            Scale, LayerNorm, Concat, Reshape, Flatten, Permute, Pad, Slice, Split, Squeeze, Unsqueeze, Resize,
            ReduceMean, ReduceMax, ReduceMin, ReduceSum, SpaceToDepth, DepthToSpace, Gather]
 
 OPS_BY_NAME: dict[str, type[TopOp]] = {cls.name: cls for cls in TOP_OPS}
 FLOPS = {cls.name: cls.flops_of for cls in TOP_OPS}   # full name -> flops(ins, outs, attrs)
+# the one-input element-wise functions, by full name (INT8: each a 256-entry table)
+LOOKUP_TABLES = tuple(cls.name for cls in TOP_OPS if any(isinstance(t, LookupTable) for t in cls.TRAITS))
 
 Top = Dialect("top", TOP_OPS, [])

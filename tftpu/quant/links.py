@@ -33,9 +33,7 @@ __all__ = ["wide_grids", "reads_wide", "int8_reads_wide", "reads_link", "WIDE_PR
            "PASS_THROUGH", "LOOKUP_TABLES", "I16_MAX", "HEADROOM"]
 
 # activations whose INT8 form is a 256-entry lookup table (the lowering registers these)
-LOOKUP_TABLES = ("top.Relu", "top.Clip", "top.LeakyRelu", "top.Sigmoid", "top.HardSigmoid", "top.HardSwish",
-                 "top.SiLU", "top.Tanh", "top.Exp", "top.Log", "top.Sqrt", "top.Erf", "top.Abs", "top.Neg",
-                 "top.GELU")
+LOOKUP_TABLES = top.LOOKUP_TABLES
 # ops whose INT8 kernel requantizes its result and can write it on a 16-bit grid: a conv, Add,
 # Sub, Mul or PReLU rounds its wide intermediate there; a table holds 16-bit entries as well as 8-bit
 WIDE_PRODUCERS = ("top.Conv", "top.Add", "top.Sub", "top.Mul", "top.PRelu", *LOOKUP_TABLES)

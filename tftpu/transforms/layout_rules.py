@@ -25,6 +25,7 @@ from typing import Callable
 import numpy as np
 
 from tftpu.ir import layout as L
+from tftpu.ir import top
 from tftpu.ir.layout import Perm
 
 
@@ -139,8 +140,7 @@ def _as_input(p: Perm, attrs: dict, n_out: int = 1) -> Plan:
 
 # ---------------------------------------------------------------- layout-agnostic
 
-@rule(AGNOSTIC, "Relu", "Clip", "LeakyRelu", "Sigmoid", "HardSigmoid", "HardSwish", "SiLU", "Tanh",
-      "Exp", "Log", "Sqrt", "Erf", "Abs", "Neg", "GELU", "Cast")
+@rule(AGNOSTIC, *(n[4:] for n in top.LOOKUP_TABLES), "Cast")
 @_follows_input
 def unary(op, attrs, ctx, p):
     return _as_input(p, attrs)

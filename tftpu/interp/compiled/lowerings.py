@@ -230,16 +230,19 @@ def _unary_fn(op_name, attrs):
         "Sqrt": t.sqrt, "Erf": t.math.erf, "Abs": t.abs, "Neg": t.negative,
         "HardSwish": lambda x: x * t.clip_by_value(x * F(1 / 6) + F(0.5), F(0), F(1)),
         "SiLU": lambda x: x * t.sigmoid(x),
+        "Floor": t.floor, "Ceil": t.math.ceil, "Round": t.round, "Sign": t.sign, "Sin": t.sin, "Cos": t.cos,
+        "Softsign": t.nn.softsign,
     }
     return simple[op_name]
 
 
 @lowering("Relu", "Clip", "LeakyRelu", "Sigmoid", "HardSigmoid", "HardSwish", "SiLU", "Tanh",
-          "Exp", "Log", "Sqrt", "Erf", "Abs", "Neg", "GELU")
+          "Exp", "Log", "Sqrt", "Erf", "Abs", "Neg", "GELU", "Floor", "Ceil", "Round", "Sign", "Sin", "Cos",
+          "Softsign")
 def _unary(ins, attrs, out_shapes, op_name):
     x = ins[0]
     if not x.t.dtype.is_floating:
-        if op_name not in ("Abs", "Neg", "Relu"):
+        if op_name not in ("Abs", "Neg", "Relu", "Sign"):
             raise NotLowered("integer operand")
         xt = x.t
     else:

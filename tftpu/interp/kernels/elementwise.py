@@ -74,6 +74,13 @@ _unary("Sqrt", lambda x, a: np.sqrt(x))
 _unary("Erf", lambda x, a: _erf(x), 4)
 _unary("Abs", lambda x, a: np.abs(x))
 _unary("Neg", lambda x, a: np.negative(x))
+_unary("Floor", lambda x, a: np.floor(x))
+_unary("Ceil", lambda x, a: np.ceil(x))
+_unary("Round", lambda x, a: np.round(x))           # halves to even, as ONNX's Round
+_unary("Sign", lambda x, a: np.sign(x))
+_unary("Sin", lambda x, a: np.sin(x), 4)
+_unary("Cos", lambda x, a: np.cos(x), 4)
+_unary("Softsign", lambda x, a: x / (1 + np.abs(x)), 3)
 
 
 def _gelu(x, attrs):
