@@ -185,7 +185,7 @@ def _check_import(stage: Stage, proto, top_model, sample: dict) -> None:
 def compile(model, *, chip, quantize: str = "INT8", calibration_data=None, calibration_method: str = "mse",
             test_input=None, input_shapes=None, space_to_depth: bool = True, asymmetric: bool | str = "auto",
             mixed_precision: str | None = "auto", quantize_table=None, tolerance=None,
-            bias_correction: bool = True, weight_rounding: bool = True,
+            bias_correction: bool = True, weight_rounding: bool = True, weight_refit: bool = True,
             mixed_precision_budget: float | None = FLOAT_BUDGET, mixed_precision_latency: float | None = LATENCY_BUDGET,
             wide_links: bool = True, float_tail: bool = True, log=None) -> CompiledModel:
     """Compile `model` (an ONNX path or ModelProto, a Keras model or file, a SavedModel
@@ -208,7 +208,10 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None, calib
     `weight_rounding` (INT8): round the INT8 conv / matmul weights by per-layer reconstruction on
     the calibration samples (`tftpu.quant.weight_rounding`: each rounding error taken back by the
     weights not rounded yet, GPTQ-style) rather than to nearest, before the mixed-precision
-    search, kept on the same condition. `mixed_precision_budget`: the most of the model's FLOPs
+    search, kept on the same condition. `weight_refit` (INT8, instead of `weight_rounding`): each
+    2-D conv's weights and bias refit, by ridge-regularized least squares, from the simulated
+    INT8 inputs it gets to its float output (`tftpu.quant.refit`: AdaQuant's layer-wise fit in
+    closed form), kept on the same condition. `mixed_precision_budget`: the most of the model's FLOPs
     the mixed-precision search may keep in float (5% by default: an INT8 program stays INT8;
     None or 1: as many as the target needs); where the target needs more, the search keeps what
     fits and reports the target missed. `mixed_precision_latency`: the most the float ops may
@@ -262,13 +265,15 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None, calib
                       quantize_table=quantize_table, test_input=check, tolerance=tolerance,
                       mixed_precision=mixed_precision, samples=[s for s in samples if s is not check][:8],
                       space_to_depth=space_to_depth, bias_correction=bias_correction,
-                      weight_rounding=weight_rounding, mixed_precision_budget=mixed_precision_budget,
+                      weight_rounding=weight_rounding, weight_refit=weight_refit,
+                      mixed_precision_budget=mixed_precision_budget,
                       mixed_precision_latency=mixed_precision_latency, wide_links=wide_links,
                       float_tail=float_tail)
     secs = deployed.seconds
     if deployed.weight_rounding is not None:
-        stages.append(Stage("weight rounding", secs.get("weight rounding", 0.0), str(deployed.weight_rounding)))
-        extra["weight_rounding"] = deployed.weight_rounding.as_dict()
+        what = "weight refit" if "weight refit" in secs else "weight rounding"
+        stages.append(Stage(what, secs.get(what, 0.0), str(deployed.weight_rounding)))
+        extra[what.replace(" ", "_")] = deployed.weight_rounding.as_dict()
     if deployed.bias_correction is not None:
         stages.append(Stage("bias correction", secs.get("bias correction", 0.0), str(deployed.bias_correction)))
         extra["bias_correction"] = deployed.bias_correction.as_dict()

@@ -56,6 +56,10 @@ flags.DEFINE_bool("weight_rounding", False, "INT8: round the INT8 conv/matmul we
                   "on --test_input (each rounding error taken back by the weights not rounded yet, through "
                   "the layer's input statistics: GPTQ) instead of to nearest, before the mixed-precision "
                   "search; kept only where the outputs get no further from TOP")
+flags.DEFINE_bool("weight_refit", False, "INT8 (instead of --weight_rounding): refit each 2-D conv's weights and "
+                  "bias to the simulated INT8 inputs it gets on --test_input (ridge least squares towards the "
+                  "float weights: AdaQuant's layer-wise fit in closed form), before the mixed-precision search; "
+                  "kept only where the outputs get no further from TOP")
 flags.DEFINE_bool("wide_links", True, "INT8: a tensor that INT8 Add/Sub/PReLU ops read (a residual branch, "
                   "a conv before its PReLU, a block's output) is written on a 16-bit grid by its conv or Add "
                   "(other readers take it through a cast to 8 bits), the FLOPs staying INT8; --nowide_links "
@@ -90,12 +94,12 @@ def main(args):
                     mixed_precision_latency=FLAGS.mixed_precision_latency,
                     space_to_depth=FLAGS.space_to_depth, model=FLAGS.model, trace=FLAGS.trace,
                     bias_correction=FLAGS.bias_correction, weight_rounding=FLAGS.weight_rounding,
-                    wide_links=FLAGS.wide_links, float_tail=FLAGS.float_tail)
+                    weight_refit=FLAGS.weight_refit, wide_links=FLAGS.wide_links, float_tail=FLAGS.float_tail)
     print(result.lowering)
     if result.search is not None:
         print(result.search)
     if result.weight_rounding is not None:
-        print(f"weight rounding: {result.weight_rounding}")
+        print(f"{'weight refit' if FLAGS.weight_refit else 'weight rounding'}: {result.weight_rounding}")
     if result.bias_correction is not None:
         print(f"bias correction: {result.bias_correction}")
     if result.memory is not None:

@@ -131,12 +131,12 @@ def test_flag_off_is_the_plain_lowering(case):
 def test_compile_corrects_by_default_and_reports_it(case):
     model, _, samples, held = case
     on = tftpu.compile(model, chip="npu1", calibration_data=samples, test_input=held[0], mixed_precision="none",
-                       space_to_depth=False, weight_rounding=False)
+                       space_to_depth=False, weight_rounding=False, weight_refit=False)
     stage = next(s for s in on.stages if s.name == "bias correction")
     assert "biases corrected" in stage.check and on.report["bias_correction"]["ops"] == 2
     assert on.top_model is not None and "c1_bias_corrected" not in on.top_model.weights     # the model as given
     off = tftpu.compile(model, chip="npu1", calibration_data=samples, test_input=held[0], mixed_precision="none",
-                        space_to_depth=False, bias_correction=False, weight_rounding=False)
+                        space_to_depth=False, bias_correction=False, weight_rounding=False, weight_refit=False)
     assert "bias_correction" not in off.report and all(s.name != "bias correction" for s in off.stages)
     sq = lambda c: min(r.sqnr for r in c.deployed.outputs)
     assert sq(on) > sq(off)

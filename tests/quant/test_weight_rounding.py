@@ -165,11 +165,11 @@ def test_deploy_lowers_the_reconstruction_and_judges_against_the_model(net):
 def test_compile_rounds_by_default_and_reports_it(net):
     model, samples, _ = net
     on = tftpu.compile(model, chip="npu1", calibration_data=samples, test_input=samples[0], mixed_precision="none",
-                       space_to_depth=False, bias_correction=False)
+                       space_to_depth=False, bias_correction=False, weight_refit=False)
     stage = next(s for s in on.stages if s.name == "weight rounding")
     assert "weights re-rounded over" in stage.check and on.report["weight_rounding"]["ops"] == 3
     off = tftpu.compile(model, chip="npu1", calibration_data=samples, test_input=samples[0], mixed_precision="none",
-                        space_to_depth=False, bias_correction=False, weight_rounding=False)
+                        space_to_depth=False, bias_correction=False, weight_rounding=False, weight_refit=False)
     assert "weight_rounding" not in off.report and all(s.name != "weight rounding" for s in off.stages)
 
 

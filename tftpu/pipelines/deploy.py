@@ -23,6 +23,7 @@ from tftpu.interp.top_interpreter import TopInterpreter
 from tftpu.interp.tpu import TpuInterpreter
 from tftpu.ir import top
 from tftpu.ir.base import value_name
+from tftpu.quant.refit import INPUT_BUDGET as REFIT_INPUTS
 from tftpu.transforms.lowering.decode_tail import decode_tail
 from tftpu.transforms.lowering.search import (FLOAT_BUDGET, LATENCY_BUDGET, judge_runs, output_pairs, output_parts,
                                               parse_target, part_slices, worst_figures)
@@ -181,7 +182,7 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
            mixed_precision_latency: float | None = LATENCY_BUDGET,
            space_to_depth: bool = False, model=None,
            trace=None, bias_correction: bool = False, weight_rounding: bool = False,
-           wide_links: bool = True, float_tail: bool = True) -> DeployResult:
+           wide_links: bool = True, float_tail: bool = True, weight_refit: bool = False) -> DeployResult:
     """Lower the TOP model `mlir` (a path or TopModel) for `chip` in `quantize` mode.
 
     `test_input` (a dict of arrays or an .npz path) checks the TPU model against TOP, and
@@ -254,7 +255,14 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
             table = _entries_for_moves(top_model, table)
         seconds["space-to-depth"] = time.perf_counter() - t1
     rounded = rounding = None
-    if weight_rounding and mode == "INT8" and table is not None and (samples or inputs is not None):
+    if weight_refit and mode == "INT8" and table is not None and (samples or inputs is not None):
+        from tftpu.quant.bias_correction import correct_biases
+        t1 = time.perf_counter()
+        rounded, rounding = correct_biases(top_model, table, samples or [inputs], asymmetric=asymmetric,
+                                           float_ops=_float_ops(top_model, qtable, float_tail),
+                                           wide_links=wide_links, refit=True, input_budget=REFIT_INPUTS)
+        seconds["weight refit"] = time.perf_counter() - t1
+    elif weight_rounding and mode == "INT8" and table is not None and (samples or inputs is not None):
         from tftpu.quant.weight_rounding import reconstruct_rounding
         t1 = time.perf_counter()
         rounded, rounding = reconstruct_rounding(top_model, samples or [inputs],
@@ -295,7 +303,7 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
         if rounded is not None:
             from tftpu.quant.weight_rounding import restore_weights
             lowered = restore_weights(rounded, top_model, float_ops)
-        if correcting:
+        if correcting and not getattr(rounding, "refit", 0):     # a refit corrected the biases already
             from tftpu.quant.bias_correction import correct_biases
             t1 = time.perf_counter()
             lowered, corrected = correct_biases(lowered, table, samples or [inputs], asymmetric=asymmetric,

@@ -40,6 +40,7 @@ from tftpu.ir.module import TopModel, parse_module
 from tftpu.ir.quant import STORAGE
 from tftpu.quant import params as P
 from tftpu.quant.links import reads_link, wide_grids
+from tftpu.quant.refit import Fit
 from tftpu.utils.names import unique_name
 
 __all__ = ["correct_biases", "BiasCorrection", "MAX_SAMPLES"]
@@ -64,6 +65,7 @@ class BiasCorrection:
     skipped: dict = dataclasses.field(default_factory=dict)     # op name -> why it was not corrected
     kept: bool = True                                           # False: the lowering took the model as given
     check: str = ""                                             # how that was decided, when it was
+    refit: int = 0                                              # convs whose weights were refit as well
 
     @property
     def mean_steps(self) -> float:
@@ -75,11 +77,12 @@ class BiasCorrection:
         return {"ops": len(self.ops), "samples": self.samples, "seconds": round(self.seconds, 3),
                 "mean_abs_correction_steps": round(self.mean_steps, 4),
                 "max_abs_correction_steps": round(max((o["max_steps"] for o in self.ops), default=0.0), 4),
-                "skipped": len(self.skipped), "kept": self.kept, "check": self.check}
+                "skipped": len(self.skipped), "kept": self.kept, "check": self.check, "refit": self.refit}
 
     def __str__(self) -> str:
         d = self.as_dict()
-        return (f"{d['ops']} conv/matmul/deconv biases corrected over {d['samples']} samples: mean |correction| "
+        refit = f"{self.refit} conv weights refit to their INT8 inputs, " if self.refit else ""
+        return (refit + f"{d['ops']} conv/matmul/deconv biases corrected over {d['samples']} samples: mean |correction| "
                 f"{d['mean_abs_correction_steps']:.3f} output steps (largest {d['max_abs_correction_steps']:.2f})"
                 + (f", {d['skipped']} skipped" if d["skipped"] else "") + (f"; {self.check}" if self.check else ""))
 
@@ -139,18 +142,31 @@ def _why_not(op, model, table) -> str | None:
     return None
 
 
+def _refittable(op, model: TopModel) -> bool:
+    """Whether `op`'s weights can be refit (`tftpu.quant.refit`): a 2-D NCHW conv with OIHW
+    weights of its own."""
+    if not isinstance(op, top.Conv) or len(op.operands[0].type.get_shape()) != 4:
+        return False
+    a = op.attrs()
+    return a["layout"] == "NCHW" and a["kernel_layout"] == "OIHW" and len(list(op.operands[1].uses)) == 1
+
+
 def correct_biases(model: TopModel, table, samples: list[dict], asymmetric: bool | str = False, *,
-                   float_ops: set | None = None, max_samples: int = MAX_SAMPLES, wide_links: bool = True) -> tuple[TopModel, BiasCorrection]:
+                   float_ops: set | None = None, max_samples: int = MAX_SAMPLES, wide_links: bool = True,
+                   refit: bool = False, input_budget: int = INPUT_BUDGET) -> tuple[TopModel, BiasCorrection]:
     """(corrected copy of `model`, report): each Conv / Deconv / MatMul with constant weights
     and calibrated input and output gets the bias that cancels the mean per-channel difference
     between its simulated INT8 output and its float output on `samples` (the first
     `max_samples`, fewer for large inputs: INPUT_BUDGET), in model order. `asymmetric` is the
     lowering's (False, True, "auto"); `float_ops` names ops that will not run in INT8 (not
-    corrected, simulated in float); `wide_links`: the lowering's (16-bit links simulated on their grid)."""
+    corrected, simulated in float); `wide_links`: the lowering's (16-bit links simulated on their grid).
+    `refit`: each 2-D conv's weights and bias are refit to the simulated INT8 inputs it gets
+    (`tftpu.quant.refit`: its bias takes the mean shift in the fit), the other ops' biases
+    corrected as before. `input_budget`: the most input values the samples used hold together."""
     t0 = time.perf_counter()
     samples = list(samples)
     size = max(sum(int(np.asarray(a).size) for a in samples[0].values()), 1) if samples else 1
-    samples = samples[:max(2, min(max_samples, INPUT_BUDGET // size))]
+    samples = samples[:max(2, min(max_samples, input_budget // size))]
     float_ops = set(float_ops or ())
     interp = TopInterpreter(model)
     grids = {name: P.activation(*entry[:3], asymmetric=asymmetric) for name, entry in table.entries.items()}
@@ -174,6 +190,7 @@ def correct_biases(model: TopModel, table, samples: list[dict], asymmetric: bool
     consts = interp.consts
     qweights: dict[int, np.ndarray] = {}
     corrections: dict[str, np.ndarray] = {}
+    refits: dict[str, tuple] = {}
     skipped: dict[str, str] = {}
     rows = []
     for k, ((kernel, ins, outs, attrs, op_name, loc), op) in enumerate(zip(interp.steps, steps_ops)):
@@ -199,6 +216,22 @@ def correct_biases(model: TopModel, table, samples: list[dict], asymmetric: bool
         narrowed = [] if op.loc in float_ops else \
             [(i, narrow[interp.names[s]]) for i, (s, v) in enumerate(zip(ins, op.operands))
              if s is not None and interp.names.get(s) in narrow and not reads_link(op, v, narrow)]
+        bias_q = None
+        if correct and refit and _refittable(op, model):
+            w = consts[ins[1]]
+            b = consts[ins[2]] if ins[2] is not None else np.zeros(w.shape[0], w.dtype)
+            fit = Fit(w, b, attrs)
+            for ef, eq in zip(envs_f, envs_q):
+                x_q = eq[ins[0]] if ins[0] in eq else consts[ins[0]]
+                for i, grid in narrowed:
+                    if i == 0:
+                        x_q = _fake_quant(x_q, grid)
+                fit.observe(ef[ins[0]] if ins[0] in ef else consts[ins[0]], x_q)
+            w_fit, b_fit = fit.solve()
+            w_fit = w_fit.astype(w.dtype)
+            qweights[ins[1]] = _quantized_weight(op, w_fit)
+            bias_q = b_fit.astype(np.float32)
+            refits[op.loc] = (w_fit, b_fit)
         for ef, eq in zip(envs_f, envs_q):
             got_f = kernel([None if s is None else (ef[s] if s in ef else consts[s]) for s in ins], run_attrs)
             args_q = [None if s is None else (eq[s] if s in eq else consts[s]) for s in ins]
@@ -206,6 +239,8 @@ def correct_biases(model: TopModel, table, samples: list[dict], asymmetric: bool
                 args_q[i] = _fake_quant(args_q[i], grid)
             if correct:
                 args_q[1] = qweights[ins[1]]
+            if bias_q is not None:
+                args_q[2] = bias_q
             got_q = kernel(args_q, run_attrs)
             if correct:
                 pre_f, pre_q = np.asarray(got_f[0]), np.asarray(got_q[0])
@@ -230,6 +265,8 @@ def correct_biases(model: TopModel, table, samples: list[dict], asymmetric: bool
             step = grids[interp.names[outs[0]]].scale
             # on a grid of 1/1024 output step: last-bit noise of the CPU's float kernels moves no byte
             delta = np.rint(_shrunk_mean(np.array(sums), np.array(counts)) * (GRID / step)) * (step / GRID)
+            if bias_q is not None:          # the refit's bias has the mean in it already
+                delta = np.zeros_like(delta)
             shape = [1] * pres_q[0].ndim
             shape[_channel_axis(op, pres_q[0].ndim)] = -1
             dd = delta.reshape(shape).astype(pres_q[0].dtype)
@@ -237,14 +274,15 @@ def correct_biases(model: TopModel, table, samples: list[dict], asymmetric: bool
                 eq[outs[0]] = quant(interp.names[outs[0]], post_relu(pre_q - dd, attrs))
             if np.any(delta):
                 corrections[op.loc] = delta
-            rows.append({"name": op.loc, "op": op.name, "channels": int(delta.size),
-                         "mean_steps": float(np.mean(np.abs(delta)) / step),
-                         "max_steps": float(np.max(np.abs(delta)) / step)})
+            if bias_q is None:
+                rows.append({"name": op.loc, "op": op.name, "channels": int(delta.size),
+                             "mean_steps": float(np.mean(np.abs(delta)) / step),
+                             "max_steps": float(np.max(np.abs(delta)) / step)})
         for s in interp.free_after[k]:
             for env in envs_f + envs_q:
                 env.pop(s, None)
-    corrected = _apply(model, corrections)
-    return corrected, BiasCorrection(rows, len(samples), time.perf_counter() - t0, skipped)
+    corrected = _apply(model, corrections, refits)
+    return corrected, BiasCorrection(rows, len(samples), time.perf_counter() - t0, skipped, refit=len(refits))
 
 
 def _slope(op, attrs: dict, y: np.ndarray, model: TopModel) -> np.ndarray | None:
@@ -297,20 +335,30 @@ def _shrunk_mean(sums: np.ndarray, counts: np.ndarray) -> np.ndarray:
     return np.where(np.isfinite(out), out, 0.0)
 
 
-def _apply(model: TopModel, corrections: dict[str, np.ndarray]) -> TopModel:
-    """A copy of `model` whose ops named in `corrections` have `bias - correction` as bias."""
+def _apply(model: TopModel, corrections: dict[str, np.ndarray], refits: dict | None = None) -> TopModel:
+    """A copy of `model` whose ops named in `corrections` have `bias - correction` as bias, and
+    those in `refits` (name -> (weights, bias)) those weights and that bias before it."""
     copy = TopModel(parse_module(model.text()), dict(model.weights))
     block = copy.func.body.block
+    refits = refits or {}
     for op in copy.ops:
-        delta = corrections.get(op.loc) if isinstance(op, (top.Conv, top.Deconv, top.MatMul)) else None
-        if delta is None:
+        if not isinstance(op, (top.Conv, top.Deconv, top.MatMul)):
             continue
+        delta, fitted = corrections.get(op.loc), refits.get(op.loc)
+        if delta is None and fitted is None:
+            continue
+        if fitted is not None:
+            copy.weights[op.operands[1].owner.key] = fitted[0]
         b = op.operands[2]
         if isinstance(b.type, NoneType):
-            old, shape, dtype = np.zeros(delta.size, np.float32), (delta.size,), np.float32
+            n = op.results[0].type.get_shape()[_channel_axis(op, len(op.results[0].type.get_shape()))]
+            old, shape, dtype = np.zeros(n, np.float32), (n,), np.float32
         else:
             old = np.asarray(copy.weights[b.owner.key])
             shape, dtype = old.shape, old.dtype
+        if fitted is not None:
+            old = fitted[1].reshape(shape)
+        delta = np.zeros(old.size) if delta is None else delta
         new = (old.astype(np.float64).reshape(-1) - delta).astype(dtype).reshape(shape)
         if not isinstance(b.type, NoneType) and len(list(b.uses)) == 1:
             copy.weights[b.owner.key] = new                  # its own weight: a new array under its key

@@ -152,9 +152,11 @@ def _db(signal: float, noise: float) -> float:
 
 # ---------------------------------------------------------------------------- the layers' inputs
 
-def conv_patches(x: np.ndarray, kernel: tuple, attrs: dict):
+def conv_patches(x: np.ndarray, kernel: tuple, attrs: dict, max_rows: int | None = None):
     """Yield the input patches of a 2-D NCHW conv, a block of output rows at a time, as
-    [rows, group, C/group * kh * kw] (the order of the OIHW filter's flattened [C/g, kh, kw])."""
+    [rows, group, C/group * kh * kw] (the order of the OIHW filter's flattened [C/g, kh, kw]);
+    about `max_rows` (MAX_ROWS) rows per image at most (every few output rows of a large map)."""
+    max_rows = MAX_ROWS if max_rows is None else max_rows
     kh, kw = kernel
     pt, pl, pb, pr = (list(attrs.get("pads") or ()) + [0, 0, 0, 0])[:4]
     sh, sw = (list(attrs.get("strides") or ()) + [1, 1])[:2]
@@ -165,7 +167,7 @@ def conv_patches(x: np.ndarray, kernel: tuple, attrs: dict):
     win = sliding_window_view(xp, (geometry.span(kh, dh), geometry.span(kw, dw)), axis=(2, 3))
     win = win[:, :, ::sh, ::sw, ::dh, ::dw]                   # [N, C, Ho, Wo, kh, kw]
     ho, wo = win.shape[2:4]
-    every = max(1, math.ceil(ho * wo / MAX_ROWS))            # a large map: every few output rows
+    every = max(1, math.ceil(ho * wo / max_rows))            # a large map: every few output rows
     rows = range(0, ho, every)
     step = max(1, ROWS // max(1, wo))
     for i in range(n):
@@ -300,10 +302,20 @@ def reconstruct_rounding(model: TopModel, samples: list[dict], *, float_ops: set
 
 
 def restore_weights(rounded: TopModel, original: TopModel, names: set) -> TopModel:
-    """`rounded` with the original weights back for the ops named (those the lowering keeps in float)."""
+    """`rounded` with the original weights (and biases) back for the ops named (those the
+    lowering keeps in float); a bias `rounded` gave an op that had none becomes zeros."""
     weights = dict(rounded.weights)
+    by_loc = {op.loc: op for op in rounded.ops if isinstance(op, (top.Conv, top.Deconv, top.MatMul))}
     for op in original.ops:
-        if op.loc in names and isinstance(op, (top.Conv, top.MatMul)) and isinstance(op.operands[1].owner, top.Weight):
+        if op.loc not in names or not isinstance(op, (top.Conv, top.Deconv, top.MatMul)):
+            continue
+        if isinstance(op.operands[1].owner, top.Weight):
             key = op.operands[1].owner.key
             weights[key] = original.weights[key]
+        now = by_loc.get(op.loc)
+        bias = now.operands[2].owner if now is not None and len(now.operands) > 2 else None
+        if isinstance(bias, top.Weight):
+            was = op.operands[2].owner if len(op.operands) > 2 else None
+            weights[bias.key] = original.weights[was.key] if isinstance(was, top.Weight) \
+                else np.zeros_like(weights[bias.key])
     return TopModel(rounded.module, weights)

@@ -1,0 +1,159 @@
+"""Noise-aware refit of conv weights (`tftpu.quant.refit`, through `correct_biases(refit=True)`
+and deploy's `weight_refit`): exact inputs give back the float weights; on noisy inputs the refit
+conv is closer to the float output than the float weights are, on inputs it never saw; the copy
+is deterministic, the ops kept in float get their own weights and biases back, and deploy's
+guard judges it like the other corrections."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tftpu import quant
+from tftpu.interp.kernels import KERNELS
+from tftpu.interp.top_interpreter import TopInterpreter
+from tftpu.interp.tpu import TpuInterpreter
+from tftpu.ir import TopBuilder, top
+from tftpu.pipelines.deploy import deploy
+from tftpu.quant.bias_correction import correct_biases
+from tftpu.quant.refit import Fit
+from tftpu.quant.weight_rounding import restore_weights
+
+RNG = np.random.default_rng(7)
+
+
+def _conv(x, w, b, attrs):
+    return KERNELS["top.Conv"]([x, w, b], attrs)[0]
+
+
+def _smooth(n, c, h, w, rng):
+    """Images whose energy sits at low spatial frequencies (as photos' features do)."""
+    x = rng.standard_normal((n, c, h + 4, w + 4)).astype(np.float32)
+    k = np.ones(5, np.float32) / 5
+    x = np.apply_along_axis(lambda r: np.convolve(r, k, "valid"), 2, x)
+    x = np.apply_along_axis(lambda r: np.convolve(r, k, "valid"), 3, x)
+    return (3 * x).astype(np.float32)
+
+
+@pytest.mark.parametrize("group,cin,cout", [(1, 3, 5), (4, 4, 4), (2, 4, 6)], ids=["dense", "depthwise", "grouped"])
+@pytest.mark.parametrize("ridge", [0.0, 1.0])
+def test_exact_inputs_give_the_float_weights_back(group, cin, cout, ridge):
+    attrs = {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "group": group, "strides": [1, 1], "dilations": [1, 1]}
+    w = RNG.standard_normal((cout, cin // group, 3, 3)).astype(np.float32)
+    b = RNG.standard_normal(cout).astype(np.float32)
+    fit = Fit(w, b, attrs)
+    for _ in range(2):
+        x = _smooth(1, cin, 12, 12, RNG)
+        fit.observe(x, x)
+    w2, b2 = fit.solve(ridge)
+    np.testing.assert_allclose(w2, w, atol=1e-4)
+    np.testing.assert_allclose(b2, b, atol=1e-4)
+
+
+@pytest.mark.parametrize("group", [1, 3], ids=["dense", "depthwise"])
+def test_a_high_pass_conv_refit_to_noisy_inputs_is_closer_on_unseen_ones(group):
+    """A Laplacian-like kernel passes little of a smooth image and all of white noise: the fitted
+    kernel trades a little signal for much less noise, on images the fit never saw."""
+    c = 3
+    lap = np.array([[0, -1, 0], [-1, 4, -1], [0, -1, 0]], np.float32)
+    w = np.stack([np.stack([lap * (1.0 if i == o or group > 1 else 0.3) for i in range(c // group)])
+                  for o in range(c)]).astype(np.float32)
+    b = np.zeros(c, np.float32)
+    attrs = {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "group": group, "strides": [1, 1], "dilations": [1, 1]}
+    rng = np.random.default_rng(1)
+    noisy = lambda x: x + 0.3 * rng.standard_normal(x.shape).astype(np.float32)  # noqa: E731
+    fit = Fit(w, b, attrs)
+    for _ in range(4):
+        x = _smooth(1, c, 24, 24, rng)
+        fit.observe(x, noisy(x))
+    w2, b2 = fit.solve()
+    err_plain = err_fit = 0.0
+    for _ in range(3):
+        x = _smooth(1, c, 24, 24, rng)
+        xq, want = noisy(x), _conv(x, w, b, attrs)
+        err_plain += float(np.square(_conv(xq, w, b, attrs) - want).sum())
+        err_fit += float(np.square(_conv(xq, w2.astype(np.float32), b2.astype(np.float32), attrs) - want).sum())
+    assert err_fit < 0.8 * err_plain, (err_fit, err_plain)
+
+
+def chain():
+    """Depthwise high-pass convs between pointwise ones, on smooth images: INT8 activation noise
+    the refit can lower."""
+    lap = np.array([[0, -1, 0], [-1, 4, -1], [0, -1, 0]], np.float32)
+    b = TopBuilder("chain")
+    x = b.input("x", (1, 4, 16, 16))
+    y = b.op("Conv", [x, b.weight("wp1", RNG.standard_normal((8, 4, 1, 1)).astype(np.float32)),
+                      b.weight("bp1", RNG.standard_normal(8).astype(np.float32))], {"kernel_shape": [1, 1]}, "p1")
+    y = b.op("Conv", [y, b.weight("wd1", np.stack([lap[None]] * 8) * np.float32(0.5)), b.none()],
+             {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "group": 8}, "d1")
+    y = b.op("Relu", [y], {}, "r1")
+    y = b.op("Conv", [y, b.weight("wp2", RNG.standard_normal((4, 8, 1, 1)).astype(np.float32)), b.none()],
+             {"kernel_shape": [1, 1]}, "p2")
+    model = b.finish([y])
+    samples = [{"x": _smooth(1, 4, 16, 16, RNG)} for _ in range(6)]
+    return model, samples
+
+
+@pytest.fixture(scope="module")
+def case():
+    model, samples = chain()
+    return model, quant.calibrate(model, samples, "mse"), samples
+
+
+def test_the_refit_copy_changes_conv_weights_only_and_is_deterministic(case):
+    model, table, samples = case
+    a, report = correct_biases(model, table, samples, refit=True)
+    b, _ = correct_biases(model, table, samples, refit=True)
+    assert report.refit == 3 and "3 conv weights refit" in str(report)
+    assert [op.name for op in a.ops if not isinstance(op, top.Weight)] == \
+        [op.name for op in model.ops if not isinstance(op, top.Weight)]
+    for key in ("wp1", "wd1", "wp2"):
+        assert not np.array_equal(a.weights[key], model.weights[key])
+        assert a.weights[key].tobytes() == b.weights[key].tobytes()
+    assert model.weights["wd1"].dtype == a.weights["wd1"].dtype
+
+
+def test_ops_kept_in_float_get_their_own_weights_and_bias_back(case):
+    model, table, samples = case
+    refit, _ = correct_biases(model, table, samples, refit=True)
+    back = restore_weights(refit, model, {"p1", "d1"})
+    np.testing.assert_array_equal(back.weights["wp1"], model.weights["wp1"])
+    np.testing.assert_array_equal(back.weights["bp1"], model.weights["bp1"])
+    d1 = next(op for op in back.ops if isinstance(op, top.Conv) and op.loc == "d1")
+    bias = d1.operands[2].owner           # the refit gave d1 a bias it had not: zeros again
+    assert not isinstance(bias, top.Weight) or not np.any(back.weights[bias.key])
+    assert not np.array_equal(back.weights["wp2"], model.weights["wp2"])
+
+
+def test_deploy_refits_and_judges_against_the_model_as_given(case):
+    model, table, samples = case
+    plain = deploy(model, quantize="INT8", chip="npu1", calibration_table=table, mixed_precision="none")
+    refit = deploy(model, quantize="INT8", chip="npu1", calibration_table=table, mixed_precision="none",
+                   samples=samples, weight_refit=True, test_input=samples[0])
+    assert refit.weight_rounding is not None and refit.weight_rounding.refit == 3
+    assert "kept" in refit.weight_rounding.check
+    held = [{"x": _smooth(1, 4, 16, 16, RNG)} for _ in range(4)]
+    ref = TopInterpreter(model)
+
+    def error(tpu):
+        run = TpuInterpreter(tpu)
+        return sum(float(np.square(run.run(s)["p2"] - ref.run(s)["p2"]).sum()) for s in held)
+
+    if refit.weight_rounding.kept:
+        assert error(refit.model) < error(plain.model)
+    else:
+        assert error(refit.model) == error(plain.model)
+
+
+def test_compile_refits_by_default_and_reports_it(case):
+    import tftpu
+
+    model, _, samples = case
+    on = tftpu.compile(model, chip="npu1", calibration_data=samples, test_input=samples[0], mixed_precision="none",
+                       space_to_depth=False)
+    stage = next(s for s in on.stages if s.name == "weight refit")
+    assert "3 conv weights refit to their INT8 inputs" in stage.check and on.report["weight_refit"]["refit"] == 3
+    assert all(s.name not in ("weight rounding", "bias correction") for s in on.stages)
+    off = tftpu.compile(model, chip="npu1", calibration_data=samples, test_input=samples[0], mixed_precision="none",
+                        space_to_depth=False, weight_refit=False)
+    assert "weight_refit" not in off.report and any(s.name == "weight rounding" for s in off.stages)
