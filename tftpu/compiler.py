@@ -208,9 +208,10 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None, calib
     `weight_rounding` (INT8): round the INT8 conv / matmul weights by per-layer reconstruction on
     the calibration samples (`tftpu.quant.weight_rounding`: each rounding error taken back by the
     weights not rounded yet, GPTQ-style) rather than to nearest, before the mixed-precision
-    search, kept on the same condition. `weight_refit` (INT8, instead of `weight_rounding`): each
-    2-D conv's weights and bias refit, by ridge-regularized least squares, from the simulated
-    INT8 inputs it gets to its float output (`tftpu.quant.refit`: AdaQuant's layer-wise fit in
+    search, kept on the same condition. `weight_refit` (INT8, in place of `weight_rounding` and
+    with bias correction for the other ops): after the search, each INT8 2-D conv's weights and
+    bias refit, by ridge-regularized least squares, from the simulated INT8 inputs it gets with
+    the float ops chosen to its float output (`tftpu.quant.refit`: AdaQuant's layer-wise fit in
     closed form), kept on the same condition. `mixed_precision_budget`: the most of the model's FLOPs
     the mixed-precision search may keep in float (5% by default: an INT8 program stays INT8;
     None or 1: as many as the target needs); where the target needs more, the search keeps what
@@ -271,12 +272,12 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None, calib
                       float_tail=float_tail)
     secs = deployed.seconds
     if deployed.weight_rounding is not None:
-        what = "weight refit" if "weight refit" in secs else "weight rounding"
-        stages.append(Stage(what, secs.get(what, 0.0), str(deployed.weight_rounding)))
-        extra[what.replace(" ", "_")] = deployed.weight_rounding.as_dict()
+        stages.append(Stage("weight rounding", secs.get("weight rounding", 0.0), str(deployed.weight_rounding)))
+        extra["weight_rounding"] = deployed.weight_rounding.as_dict()
     if deployed.bias_correction is not None:
-        stages.append(Stage("bias correction", secs.get("bias correction", 0.0), str(deployed.bias_correction)))
-        extra["bias_correction"] = deployed.bias_correction.as_dict()
+        what = "weight refit" if deployed.bias_correction.refit else "bias correction"
+        stages.append(Stage(what, secs.get(what, 0.0), str(deployed.bias_correction)))
+        extra[what.replace(" ", "_")] = deployed.bias_correction.as_dict()
     s2d = deployed.s2d or {}
     if space_to_depth:
         state = ("applied: " if s2d.get("applied") else "declined: ") + s2d.get("reason", "no strided stem on the image")

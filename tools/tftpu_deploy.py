@@ -57,9 +57,9 @@ flags.DEFINE_bool("weight_rounding", False, "INT8: round the INT8 conv/matmul we
                   "the layer's input statistics: GPTQ) instead of to nearest, before the mixed-precision "
                   "search; kept only where the outputs get no further from TOP")
 flags.DEFINE_bool("weight_refit", False, "INT8 (instead of --weight_rounding): refit each 2-D conv's weights and "
-                  "bias to the simulated INT8 inputs it gets on --test_input (ridge least squares towards the "
-                  "float weights: AdaQuant's layer-wise fit in closed form), before the mixed-precision search; "
-                  "kept only where the outputs get no further from TOP")
+                  "bias to the simulated INT8 inputs it gets on --test_input with the float ops chosen (ridge least "
+                  "squares towards the float weights: AdaQuant's layer-wise fit in closed form), the other "
+                  "biases corrected as --bias_correction does; kept only where the outputs get no further from TOP")
 flags.DEFINE_bool("wide_links", True, "INT8: a tensor that INT8 Add/Sub/PReLU ops read (a residual branch, "
                   "a conv before its PReLU, a block's output) is written on a 16-bit grid by its conv or Add "
                   "(other readers take it through a cast to 8 bits), the FLOPs staying INT8; --nowide_links "
@@ -99,9 +99,9 @@ def main(args):
     if result.search is not None:
         print(result.search)
     if result.weight_rounding is not None:
-        print(f"{'weight refit' if FLAGS.weight_refit else 'weight rounding'}: {result.weight_rounding}")
+        print(f"weight rounding: {result.weight_rounding}")
     if result.bias_correction is not None:
-        print(f"bias correction: {result.bias_correction}")
+        print(f"{'weight refit' if result.bias_correction.refit else 'bias correction'}: {result.bias_correction}")
     if result.memory is not None:
         print(result.memory)
     if result.program is not None:

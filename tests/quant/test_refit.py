@@ -130,8 +130,8 @@ def test_deploy_refits_and_judges_against_the_model_as_given(case):
     plain = deploy(model, quantize="INT8", chip="npu1", calibration_table=table, mixed_precision="none")
     refit = deploy(model, quantize="INT8", chip="npu1", calibration_table=table, mixed_precision="none",
                    samples=samples, weight_refit=True, test_input=samples[0])
-    assert refit.weight_rounding is not None and refit.weight_rounding.refit == 3
-    assert "kept" in refit.weight_rounding.check
+    assert refit.bias_correction is not None and refit.bias_correction.refit == 3
+    assert "kept" in refit.bias_correction.check
     held = [{"x": _smooth(1, 4, 16, 16, RNG)} for _ in range(4)]
     ref = TopInterpreter(model)
 
@@ -139,7 +139,7 @@ def test_deploy_refits_and_judges_against_the_model_as_given(case):
         run = TpuInterpreter(tpu)
         return sum(float(np.square(run.run(s)["p2"] - ref.run(s)["p2"]).sum()) for s in held)
 
-    if refit.weight_rounding.kept:
+    if refit.bias_correction.kept:
         assert error(refit.model) < error(plain.model)
     else:
         assert error(refit.model) == error(plain.model)

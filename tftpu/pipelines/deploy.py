@@ -214,7 +214,10 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     `wide_links` (INT8, on by default): a tensor that INT8 Add / Sub / PReLU ops read is
     written on a 16-bit grid by the conv or Add that makes it, other readers taking it through a
     cast to 8 bits (`tftpu.quant.links`). `float_tail` (INT8, on by default): a detector's decode
-    tail (`tftpu.transforms.lowering.decode_tail`) runs in float by design."""
+    tail (`tftpu.transforms.lowering.decode_tail`) runs in float by design. `weight_refit`
+    (INT8; in place of `weight_rounding`, and with `bias_correction` for the other ops): the
+    bias-correction copy's 2-D convs get weights and biases refit to the simulated INT8 inputs they
+    get with the float ops chosen (`tftpu.quant.refit`), kept on the same condition."""
     from tftpu.backend import estimate
     from tftpu.ir.module import TopModel, TpuModel, load
     from tftpu.quant.qtable import read_qtable
@@ -255,14 +258,9 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
             table = _entries_for_moves(top_model, table)
         seconds["space-to-depth"] = time.perf_counter() - t1
     rounded = rounding = None
-    if weight_refit and mode == "INT8" and table is not None and (samples or inputs is not None):
-        from tftpu.quant.bias_correction import correct_biases
-        t1 = time.perf_counter()
-        rounded, rounding = correct_biases(top_model, table, samples or [inputs], asymmetric=asymmetric,
-                                           float_ops=_float_ops(top_model, qtable, float_tail),
-                                           wide_links=wide_links, refit=True, input_budget=REFIT_INPUTS)
-        seconds["weight refit"] = time.perf_counter() - t1
-    elif weight_rounding and mode == "INT8" and table is not None and (samples or inputs is not None):
+    fitting = mode == "INT8" and table is not None and (samples or inputs is not None)
+    refitting = weight_refit and fitting
+    if weight_rounding and fitting and not refitting:
         from tftpu.quant.weight_rounding import reconstruct_rounding
         t1 = time.perf_counter()
         rounded, rounding = reconstruct_rounding(top_model, samples or [inputs],
@@ -291,7 +289,7 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
         seconds["mixed precision search"] = time.perf_counter() - t1
     judge = None
     target = parse_target(mixed_precision or AUTO_TARGET)[1]
-    correcting = bias_correction and mode == "INT8" and table is not None and (samples or inputs is not None)
+    correcting = (bias_correction or refitting) and fitting
     if inputs is not None and (rounded is not None or correcting or search is not None and search.kept):
         judge = _Judge(top_model, [inputs] + [x for x in (samples or []) if x is not inputs])  # what verify judges
 
@@ -303,12 +301,14 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
         if rounded is not None:
             from tftpu.quant.weight_rounding import restore_weights
             lowered = restore_weights(rounded, top_model, float_ops)
-        if correcting and not getattr(rounding, "refit", 0):     # a refit corrected the biases already
-            from tftpu.quant.bias_correction import correct_biases
+        if correcting:           # a refit fits the convs to the INT8 inputs they get with these float ops
+            from tftpu.quant.bias_correction import INPUT_BUDGET, correct_biases
             t1 = time.perf_counter()
             lowered, corrected = correct_biases(lowered, table, samples or [inputs], asymmetric=asymmetric,
-                                                float_ops=float_ops, wide_links=wide_links)
-            seconds["bias correction"] = seconds.get("bias correction", 0.0) + time.perf_counter() - t1
+                                                float_ops=float_ops, wide_links=wide_links, refit=refitting,
+                                                input_budget=REFIT_INPUTS if refitting else INPUT_BUDGET)
+            what = "weight refit" if refitting else "bias correction"
+            seconds[what] = seconds.get(what, 0.0) + time.perf_counter() - t1
         t1 = time.perf_counter()
         tpu_model, lowering = lower(lowered, the_chip, mode, table, qtable=q, asymmetric=asymmetric,
                                     wide_links=wide_links, float_tail=float_tail)
