@@ -157,3 +157,17 @@ def test_compile_refits_by_default_and_reports_it(case):
     off = tftpu.compile(model, chip="npu1", calibration_data=samples, test_input=samples[0], mixed_precision="none",
                         space_to_depth=False, weight_refit=False)
     assert "weight_refit" not in off.report and any(s.name == "weight rounding" for s in off.stages)
+
+
+def test_a_refit_the_guard_refuses_gives_way_to_bias_correction(case, monkeypatch):
+    import tftpu.quant.refit as refit_module
+
+    model, table, samples = case
+    real = refit_module.Fit.solve
+    monkeypatch.setattr(refit_module.Fit, "solve", lambda self, ridge=None: tuple(-v for v in real(self, ridge)))
+    got = deploy(model, quantize="INT8", chip="npu1", calibration_table=table, mixed_precision="none",
+                 samples=samples, weight_refit=True, bias_correction=True, test_input=samples[0])
+    assert got.bias_correction.refit == 0 and "(weight refit not kept" in got.bias_correction.check
+    alone = deploy(model, quantize="INT8", chip="npu1", calibration_table=table, mixed_precision="none",
+                   samples=samples, bias_correction=True, test_input=samples[0])
+    assert got.bias_correction.kept == alone.bias_correction.kept

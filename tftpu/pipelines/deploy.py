@@ -295,35 +295,47 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
 
     def build(q, notes_of_rounding):
         """(TPU model, lowering, weights lowered, bias-correction report) for quantize table `q`:
-        the rounded and bias-corrected weights, kept only where the outputs verify judges do not lose."""
-        lowered, corrected = top_model, None
-        float_ops = _float_ops(top_model, q, float_tail)
-        if rounded is not None:
-            from tftpu.quant.weight_rounding import restore_weights
-            lowered = restore_weights(rounded, top_model, float_ops)
-        if correcting:           # a refit fits the convs to the INT8 inputs they get with these float ops
-            from tftpu.quant.bias_correction import INPUT_BUDGET, correct_biases
+        the rounded and bias-corrected (or refit) weights, kept only where the outputs verify
+        judges do not lose; a refit not kept gives way to plain bias correction."""
+        plain: list = []
+
+        def attempt(refit_now: bool):
+            lowered, corrected = top_model, None
+            float_ops = _float_ops(top_model, q, float_tail)
+            if rounded is not None:
+                from tftpu.quant.weight_rounding import restore_weights
+                lowered = restore_weights(rounded, top_model, float_ops)
+            if correcting:       # a refit fits the convs to the INT8 inputs they get with these float ops
+                from tftpu.quant.bias_correction import INPUT_BUDGET, correct_biases
+                t1 = time.perf_counter()
+                lowered, corrected = correct_biases(lowered, table, samples or [inputs], asymmetric=asymmetric,
+                                                    float_ops=float_ops, wide_links=wide_links, refit=refit_now,
+                                                    input_budget=REFIT_INPUTS if refit_now else INPUT_BUDGET)
+                what = "weight refit" if refit_now else "bias correction"
+                seconds[what] = seconds.get(what, 0.0) + time.perf_counter() - t1
             t1 = time.perf_counter()
-            lowered, corrected = correct_biases(lowered, table, samples or [inputs], asymmetric=asymmetric,
-                                                float_ops=float_ops, wide_links=wide_links, refit=refitting,
-                                                input_budget=REFIT_INPUTS if refitting else INPUT_BUDGET)
-            what = "weight refit" if refitting else "bias correction"
-            seconds[what] = seconds.get(what, 0.0) + time.perf_counter() - t1
-        t1 = time.perf_counter()
-        tpu_model, lowering = lower(lowered, the_chip, mode, table, qtable=q, asymmetric=asymmetric,
-                                    wide_links=wide_links, float_tail=float_tail)
-        tpu_model.verify()
-        seconds["lower"] = seconds.get("lower", 0.0) + time.perf_counter() - t1
-        reports = [r for r in (notes_of_rounding, corrected) if r is not None]
-        if reports and judge is not None:
-            t1 = time.perf_counter()
-            plain = lower(top_model, the_chip, mode, table, qtable=q, asymmetric=asymmetric, wide_links=wide_links,
-                          float_tail=float_tail)
-            if not _keep_correction(judge, tpu_model, plain[0], reports, target):
-                (tpu_model, lowering), lowered = plain, top_model
-                tpu_model.verify()
-            seconds["keep check"] = seconds.get("keep check", 0.0) + time.perf_counter() - t1
-        return tpu_model, lowering, lowered, corrected
+            tpu_model, lowering = lower(lowered, the_chip, mode, table, qtable=q, asymmetric=asymmetric,
+                                        wide_links=wide_links, float_tail=float_tail)
+            tpu_model.verify()
+            seconds["lower"] = seconds.get("lower", 0.0) + time.perf_counter() - t1
+            reports = [r for r in (notes_of_rounding, corrected) if r is not None]
+            if reports and judge is not None:
+                t1 = time.perf_counter()
+                if not plain:
+                    plain.append(lower(top_model, the_chip, mode, table, qtable=q, asymmetric=asymmetric,
+                                       wide_links=wide_links, float_tail=float_tail))
+                if not _keep_correction(judge, tpu_model, plain[0][0], reports, target):
+                    (tpu_model, lowering), lowered = plain[0], top_model
+                    tpu_model.verify()
+                seconds["keep check"] = seconds.get("keep check", 0.0) + time.perf_counter() - t1
+            return tpu_model, lowering, lowered, corrected
+
+        built = attempt(refitting)
+        if refitting and bias_correction and judge is not None and not built[3].kept:
+            first = built[3].check
+            built = attempt(False)
+            built[3].check += f" (weight refit {first})"
+        return built
 
     tpu_model, lowering, lowered, corrected = build(qtable, rounding)
     pure = None                                  # the program all in INT8, where it was lowered
