@@ -26,7 +26,12 @@ __all__ = ["Fit", "RIDGE", "MAX_ROWS", "INPUT_BUDGET"]
 # judged on two held-out text photos): 0.3 and 1 fit alike, 3 gives back half the gain, 0 learns
 # the photos' own noise and loses on the next photo
 RIDGE = 1.0
-MAX_ROWS = 1 << 13       # input patches per image and conv (evenly spaced output rows)
+MAX_ROWS = 1 << 12       # input patches per image and conv (evenly spaced output rows), at most
+# and fewer for a wide conv: rows * (weights a channel)^2 stays under this many multiply-adds per
+# image (a 3x3 conv over 128 channels: 1024 rows, each weight still seen by about 7 rows over 8
+# images, the ridge holding the rest), so a detector's wide 3x3 convs do not hold the refit up
+GRAM_BUDGET = 1024 * 1153 ** 2
+MIN_ROWS = 512
 # the fit's samples hold at most this many input values together: 8 images of 640x640 (4 fit a
 # 640x640 detector clearly worse)
 INPUT_BUDGET = 8 * 3 * 640 * 640
@@ -50,8 +55,9 @@ class Fit:
 
     def observe(self, x_float: np.ndarray, x_quant: np.ndarray) -> None:
         kernel = tuple(self.attrs.get("kernel_shape") or self.shape[2:])
-        for pf, pq in zip(conv_patches(x_float, kernel, self.attrs, MAX_ROWS),
-                          conv_patches(x_quant, kernel, self.attrs, MAX_ROWS)):
+        rows = int(min(MAX_ROWS, max(MIN_ROWS, GRAM_BUDGET // self.qq.shape[1] ** 2)))
+        for pf, pq in zip(conv_patches(x_float, kernel, self.attrs, rows),
+                          conv_patches(x_quant, kernel, self.attrs, rows)):
             one = np.ones(pf.shape[:2] + (1,), np.float32)
             pf = np.concatenate([pf, one], 2).transpose(1, 0, 2)
             pq = np.concatenate([pq, one], 2).transpose(1, 0, 2)
