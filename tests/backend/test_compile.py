@@ -40,8 +40,9 @@ def test_compile_a_top_model_every_stage_checked(case, tmp_path):
     model, _, samples = case
     compiled = tftpu.compile(model, chip="npu1", calibration_data=samples)
     names = [s.name for s in compiled.stages]
-    assert names == ["import", "calibrate", "weight rounding", "bias correction", "space-to-depth", "lower", "codegen",
-                     "simulate"], names
+    # the weights refit to their INT8 inputs, or bias correction where that does better
+    assert names in (["import", "calibrate", step, "space-to-depth", "lower", "codegen", "simulate"]
+                     for step in ("weight refit", "bias correction")), names
     assert compiled.passed and "bit-exact" in compiled.stages[-1].check
     out = compiled.run(samples[0])
     want = TpuInterpreter(compiled.tpu_model).run(samples[0], dequantize=True)

@@ -151,15 +151,21 @@ def test_compile_refits_by_default_and_reports_it(case):
     model, _, samples = case
     on = tftpu.compile(model, chip="npu1", calibration_data=samples, test_input=samples[0], mixed_precision="none",
                        space_to_depth=False)
-    stage = next(s for s in on.stages if s.name == "weight refit")
-    assert "3 conv weights refit to their INT8 inputs" in stage.check and on.report["weight_refit"]["refit"] == 3
-    assert all(s.name not in ("weight rounding", "bias correction") for s in on.stages)
+    stage = next(s for s in on.stages if s.name in ("weight refit", "bias correction"))
+    assert all(s.name != "weight rounding" for s in on.stages)
+    # the refit, or plain bias correction where that did better on what the guard judges
+    assert "3 conv weights refit to their INT8 inputs" in stage.check if stage.name == "weight refit" \
+        else "(weight refit " in stage.check
+    alone = tftpu.compile(model, chip="npu1", calibration_data=samples, test_input=samples[0],
+                          mixed_precision="none", space_to_depth=False, bias_correction=False)
+    stage = next(s for s in alone.stages if s.name == "weight refit")
+    assert "3 conv weights refit to their INT8 inputs" in stage.check and alone.report["weight_refit"]["refit"] == 3
     off = tftpu.compile(model, chip="npu1", calibration_data=samples, test_input=samples[0], mixed_precision="none",
                         space_to_depth=False, weight_refit=False)
     assert "weight_refit" not in off.report and any(s.name == "weight rounding" for s in off.stages)
 
 
-def test_a_refit_the_guard_refuses_gives_way_to_bias_correction(case, monkeypatch):
+def test_a_refit_that_does_worse_gives_way_to_bias_correction(case, monkeypatch):
     import tftpu.quant.refit as refit_module
 
     model, table, samples = case

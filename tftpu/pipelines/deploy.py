@@ -296,7 +296,7 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     def build(q, notes_of_rounding):
         """(TPU model, lowering, weights lowered, bias-correction report) for quantize table `q`:
         the rounded and bias-corrected (or refit) weights, kept only where the outputs verify
-        judges do not lose; a refit not kept gives way to plain bias correction."""
+        judges do not lose; a refit gives way to plain bias correction where that does better."""
         plain: list = []
 
         def attempt(refit_now: bool):
@@ -331,10 +331,11 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
             return tpu_model, lowering, lowered, corrected
 
         built = attempt(refitting)
-        if refitting and bias_correction and judge is not None and not built[3].kept:
-            first = built[3].check
-            built = attempt(False)
-            built[3].check += f" (weight refit {first})"
+        if refitting and bias_correction and judge is not None:
+            other = attempt(False)           # plain bias correction: where it does better, it is lowered
+            if other[3].kept and (not built[3].kept or min(judge(other[0])) > min(judge(built[0]))):
+                other[3].check += f" (weight refit {built[3].check})"
+                built = other
         return built
 
     tpu_model, lowering, lowered, corrected = build(qtable, rounding)
