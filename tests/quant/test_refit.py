@@ -13,8 +13,6 @@ import pytest
 
 from tftpu import quant
 from tftpu.interp.kernels import KERNELS
-from tftpu.interp.top_interpreter import TopInterpreter
-from tftpu.interp.tpu import TpuInterpreter
 from tftpu.ir import TopBuilder, top
 from tftpu.pipelines.deploy import deploy
 from tftpu.quant.bias_correction import correct_biases
