@@ -382,3 +382,24 @@ def test_a_1d_weight_along_the_sliced_axis_is_never_cut(chip_paths, which, mode)
     got = Simulator(generate(tpu_model, chip, plan)).run(feed)
     want = TpuInterpreter(tpu_model).run(feed)
     assert np.array_equal(np.asarray(got["a"]), np.asarray(want["a"]))
+
+
+@pytest.mark.parametrize("which", ["tiny1024", "npu1"])
+def test_plans_remembered_across_programs_equal_fresh_ones(zoo_model, chip_paths, which):
+    # the precision search plans program after program that differ in a few ops: a candidate
+    # group remembered from an earlier program must give the plan a fresh planner gives
+    from tftpu.backend import layer_group
+    model, table = zoo_model
+    chip = chips.load(chip_paths[which])
+    convs = [op.loc for op in model.ops if isinstance(op, top.Conv)]
+    programs = [lower(model, chip, "INT8", table, qtable=q)[0] for q in ({}, {convs[1]: "F16"}, {convs[-1]: "F16"})]
+    warm = [plan_groups(p, chip) for p in programs]
+    for program, plan in zip(programs, warm):
+        layer_group._EVALUATED.clear()
+        fresh = plan_groups(program, chip)
+        assert plan.as_dict() == fresh.as_dict()
+        assert [g.local for g in plan.groups] == [g.local for g in fresh.groups]
+        assert [g.inputs for g in plan.groups] == [g.inputs for g in fresh.groups]
+        assert [[f.op for f in g.ops] for g in plan.groups] == [[f.op for f in g.ops] for g in fresh.groups]
+        check_cover(program, plan)
+        check_local(plan, chip, generated=False)

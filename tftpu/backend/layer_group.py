@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections import OrderedDict
 
 from xdsl.dialects.builtin import NoneType, TensorType
 
@@ -35,6 +36,8 @@ __all__ = ["SLICING", "Group", "GroupPlan", "SliceRanges", "plan_groups", "slice
            "slice_lane_sizes", "weight_lane_sizes"]
 
 MAX_GROUP_OPS = 32        # the longest run the DP tries as one group
+_CACHE_SIZE = 1 << 15     # candidate groups remembered across plans (see _Planner.evaluate)
+_EVALUATED: OrderedDict = OrderedDict()
 
 # How a local op's rows depend on its inputs' rows, by full op name.
 _WINDOW = ("tpu.Conv", "tpu.MaxPool", "tpu.AvgPool")
@@ -395,6 +398,7 @@ class _Planner:
                 self.last_use[p] = len(self.facts)
         self.bank = chip.local_mem_per_lane
         self.bytes_per_cycle = chip.ddr_bandwidth / chip.frequency_hz
+        self._keys: list | None = None
 
     # -- one candidate group
 
@@ -429,8 +433,40 @@ class _Planner:
             total = w + count * (load + compute + store)
         return math.ceil(total)
 
+    def _fact_key(self, f) -> tuple:
+        """Everything `evaluate` reads of one op: its names, kind, window, compute cycles, and
+        the shapes and item sizes of the tensors it touches."""
+        names = [n for n in (*f.ins, *f.outs, *f.weights) if n is not None]
+        return (f.name, f.kind, tuple(f.ins), tuple(f.outs), tuple(f.weights), f.cycles.compute, f.window,
+                tuple((self.types[n], self.items[n]) for n in names))
+
     def evaluate(self, start: int, stop: int):
-        """(cycles, Group) of the best slicing of ops start..stop-1, or None if none fits."""
+        """(cycles, Group) of the best slicing of ops start..stop-1, or None if none fits.
+
+        Remembered across plans by what it depends on (the ops' facts and the chip's memory and
+        bandwidth): the mixed-precision search plans program after program that differ in a few
+        ops, and the groups that do not hold one of those are the same."""
+        if self._keys is None:
+            self._keys = [self._fact_key(f) for f in self.facts]
+        key = (self.chip.lanes, self.chip.eu_bytes, self.bank, self.bytes_per_cycle, tuple(self._keys[start:stop]))
+        if key in _EVALUATED:
+            _EVALUATED.move_to_end(key)
+            got = _EVALUATED[key]
+            if got is None:
+                return None
+            cost, n_slices, parts, ins, outs, ws, local, peak, copies = got
+            return cost, Group(start, stop, self.facts[start:stop], n_slices, parts, cost, list(ins), list(outs),
+                               list(ws), dict(local), peak, copies)
+        best = self._evaluate(start, stop)
+        g = best and best[1]
+        _EVALUATED[key] = None if best is None else (best[0], g.n_slices, g.h_slices, tuple(g.inputs),
+                                                     tuple(g.outputs), tuple(g.weights), dict(g.local),
+                                                     g.local_peak, g.copies)
+        if len(_EVALUATED) > _CACHE_SIZE:
+            _EVALUATED.popitem(last=False)
+        return best
+
+    def _evaluate(self, start: int, stop: int):
         ops = self.facts[start:stop]
         ins, outs, ws = self._io(ops)
         oshape = self.types[ops[-1].outs[0]]

@@ -7,6 +7,8 @@ builtin attribute (`int` -> `i64`, `float` -> `f64`, `bool`, `str`, `ints` -> `[
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 from xdsl.dialects.builtin import (
     ArrayAttr,
@@ -50,10 +52,22 @@ _NUMPY = {"f32": np.float32, "f16": np.float16, "f64": np.float64, "i8": np.int8
           "i16": np.int16, "i32": np.int32, "i64": np.int64, "bool": np.bool_}
 
 
+@lru_cache(maxsize=1 << 16)
+def _i64(value: int) -> IntegerAttr:
+    """The `i64` attribute of `value`, shared: attributes are immutable, and a lowering encodes
+    the same per-channel multipliers and shifts again on each trial of the precision search."""
+    return IntegerAttr(value, i64)
+
+
+@lru_cache(maxsize=1 << 12)
+def _i64_array(values: tuple) -> ArrayAttr:
+    return ArrayAttr([_i64(v) for v in values])
+
+
 def to_attr(kind: str, value) -> Attribute:
     """Wrap a plain Python value as the builtin attribute of `kind`."""
     if kind == "int":
-        return IntegerAttr(int(value), i64)
+        return _i64(int(value))
     if kind == "float":
         return FloatAttr(float(value), f64)
     if kind == "bool":
@@ -61,7 +75,7 @@ def to_attr(kind: str, value) -> Attribute:
     if kind == "str":
         return StringAttr(str(value))
     if kind == "ints":
-        return ArrayAttr([IntegerAttr(int(v), i64) for v in value])
+        return _i64_array(tuple(int(v) for v in value))
     if kind == "floats":
         return ArrayAttr([FloatAttr(float(v), f64) for v in value])
     raise ValueError(f"unknown attribute kind {kind!r}")
