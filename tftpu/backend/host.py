@@ -74,15 +74,16 @@ def place_on_host(model, chip, fixed: set | None = None) -> HostPlan:
     chip = chips.load(chip)
     fixed = set(fixed or ())
     refused = UNSUPPORTED.get(chip.name, set())
-    index = [i for i, op in enumerate(model.ops) if isinstance(op, tpu.TpuOp)]
-    node = {model.ops[i]: k for k, i in enumerate(index)}
+    all_ops = model.ops                  # a fresh list per access: read once
+    index = [i for i, op in enumerate(all_ops) if isinstance(op, tpu.TpuOp)]
+    node = {all_ops[i]: k for k, i in enumerate(index)}
     link = chip.ddr_bandwidth / 1e6
     devices = {_CHIP: _Device(_CHIP, link), _HOST: _Device(_HOST, link)}
     choices, compute, edges = [], [], {}
     host_in, host_out = [], []
     outputs = {id(v) for v in model.return_op.operands}
     for k, i in enumerate(index):
-        op = model.ops[i]
+        op = all_ops[i]
         from_inputs = 0
         for v in op.operands:
             owner = v.owner
@@ -111,11 +112,11 @@ def place_on_host(model, chip, fixed: set | None = None) -> HostPlan:
             continue
         i = index[k]
         ops.add(i)
-        name = value_name(model.ops[i].results[0])
+        name = value_name(all_ops[i].results[0])
         if i in fixed:
             reasons[name] = "host preprocessing (the space-to-depth input)"
         elif len(choices[k]) == 1:
-            reasons[name] = f"{chip.name} does not run {model.ops[i].name}"
+            reasons[name] = f"{chip.name} does not run {all_ops[i].name}"
         else:
             reasons[name] = (f"host {compute[k][1]:.1f} us against {compute[k][0]:.1f} us on {chip.name}, "
                              "transfers included in the pick")

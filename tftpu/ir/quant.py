@@ -16,6 +16,7 @@ shortest round-trip form, so print -> parse gives the same float64 bits.
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 import numpy as np
 from xdsl.dialects.builtin import ArrayAttr, FloatData, IntAttr, StringAttr
@@ -208,9 +209,15 @@ def uniform(storage: str, scale: float, zero_point: int = 0, expressed: str = "f
 
 def per_axis(storage: str, axis: int, scales, zero_points=None, expressed: str = "f32") -> UniformQuantType:
     """A per-axis (per-channel) quantized element type."""
-    scales = [float(s) for s in np.asarray(scales, np.float64).ravel()]
-    zps = [0] * len(scales) if zero_points is None else [int(z) for z in np.asarray(zero_points).ravel()]
-    t = UniformQuantType(StringAttr(storage), StringAttr(expressed), IntAttr(int(axis)),
+    scales = tuple(float(s) for s in np.asarray(scales, np.float64).ravel())
+    zps = (0,) * len(scales) if zero_points is None else tuple(int(z) for z in np.asarray(zero_points).ravel())
+    return _per_axis(storage, int(axis), scales, zps, expressed)
+
+
+@lru_cache(maxsize=1 << 12)
+def _per_axis(storage: str, axis: int, scales: tuple, zps: tuple, expressed: str) -> UniformQuantType:
+    """Shared, as types are immutable: the precision search lowers the same convs again and again."""
+    t = UniformQuantType(StringAttr(storage), StringAttr(expressed), IntAttr(axis),
                          ArrayAttr([FloatData(s) for s in scales]), ArrayAttr([IntAttr(z) for z in zps]))
     t.verify()
     return t
