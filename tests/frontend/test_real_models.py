@@ -200,6 +200,49 @@ def small_keras():
     return model
 
 
+def rendered_text(text: str, width: int = 96) -> np.ndarray:
+    """`text` drawn black on white, 64 px high (Pillow's own font), as ddddocr feeds its
+    recognizer: grey NCHW, (x / 255 - 0.5) / 0.5."""
+    from PIL import Image, ImageDraw, ImageFont
+    img = Image.new("L", (width, 64), 255)
+    ImageDraw.Draw(img).text((4, 12), text, fill=0, font=ImageFont.load_default(size=24))
+    return ((np.asarray(img, np.float32) / 255.0 - 0.5) / 0.5)[None, None]
+
+
+def test_a_crnn_recognizers_bidirectional_lstm_imports():
+    """ddddocr's recognizer (convs, then a bidirectional LSTM unrolled on import over its 12
+    steps, then a Gemm to 8210 classes): every tensor TOP shares with onnxruntime matches it.
+    Its graph output declares a stale shape ([1, seqlen]: it is [seqlen, 1, 8210]), which
+    import infers again instead of stopping at it."""
+    path = material.get("common.onnx")
+    top = frontend.load(path, input_shapes=[[1, 1, 64, 96]])
+    feeds = {"input1": rendered_text("abc123")}
+    check(frontend.to_onnx(path), top, feeds, min_shared=20)
+    got = run(top, feeds)[top.output_names[0]]
+    assert got.shape == (12, 1, 8210) and np.count_nonzero(got.argmax(-1)) >= 6    # it reads characters
+
+
+@pytest.mark.slow
+def test_a_crnn_recognizer_reads_the_same_in_int8():
+    """The unrolled LSTM quantizes with the ops' own INT8 lowerings (MatMul, Sigmoid / Tanh
+    tables, Mul, Add): pure INT8 reads each rendered string as float does, and the simulator
+    runs the program bit-exactly."""
+    import tftpu
+    from tftpu.interp.tpu import TpuInterpreter
+    calib = [rendered_text(t) for t in ("q7Wm2", "x9pLa", "Z3k8r", "mn4Tb", "P2vQe", "h6Jy1")]
+    compiled = tftpu.compile(str(material.get("common.onnx")), chip="npu1", calibration_data=calib,
+                             test_input=rendered_text("abc123"), input_shapes=[[1, 1, 64, 96]],
+                             mixed_precision="none")
+    assert compiled.deployed.lowering.flop_shares()["INT8"] > 0.99
+    assert all(r["bit_exact"] for r in compiled.deployed.simulator["outputs"])
+    name = compiled.top_model.output_names[0]
+    for text in ("abc123", "HELLO", "7x4k2"):
+        feeds = {"input1": rendered_text(text)}
+        want = run(compiled.top_model, feeds)[name].argmax(-1)
+        got = TpuInterpreter(compiled.deployed.model).run(feeds)[name].argmax(-1)
+        assert np.count_nonzero(want) >= 4 and np.array_equal(got, want), text
+
+
 def test_keras_file_savedmodel_and_tf_function(tmp_path):
     import tensorflow as tf
     km = small_keras()

@@ -27,6 +27,9 @@ __all__ = ["HostPlan", "place_on_host", "host_us", "SYNC_US", "HOST_OP_US", "UNS
 
 SYNC_US = 10.0                 # a chip <-> host hand-over inside the program (interrupt, cache flush), µs
 HOST_OP_US = 2.0               # the host's cost of launching one op (dispatch, threads), µs
+# the exact pick's frontier bound: an unrolled recurrent net keeps every step's output live until
+# its final Concat, and 2**steps choice combinations would take hours; past it a beam keeps the best
+HOST_STATES = 1024
 UNSUPPORTED: dict = {}         # chip name -> full op names it cannot run (none of the bundled chips)
 _CHIP, _HOST = "CHIP", "HOST"
 
@@ -104,7 +107,7 @@ def place_on_host(model, chip, fixed: set | None = None) -> HostPlan:
         host_in.append((0, 0))
         host_out.append((0, 0))
     problem = Problem(choices, compute, edges, host_in, host_out, lambda name: devices[name], host=_HOST)
-    picked = pick_exact(problem)
+    picked = pick_exact(problem, max_states=HOST_STATES)
     ops, reasons = set(), {}
     all_chip_cost = problem.cost([0] * len(choices))       # each op on the chip where it can run
     for k, b in enumerate(picked.plan):

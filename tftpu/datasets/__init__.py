@@ -110,6 +110,10 @@ FILES = {
     # concatenating raw box offsets, a sigmoid objectness and a sigmoid class score
     "common_det.onnx": ("ddddocr", "ddddocr/common_det.onnx",
                         "6faa8ea85a8c1a634e5050c4a138fca10f30194e0d7abbe9ade1fcd423af6ed6"),
+    # ddddocr's CRNN-style captcha / text recognizer (grey NCHW 1x1x64xW, (x/255 - 0.5) / 0.5; width
+    # free): convs, then a bidirectional LSTM (hidden 512) over W/8 steps and a Gemm to 8210 classes
+    "common.onnx": ("ddddocr", "ddddocr/common.onnx",
+                    "33b5cd351ee94e73a6bf8fa18c415ed8b819b3ffd342e267c30d8ad8334e34e8"),
     # a YOLOv8n-style detector at 320x320 (RGB 0..1, NCHW): one output [1, 22, 2100] concatenating
     # decoded boxes (pixels, up to ~316) and 18 sigmoid class scores
     "320n.onnx": ("nudenet", "nudenet/320n.onnx",

@@ -203,6 +203,10 @@ def _fix_inputs(model, input_shapes) -> list[str]:
                                 "to choose another", inp.name, d.dim_param or "unnamed")
                 d.Clear()
                 d.dim_value = 1
+    for out in model.graph.output:      # a symbolic size is stale once the inputs are fixed, and a
+        t = out.type.tensor_type        # wrong declared rank stops inference at the output
+        if t.HasField("shape") and any(not d.HasField("dim_value") for d in t.shape.dim):
+            t.ClearField("shape")
     return [i.name for i in inputs]
 
 

@@ -828,4 +828,6 @@ def _tile(imp, node, a):
     imp.emit(node, "Concat", [x] * reps[axes[-1]], {"axis": axes[-1], "do_relu": False})
 
 
+from tftpu.frontend import onnx_recurrent  # noqa: E402,F401  (registers LSTM and GRU)
+
 SUPPORTED = sorted(name[5:] for name in CONVERTERS)   # the ONNX op types imported
