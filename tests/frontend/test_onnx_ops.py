@@ -207,6 +207,40 @@ def test_shape_subgraph_is_folded(opset):
     np.testing.assert_array_equal(run(top, {"x": x})["y"], x.reshape(5, 12))
 
 
+def loop_model(body_reads: str):
+    """y = x + (a Loop of 3 trips adding `body_reads` to a zero carry), the body reading
+    `body_reads` from the graph around it (as Keras's LSTM while-loop reads its inputs)."""
+    body = helper.make_graph(
+        [helper.make_node("Add", ["acc_in", body_reads], ["acc_out"]),
+         helper.make_node("Identity", ["cond_in"], ["cond_out"])], "body",
+        [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+         helper.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("acc_in", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("acc_out", TensorProto.FLOAT, [2, 3])])
+    nodes = [helper.make_node("Loop", ["trips", "true", "zero"], ["acc"], name="my_loop", body=body),
+             helper.make_node("Add", ["x", "acc"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        initializer=[numpy_helper.from_array(i64(3)[0], "trips"), numpy_helper.from_array(np.array(True), "true"),
+                     numpy_helper.from_array(np.zeros((2, 3), np.float32), "zero"),
+                     numpy_helper.from_array(np.full((2, 3), 0.5, np.float32), "half")])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    return m
+
+
+def test_a_loop_over_constants_folds_and_one_over_a_runtime_tensor_is_refused():
+    from tftpu.errors import UnsupportedOpError
+    top = onnx_to_top(loop_model("half"), "m")
+    assert [op.op_name for op in top.ops] == ["Input", "Weight", "Add"]
+    x = rand(2, 3)
+    np.testing.assert_allclose(run(top, {"x": x})["y"], x + 1.5)
+    with pytest.raises(UnsupportedOpError, match=r"Loop \(my_loop\)"):
+        onnx_to_top(loop_model("x"), "m")          # its body reads the input: not a constant
+
+
 def test_dropout_declaring_a_mask_nothing_reads_is_an_identity():
     """Old exports (squeezenet, vgg19 at opset 9) declare Dropout's mask; only a mask that is read
     is refused."""

@@ -331,21 +331,23 @@ class NodeCheck:
                                    f"computes {list(got)}")
 
 
-def _evaluate(node, opset_imports, inputs: list, where: str = "<onnx>"):
+def _evaluate(node, opset_imports, inputs: list, where: str = "<onnx>", outer: dict | None = None):
     """The outputs of `node` on constant `inputs`, by ONNX's reference evaluator, in the model's
     opset (given a bare node the evaluator takes each op's newest version: opset 12's Unsqueeze
-    with its `axes` attribute then fails as opset 13's)."""
+    with its `axes` attribute then fails as opset 13's). `outer`: the constants its subgraphs
+    read from around it."""
     import onnx
     from onnx import helper
     from onnx.reference import ReferenceEvaluator
     version = opset_imports.get("", opset_imports.get("ai.onnx"))
     try:
+        outer = outer or {}
         graph = helper.make_graph([node], "fold", [helper.make_value_info(n, onnx.TypeProto())
-                                                   for n in dict.fromkeys(i for i in node.input if i)],
+                                                   for n in dict.fromkeys([*(i for i in node.input if i), *outer])],
                                   [helper.make_value_info(n, onnx.TypeProto()) for n in node.output if n])
         ev = ReferenceEvaluator(helper.make_model(
             graph, opset_imports=[helper.make_opsetid("", version)] if version else None))
-        feeds = {name: arr for name, arr in zip(node.input, inputs) if name}
+        feeds = {**outer, **{name: arr for name, arr in zip(node.input, inputs) if name}}
         return ev.run(None, feeds)
     except Exception as e:  # the reference kernels raise whatever numpy raises
         raise ModelFileError(where, f"{node.op_type} {node_ident(node)!r}: cannot be computed from its "
@@ -488,7 +490,26 @@ def _fold(node, consts, shapes, opsets, where: str = "<onnx>"):
             if a.name == "end":
                 end = a.i
         return [arr[start:end]]
-    ins = [i for i in node.input if i]
-    if not ins or any(i not in consts for i in ins):
+    if node.op_type == "Loop" and (len(node.input) < 2 or not node.input[1]):
+        return None     # onnx's reference evaluator runs a Loop without `cond` zero times
+    ins, outer = [i for i in node.input if i], _outer_names(node)
+    if not ins or any(i not in consts for i in ins + outer):
         return None
-    return _evaluate(node, opsets, [consts[i] if i else None for i in node.input], where)
+    return _evaluate(node, opsets, [consts[i] if i else None for i in node.input], where,
+                     {n: consts[n] for n in outer})
+
+
+def _outer_names(node) -> list[str]:
+    """The names a node's subgraphs (Loop, If, Scan bodies) read from the graph around them: its
+    inputs as much as its operands are (a Loop over a runtime tensor is not constant)."""
+    from onnx import AttributeProto
+
+    graphs = [a.g for a in node.attribute if a.type == AttributeProto.GRAPH]
+    graphs += [g for a in node.attribute if a.type == AttributeProto.GRAPHS for g in a.graphs]
+    outer: list[str] = []
+    for g in graphs:
+        inner = {i.name for i in g.input} | {i.name for i in g.initializer}
+        for n in g.node:
+            outer += [i for i in [*n.input, *_outer_names(n)] if i and i not in inner]
+            inner.update(n.output)
+    return outer
