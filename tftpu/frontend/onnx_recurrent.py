@@ -41,7 +41,7 @@ class _Cell:
             raise Unsupported("layout=1 (batch first)")
         self.seq, self.batch, self.input_size = imp.shape(node.input[0])
         self.hidden = int(a["hidden_size"])
-        self.name = node.output[0] if node.output and node.output[0] else node.name or kind
+        self.name = next(o for o in node.output if o)     # a node nothing reads is never imported
         lens = imp.const(node.input[4]) if len(node.input) > 4 and node.input[4] else None
         if len(node.input) > 4 and node.input[4] and lens is None:
             raise Unsupported("sequence_lens must be a constant")
