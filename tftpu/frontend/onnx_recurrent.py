@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tftpu.frontend.onnx_to_top import Unsupported, converter
+from tftpu.frontend.onnx_registry import Unsupported, converter
 
 _DEFAULT_ACTS = {"LSTM": ["Sigmoid", "Tanh", "Tanh"], "GRU": ["Sigmoid", "Tanh"]}
 

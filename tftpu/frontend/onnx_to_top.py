@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
 from tftpu import geometry
 from tftpu.errors import InternalError, ModelFileError, ShapeError, TftpuError, UnsupportedOpError
 from tftpu.frontend.onnx_load import Prepared, node_ident, prepare
+from tftpu.frontend.onnx_registry import CONVERTERS, Unsupported, converter
 from tftpu.ir import attrs as A
 from tftpu.ir.module import TopBuilder, TopModel
 
@@ -25,21 +25,6 @@ F32_MAX = float(np.finfo(np.float32).max)
 _GENERATED = re.compile(r"__\d+(:\d+)?$")
 
 
-class Unsupported(Exception):
-    """Raised by a converter for a case it cannot express (collected, reported at the end)."""
-
-
-CONVERTERS: dict[str, Callable] = {}   # full ONNX op name ("onnx.Conv") -> converter
-
-
-def converter(*op_types: str):
-    """Register the decorated converter for each ONNX op type of the default domain (keys are
-    full names, `onnx.Conv`, as every op table of tftpu is)."""
-    def wrap(fn):
-        for t in op_types:
-            CONVERTERS[f"onnx.{t}"] = fn
-        return fn
-    return wrap
 
 
 def _onnx_dtype(np_dtype) -> str:
