@@ -48,6 +48,10 @@ class _Cell:
         if lens is not None and np.any(np.asarray(lens) != self.seq):
             raise Unsupported(f"sequence_lens {np.asarray(lens).tolist()} shorter than the sequence ({self.seq})")
 
+    def steps(self, direction: str) -> range:
+        """The order a direction runs its steps in."""
+        return range(self.seq) if direction == "forward" else range(self.seq - 1, -1, -1)
+
     def op(self, op_name: str, operands: list, attrs: dict, suffix: str):
         return self.imp.b.op(op_name, operands, attrs, f"{self.name}_{suffix}")
 
@@ -146,9 +150,8 @@ def _lstm(imp, node, a):
         xs = cell.projected_steps(w[d], bias[d, :4 * h] + bias[d, 4 * h:], d, 4)
         hp, cp = cell.state(5, d, "h"), cell.state(6, d, "c")
         p = None if peep is None or not np.any(peep[d]) else peep[d].reshape(3, h)
-        order = range(cell.seq) if direction == "forward" else range(cell.seq - 1, -1, -1)
         hs = {}
-        for t in order:
+        for t in cell.steps(direction):
             tag = f"d{d}_t{t}"
             g = xs[t] if hp is None else cell.op("Add", [xs[t], cell.matmul(hp, r[d], None, f"{tag}_hr")], {},
                                                  f"{tag}_gates")
@@ -188,9 +191,8 @@ def _gru(imp, node, a):
         # z and r take both biases with the input projection; h's recurrent bias stays with R
         xs = cell.projected_steps(w[d], wb + np.concatenate([rb[:2 * h], np.zeros(h, np.float32)]), d, 3)
         hp = cell.state(5, d, "h")
-        order = range(cell.seq) if direction == "forward" else range(cell.seq - 1, -1, -1)
         hs = {}
-        for t in order:
+        for t in cell.steps(direction):
             tag = f"d{d}_t{t}"
             xz, xr, xh = cell.gates(xs[t], 3, f"{tag}_x")
             if hp is None:                          # a zero state: what R adds is its bias alone
