@@ -11,7 +11,7 @@ import pytest
 from tests import material
 from tftpu import frontend
 from tftpu.frontend.check import onnx_tensors, tf_outputs
-from tftpu.interp.similarity import compare_arrays, cosine_similarity, noise_floor
+from tftpu.interp.similarity import compare_arrays, cosine_similarity, noise_floor, sqnr
 from tftpu.interp.top_interpreter import run
 
 COS = 0.99999
@@ -100,6 +100,43 @@ def test_mediapipe_tflite(name, size):
     assert ir.TopModel(ir.parse_module(text), top.weights).text() == text
 
 
+
+# the other image networks of the material's wheels (`benchmarks/model_zoo.py` compiles them all):
+# name -> (input H, W, NCHW?, import input_shapes)
+ZOO = {
+    "pose_landmark_full.tflite": (256, 256, False, None),
+    "hand_landmark_full.tflite": (224, 224, False, None),
+    "hand_landmark_lite.tflite": (224, 224, False, None),
+    "face_landmark.tflite": (192, 192, False, None),
+    "iris_landmark.tflite": (64, 64, False, None),
+    "hand_recrop.tflite": (256, 256, False, None),
+    "selfie_segmentation_landscape.tflite": (144, 256, False, None),
+    "PP-OCRv6_rec_small.onnx": (48, 320, True, [[1, 3, 48, 320]]),
+    "ch_PP-OCRv4_rec_infer.onnx": (48, 320, True, [[1, 3, 48, 320]]),
+    "ch_ppocr_mobile_v2.0_cls_infer.onnx": (48, 192, True, [[1, 3, 48, 192]]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ZOO))
+def test_the_material_wheels_other_networks(name):
+    """mediapipe's landmark, re-crop and segmentation networks and PaddleOCR's recognizers and
+    direction classifier import, and on a real photo TOP matches onnxruntime tensor for tensor
+    and the float source at the outputs."""
+    h, w, nchw, shapes = ZOO[name]
+    path = material.get(name)
+    img = material.image("text.png" if nchw else "astronaut.png", (h, w)).astype(np.float32) / 255.0
+    x = (img.transpose(2, 0, 1) * 2 - 1) if nchw else img
+    proto = frontend.to_onnx(path, shapes)
+    top = frontend.load(path, input_shapes=shapes)
+    feeds = {top.input_names[0]: np.ascontiguousarray(x[None], np.float32)}
+    if name.endswith(".onnx"):
+        ref = onnx_tensors(proto, feeds, all_tensors=False)
+    else:
+        ref = tf_outputs(path, "tflite", feeds, [o.name for o in proto.graph.output])
+    check(proto, top, feeds, min_shared=30)
+    got = run(top, feeds)
+    for n in top.output_names:       # deep float nets: logits in the hundreds differ in their last bits
+        assert got[n].shape == ref[n].shape and sqnr(ref[n], got[n]) >= 60.0, n
 
 def detector_input(name):
     """A real photo as each detector's own preprocessing makes it: the document models read

@@ -118,6 +118,32 @@ FILES = {
     # decoded boxes (pixels, up to ~316) and 18 sigmoid class scores
     "320n.onnx": ("nudenet", "nudenet/320n.onnx",
                   "c15d8273adad2d0a92f014cc69ab2d6c311a06777a55545f2c4eb46f51911f0f"),
+    # the other image models of those wheels (`benchmarks/model_zoo.py` compiles every one): mediapipe's
+    # landmark, re-crop and landscape segmentation networks (NHWC, RGB 0..1) ...
+    "pose_landmark_full.tflite": ("mediapipe", "mediapipe/modules/pose_landmark/pose_landmark_full.tflite",
+                                  "e9a5c5cb17f736fafd4c2ec1da3b3d331d6edbe8a0d32395855aeb2cdfd64b9f"),
+    "hand_landmark_full.tflite": ("mediapipe", "mediapipe/modules/hand_landmark/hand_landmark_full.tflite",
+                                  "11c272b891e1a99ab034208e23937a8008388cf11ed2a9d776ed3d01d0ba00e3"),
+    "hand_landmark_lite.tflite": ("mediapipe", "mediapipe/modules/hand_landmark/hand_landmark_lite.tflite",
+                                  "048edd3645c9bf7397d19a9f6e3a42957d6e414c9bea6598030a2e9b624156e6"),
+    "iris_landmark.tflite": ("mediapipe", "mediapipe/modules/iris_landmark/iris_landmark.tflite",
+                             "d1744d2a09c25f501d39eba4faff47e53ecca8852c5ce19bce8eeac39357521f"),
+    "face_landmark.tflite": ("mediapipe", "mediapipe/modules/face_landmark/face_landmark.tflite",
+                             "1055cb9d4a9ca8b8c688902a3a5194311138ba256bcc94e336d8373a5f30c814"),
+    "hand_recrop.tflite": ("mediapipe", "mediapipe/modules/holistic_landmark/hand_recrop.tflite",
+                           "67d996ce96f9d36fe17d2693022c6da93168026ab2f028f9e2365398d8ac7d5d"),
+    "selfie_segmentation_landscape.tflite": (
+        "mediapipe", "mediapipe/modules/selfie_segmentation/selfie_segmentation_landscape.tflite",
+        "a77d03f4659b9f6b6c1f5106947bf40e99d7655094b6527f214ea7d451106edd"),
+    # ... and PaddleOCR's text recognizers (CTC over a conv / SVTR neck; NCHW BGR, (x/255 - 0.5) / 0.5,
+    # height 48, width free: fix it, e.g. 1x3x48x320) and text-direction classifier (1x3x48x192)
+    "PP-OCRv6_rec_small.onnx": ("rapidocr", "rapidocr/models/PP-OCRv6_rec_small.onnx",
+                                "6f327246b50388f3c176ae304bd95767ea6dc0c9ae92153ef8cbe210b3c14884"),
+    "ch_PP-OCRv4_rec_infer.onnx": ("rapidocr_onnxruntime", "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx",
+                                   "48fc40f24f6d2a207a2b1091d3437eb3cc3eb6b676dc3ef9c37384005483683b"),
+    "ch_ppocr_mobile_v2.0_cls_infer.onnx": (
+        "rapidocr_onnxruntime", "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx",
+        "e47acedf663230f8863ff1ab0e64dd2d82b838fceb5957146dab185a89d6215c"),
 }
 PHOTOS = {
     "astronaut.png": "88431cd9653ccd539741b555fb0a46b61558b301d4110412b5bc28b5e3ea6cb5",
