@@ -34,9 +34,12 @@ flags.DEFINE_string("tolerance", None, "minimum cosine,euclidean similarity of t
 flags.DEFINE_string("mixed_precision", "auto", "INT8 with --test_input: 'auto' keeps pure INT8 where the outputs "
                     "reach cosine 0.99 and SQNR 20 dB, else the fewest ops in float (F16 where the chip has "
                     "it) that reach it; 'COS,SQNR_DB' another target; 'none' pure INT8")
-flags.DEFINE_enum("mixed_precision_ranking", "isolated", ["isolated", "effect", "alone"],
-                  "how the search picks ops for float: 'isolated' (each op's own error on exact inputs "
-                  "per share of the FLOPs; one inference in all), 'effect' (where the error appears on "
+flags.DEFINE_enum("mixed_precision_ranking", "auto", ["auto", "isolated", "gain", "effect", "alone"],
+                  "how the search picks ops for float: 'auto' ('gain' where that costs at most "
+                  "tftpu.transforms.lowering.search.GAIN_WORK FLOPs, else 'isolated'), 'isolated' (each op's own error on exact inputs "
+                  "per share of the FLOPs; one inference in all), 'gain' (the same, by what keeping each op in "
+                  "float removes, carried through the float model to the outputs; a pass over the ops "
+                  "after each op), 'effect' (where the error appears on "
                   "the way to the outputs that miss, a few ops a round; slower) or 'alone' (the outputs "
                   "with only that op in INT8, TPU-MLIR's measure; one inference per op); each then tries "
                   "the float ops holding the most FLOPs back in INT8")

@@ -170,7 +170,7 @@ def test_quantize_table_pins_modes(cnn_case, tmp_path):
         deploy(model, quantize="INT8", chip="edge16", calibration_table=table, quantize_table=qt)
 
 
-@pytest.mark.parametrize("ranking", ["effect", "isolated", "alone"])
+@pytest.mark.parametrize("ranking", ["effect", "isolated", "alone", "gain"])
 def test_mixed_precision_keeps_the_fewest_ops(cnn_case, ranking):
     from tftpu.interp.similarity import cosine_similarity, sqnr
     from tftpu.interp.top_interpreter import TopInterpreter
@@ -204,6 +204,8 @@ def test_mixed_precision_keeps_the_fewest_ops(cnn_case, ranking):
     for name in big[:search.PRUNE_TRIALS]:
         assert worst({n: m for n, m, _ in res.kept if n != name})[1] < pure[1] + 3, name
     assert str(res).count("\n") == len(res.kept) and res.as_dict()["ranking"] == ranking
+    from tftpu.pipelines.deploy_report import _KEPT_COLUMN       # the HTML report's column holds each op's figure
+    assert all(_KEPT_COLUMN[ranking][0] in row for row in res.as_dict()["kept"])
     with pytest.raises(errors.UsageError, match="cosine,sqnr_db"):
         search_mixed_precision(model, "npu1", table, samples, "0.99")
     with pytest.raises(errors.UsageError, match="ranking"):
@@ -336,6 +338,51 @@ def test_space_to_depth_at_deployment(cnn_case):
     assert not cpu.s2d["applied"] and "threshold" in cpu.s2d["reason"]
 
 
+def test_rerun_recomputes_what_a_change_reaches(cnn_case):
+    """TopInterpreter.rerun: the tensors downstream of a changed one, as a full run with that
+    tensor replaced makes them; nothing else."""
+    from tftpu.interp.top_interpreter import TopInterpreter
+
+    model, _, samples = cnn_case
+    run = TopInterpreter(model)
+    dump = run.run(samples[0], dump_all=True)
+    bumped = dump["s"] + np.float32(0.25)
+    again = run.rerun(dump, {"s": bumped})
+    full = run.run(samples[0], dump_all=True, observe=lambda name, a: bumped if name == "s" else a)
+    assert set(again) == {"s", "a", "m", "g", "f", "o", "prob"}
+    for name, arr in again.items():
+        np.testing.assert_array_equal(arr, full[name], err_msg=name)
+    assert run.rerun(dump, {}) == {}
+
+
+def test_removal_gains_carry_an_ops_own_rounding_to_the_outputs(cnn_case):
+    """The gain ranking's measure for the classifier MatMul: the outputs with only its input
+    rounded onto the grid its INT8 form reads and its weights on their INT8 grid, everything
+    else float; and a figure for every INT8 op."""
+    from tftpu.interp.similarity import sqnr
+    from tftpu.interp.top_interpreter import TopInterpreter
+    from tftpu.interp.tpu.info import info_of
+    from tftpu.ir import TopModel
+    from tftpu.quant.bias_correction import _quantized_weight
+    from tftpu.rounding import quantize
+    from tftpu.transforms.lowering import lower
+    from tftpu.transforms.lowering.search import removal_gains
+
+    model, table, samples = cnn_case
+    tpu, report = lower(model, "npu1", "INT8", table)
+    int8 = {d.name for d in report.decisions if d.mode == "INT8"}
+    gains = removal_gains(model, tpu, samples[:2], int8)
+    assert set(gains) == int8 and all(np.isfinite(v) for v in gains.values())
+    mm = next(op for op in tpu.ops if op.loc == "o")
+    grid = info_of(mm.operands[0].type)
+    top_mm = next(op for op in model.ops if op.loc == "o")
+    key = top_mm.operands[1].owner.key
+    rounded = TopModel(model.module, {**model.weights, key: _quantized_weight(top_mm, model.weights[key])})
+    on_grid = lambda name, a: grid.dequantize(quantize(a, grid.scale, grid.zp)) if name == "f" else a  # noqa: E731
+    want = np.concatenate([TopInterpreter(model).run(s)["prob"].ravel() for s in samples[:2]])
+    got = np.concatenate([TopInterpreter(rounded).run(s, observe=on_grid)["prob"].ravel() for s in samples[:2]])
+    assert gains["o"] == pytest.approx(sqnr(want, got), abs=1e-3)
+
 def test_error_drops_find_where_the_noise_appears(cnn_case):
     """The effect ranking's measure: an op's loss against its inputs, 0 for an exact op, the
     noise it adds roughly additive (linear, not dB), and nothing charged for a folded tensor."""
@@ -374,7 +421,8 @@ def test_flop_shares_and_latency_against_all_int8(cnn_case, tmp_path):
     assert pure.lowering.flop_shares() == {"INT8": 1.0}
     res = deploy(model, quantize="INT8", chip="npu1", calibration_table=table, test_input=samples[0],
                  samples=samples[1:], quantize_table={"c1": "F16"}, mixed_precision="0.99,200",
-                 mixed_precision_budget=None, mixed_precision_latency=None, report=tmp_path / "r.json")
+                 mixed_precision_budget=None, mixed_precision_latency=None, report=tmp_path / "r.json",
+                 mixed_precision_ranking="isolated")
     shares = res.lowering.flop_shares()
     flops = {op.loc: op.flops() for op in model.ops}
     total = sum(d.flops for d in res.lowering.decisions)
@@ -471,30 +519,30 @@ def test_a_latency_budget_caps_what_the_float_ops_cost(cnn_case, monkeypatch):
                         lambda *a, **k: wide_grids(*a[:4], split=False))
 
     model, table, samples = cnn_case
-    base = {"prob": "F32"}
+    base = {"prob": "F32"}      # the isolated ranking's float set is the one that costs latency on this model
 
     def latency(m):
         return estimate(m, "npu1").latency_us
 
     pure = search_mixed_precision(model, "npu1", table, samples, "0.99,20", qtable=base).int8_reached[1]
     target = f"0.99,{pure + 3:.2f}"
-    free = search_mixed_precision(model, "npu1", table, samples, target, qtable=base)
+    free = search_mixed_precision(model, "npu1", table, samples, target, qtable=base, ranking="isolated")
     all_int8 = latency(lower(model, "npu1", "INT8", table, qtable=base)[0])
     free_ratio = latency(lower(model, "npu1", "INT8", table, qtable=free.qtable)[0]) / all_int8
     assert free.met and free_ratio > 1.01
     cap = 1.0 + (free_ratio - 1.0) / 2
-    half = search_mixed_precision(model, "npu1", table, samples, target, qtable=base, latency_budget=cap,
-                                  latency=latency)
+    half = search_mixed_precision(model, "npu1", table, samples, target, qtable=base, ranking="isolated",
+                                  latency_budget=cap, latency=latency)
     assert latency(lower(model, "npu1", "INT8", table, qtable=half.qtable)[0]) <= cap * all_int8 * (1 + 1e-9)
     assert half.met != half.budget_limited        # cheaper ops may still reach it; else it says so
     cap = 1.0 + 1e-9                              # no float op is free: none fits, the target is missed
-    capped = search_mixed_precision(model, "npu1", table, samples, target, qtable=base, latency_budget=cap,
-                                    latency=latency)
+    capped = search_mixed_precision(model, "npu1", table, samples, target, qtable=base, ranking="isolated",
+                                    latency_budget=cap, latency=latency)
     assert not capped.kept and capped.budget_limited and not capped.met
     assert f"latency {cap:.2f}x the all-INT8 program's" in capped.summary
     assert capped.as_dict()["latency_budget"] == cap
-    roomy = search_mixed_precision(model, "npu1", table, samples, target, qtable=base, latency_budget=100.0,
-                                   latency=latency)
+    roomy = search_mixed_precision(model, "npu1", table, samples, target, qtable=base, ranking="isolated",
+                                   latency_budget=100.0, latency=latency)
     assert not roomy.budget_limited and roomy.qtable == free.qtable
     with pytest.raises(errors.UsageError, match="ratio >= 1"):
         search_mixed_precision(model, "npu1", table, samples, target, latency_budget=0.5, latency=latency)

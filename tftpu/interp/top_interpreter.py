@@ -132,6 +132,21 @@ class TopInterpreter:
             return dump
         return {name: env[s] for name, s in self.outputs}
 
+    def rerun(self, dump: dict, changed: dict) -> dict[str, np.ndarray]:
+        """Every tensor that depends on `changed` (name -> array), recomputed with those arrays
+        in place of `dump`'s (a `run(..., dump_all=True)` of this model); the rest is read from
+        `dump`. What a perturbation of a few tensors does downstream, at the cost of the ops it reaches."""
+        slots = {name: s for s, name in self.names.items()}
+        env = {slots[name]: arr for name, arr in changed.items()}
+        for kernel, ins, outs, attrs, op_name, loc in self.steps:
+            if not any(s in env for s in ins if s is not None):
+                continue
+            args = [None if s is None else env[s] if s in env else self.consts[s] if s in self.consts
+                    else dump[self.names[s]] for s in ins]
+            for s, r in zip(outs, kernel(args, attrs)):
+                env[s] = r
+        return {self.names[s]: arr for s, arr in env.items()}
+
 
 def run(model: TopModel, inputs: dict, dump_all: bool = False,
         backend: str = "eager") -> dict[str, np.ndarray]:

@@ -178,7 +178,7 @@ def _pooled_row(name: str, shape: tuple, refs: list, gots: list, tol, floor: flo
 def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=None, asymmetric: bool = False,
            test_input=None, test_reference=None, tolerance=None, tpu_mlir=None, report=None,
            mixed_precision: str | None = "auto", samples: list[dict] | None = None,
-           mixed_precision_ranking: str = "isolated", mixed_precision_budget: float | None = FLOAT_BUDGET,
+           mixed_precision_ranking: str = "auto", mixed_precision_budget: float | None = FLOAT_BUDGET,
            mixed_precision_latency: float | None = LATENCY_BUDGET,
            space_to_depth: bool = False, model=None,
            trace=None, bias_correction: bool = False, weight_rounding: bool = False,

@@ -1,9 +1,12 @@
 """Mixed precision: keep few ops (few FLOPs) in float until the INT8 model's outputs reach a target.
 
-`isolated` (the default) ranks each INT8 op by the noise it adds per share of the model's
+`auto` (the default) is `gain` where that is cheap (`GAIN_WORK`), else `isolated`.
+`isolated` ranks each INT8 op by the noise it adds per share of the model's
 FLOPs, so cheap ops (heads, element-wise) go to float before the convs that hold the FLOPs; the
 noise is the op's own error, run once on TOP's exact inputs quantized onto the grids it reads
-(one inference's worth of work for the whole ranking). `alone` ranks by TPU-MLIR's measure, the
+(one inference's worth of work for the whole ranking). `gain` ranks the same way by what
+keeping the op in float removes (its inputs' rounding and its weights', not its result's),
+carried through the float model to the outputs (a pass over the ops after each op). `alone` ranks by TPU-MLIR's measure, the
 outputs with only that op in INT8 (one inference per op), worst first. A binary search then
 finds the shortest prefix of the ranking to keep in float. `effect` grows the float set instead where the
 error appears: it runs the mixed model, compares every tensor with TOP's and, among the
@@ -129,6 +132,8 @@ class MixedPrecisionResult:
                 lines.append(f"  {name}: {mode} (in INT8 its output lost {db:.1f} dB SQNR against its inputs)")
             elif self.ranking == "alone":
                 lines.append(f"  {name}: {mode} (alone in INT8 the outputs reach {db:.1f} dB SQNR)")
+            elif self.ranking == "gain":
+                lines.append(f"  {name}: {mode} (its rounding alone takes the outputs to {db:.1f} dB SQNR)")
             else:
                 lines.append(f"  {name}: {mode} (in INT8 on exact inputs its output reaches {db:.1f} dB SQNR)")
         return "\n".join(lines)
@@ -145,7 +150,8 @@ class MixedPrecisionResult:
                 "kept": [{"name": n, "mode": m, _KEPT_FIGURE[self.ranking]: round(d, 3)} for n, m, d in self.kept]}
 
 
-_KEPT_FIGURE = {"effect": "sqnr_lost_db", "isolated": "sqnr_isolated_int8_db", "alone": "sqnr_alone_int8_db"}
+_KEPT_FIGURE = {"effect": "sqnr_lost_db", "isolated": "sqnr_isolated_int8_db", "alone": "sqnr_alone_int8_db",
+                "gain": "sqnr_outputs_own_rounding_db"}
 
 
 def _snr(a, b) -> float:
@@ -251,7 +257,88 @@ def isolated_errors(top_model, tpu_model, samples: list[dict], names: set) -> di
     return worst
 
 
-RANKINGS = ("effect", "isolated", "alone")
+def carrying_work(model, names: set, samples: int = RANK_SAMPLES) -> float:
+    """The FLOPs `removal_gains` spends: over `samples`, every op named in `names` and all the
+    ops after it (each op's FLOPs times the named ops at or before it)."""
+    before: dict = {}                        # value -> bitmask of the named ops it depends on
+    bit = {name: 1 << i for i, name in enumerate(sorted(names))}
+    work = 0.0
+    for op in model.ops:
+        mask = 0
+        for v in op.operands:
+            mask |= before.get(v, 0)
+        mask |= bit.get(op.loc, 0)
+        for r in op.results:
+            before[r] = mask
+        work += op.flops() * bin(mask).count("1")
+    return work * samples
+
+
+def removal_gains(top_model, tpu_model, samples: list[dict], names: set, floor: float = 0.0) -> dict[str, float]:
+    """Per INT8 op named in `names`: the worst output (or part) SQNR, pooled over `samples`, of
+    the float model carrying only the error that keeping that op in float removes: its result
+    computed from TOP's inputs on the grids it reads, with its INT8 weights, and not rounded
+    itself (a float op's readers take it on their own grids), carried through the ops after it
+    in float. Unlike an op's own error, it weighs what the rest of the network does with it (a
+    high-pass depthwise conv's amplified input rounding), and leaves out the rounding of its
+    result, which a float op does not remove."""
+    from tftpu.interp.tpu.info import info_of
+    from tftpu.ir import tpu
+    from tftpu.ir.quant import STORAGE
+    from tftpu.quant.bias_correction import _quantized_weight
+    from tftpu.rounding import quantize
+
+    grids: dict[str, dict] = {}             # TOP op -> {tensor it reads: the grid it reads it on}
+    for op in tpu_model.ops:
+        if not isinstance(op, tpu.TpuOp) or not op.quantized:
+            continue
+        top_name = op.loc if op.loc in names else op.loc.rsplit("_", 1)[0]
+        if top_name in names:
+            reads = grids.setdefault(top_name, {})
+            for v in op.operands:
+                info = info_of(v.type) if hasattr(v.type, "get_shape") else None
+                if info is not None and info.quantized and not isinstance(v.owner, top.Weight):
+                    reads.setdefault(value_name(_source(v)), info)
+    interp = TopInterpreter(top_model)
+    refs = [interp.run(s, dump_all=True) for s in samples]
+    parts = [spec for specs in output_parts(top_model).values() for spec in specs]
+    ops = {op.loc: op for op in top_model.ops}
+    gains: dict[str, float] = {}
+    for kernel, ins, outs, attrs, _, loc in interp.steps:
+        if loc not in grids:
+            continue
+        op = ops[loc]
+        runs = []
+        for ref in refs:
+            args = []
+            for i, s in enumerate(ins):
+                if s is None:
+                    args.append(None)
+                elif s in interp.consts:
+                    w = interp.consts[s]
+                    q = _quantized_weight(op, w) if i == 1 and isinstance(op, (top.Conv, top.MatMul, top.Deconv)) else None
+                    args.append(w if q is None else q)
+                else:
+                    x, info = ref[interp.names[s]], grids[loc].get(interp.names[s])
+                    if info is not None and info.axis is None and x.dtype.kind == "f":
+                        x = info.dequantize(quantize(x, info.scale, info.zp, np.dtype(STORAGE[info.dtype][0])))
+                    args.append(x)
+            changed = {interp.names[s]: np.asarray(r).astype(ref[interp.names[s]].dtype, copy=False)
+                       for s, r in zip(outs, kernel(args, attrs))}
+            runs.append(output_pairs(top_model, parts, ref, {**ref, **interp.rerun(ref, changed)}))
+        gains[loc] = min(worst_figures(judge_runs(runs, floor))[1], _CAP)
+    return gains
+
+
+RANKINGS = ("auto", "effect", "isolated", "alone", "gain")
+# "auto" ranks by `removal_gains` where carrying every op's rounding to the outputs costs at most
+# this many FLOPs over the ranking's samples, by `isolated_errors` above it. Measured with
+# `benchmarks/detectors.py` (default budgets, held-out photo, worst part, gain vs isolated): the
+# mediapipe pose detector +2.2 dB, YOLOv8n (320n) +0.8 with 98.8% of the FLOPs in INT8 instead of
+# 95%, face +0.8, full palm +0.4, lite palm +0.1 (45-610 GFLOP of carrying); YOLOX -0.9 and
+# PP-OCRv4's text detector -0.3 (1.8-2.4 TFLOP: a minute more of search at 640x640, past the
+# 60 s that calibration and search of such a detector may take)
+GAIN_WORK = 1e12
 ATTRIBUTION_SAMPLES = 2   # samples whose every tensor is compared to find where the error grows
 NOISE_SHARE = 0.02        # an op adding less noise than this share of the target's is not worth float
 FLOP_SHARE_EPS = 0.002    # the effect ranking prefers cheap ops: drop / (FLOP share + this)
@@ -414,6 +501,8 @@ def _search(model, chip, table, samples, target, asymmetric, qtable, float_mode,
 
     int8_reached, report, _ = evaluate({})
     int8_ops = [d.name for d in report.decisions if d.mode == "INT8" and d.name not in base]
+    if ranking == "auto":
+        ranking = "gain" if carrying_work(model, set(int8_ops)) <= GAIN_WORK else "isolated"
     if meets(int8_reached) or not int8_ops:
         return MixedPrecisionResult({**base}, [], (cos_t, snr_t), int8_reached, int8_reached, evaluations,
                                     time.perf_counter() - t0, len(int8_ops), (cos_t, snr_t), ranking=ranking)
@@ -450,7 +539,10 @@ def _search(model, chip, table, samples, target, asymmetric, qtable, float_mode,
     else:
         tpu_model, _ = lower(_lowered(model, weights_from, base), chip, "INT8", table, qtable=base,
                              asymmetric=asymmetric, wide_links=wide_links, float_tail=float_tail)
-        alone = isolated_errors(model, tpu_model, samples[:RANK_SAMPLES], set(int8_ops))
+        if ranking == "gain":
+            alone = removal_gains(model, tpu_model, samples[:RANK_SAMPLES], set(int8_ops), floor)
+        else:
+            alone = isolated_errors(model, tpu_model, samples[:RANK_SAMPLES], set(int8_ops))
     flops = {op.loc: op.flops() for op in model.ops if op.loc in set(int8_ops)}
     total = max(1, sum(flops.values()))
     if ranking == "alone":                       # TPU-MLIR's order: the worst outputs first
@@ -657,15 +749,17 @@ def _grow_and_prune(model, samples, int8_ops, flops, fmode, evaluate, state, mee
 
 def search_mixed_precision(model, chip, table, samples: list[dict], target, *, asymmetric: bool = False,
                            qtable: dict | None = None, float_mode: str | None = None,
-                           ranking: str = "isolated", weights_from=None,
+                           ranking: str = "auto", weights_from=None,
                            float_budget: float | None = None, wide_links: bool = True,
                            latency_budget: float | None = None, latency=None,
                            judge_first: bool = False, float_tail: bool = True) -> MixedPrecisionResult:
     """Ops to keep in float for the INT8 model to reach `target` ("cosine,sqnr_db"), judged
-    over the samples pooled. `ranking`: "isolated" (each op's own error on exact inputs per share
+    over the samples pooled. `ranking`: "auto" ("gain" where its work, `carrying_work`, is
+    at most GAIN_WORK FLOPs, else "isolated"), "isolated" (each op's own error on exact inputs per share
     of the FLOPs, then the shortest prefix, pruned), "effect" (grow the float set where the error
-    appears, cheapest ops first, then prune it: slower) or "alone" (the outputs with only that
-    op in INT8: one inference per op). `weights_from`: a copy of `model` with reconstructed INT8
+    appears, cheapest ops first, then prune it: slower), "gain" (as "isolated", ranked by what
+    keeping each op in float removes, carried to the outputs: `removal_gains`; one pass over the
+    ops after each) or "alone" (the outputs with only that op in INT8: one inference per op). `weights_from`: a copy of `model` with reconstructed INT8
     weights (`tftpu.quant.weight_rounding`) that the INT8 ops are lowered from (the float ops
     keep the model's own); the outputs are still judged against `model`'s. `float_budget` (a share
     of the model's FLOPs, 0..1): the ops kept in float never hold more; where the target needs
