@@ -68,7 +68,7 @@ def test_selfie_segmentation_mixed_precision():
     table = quant.calibrate(model, samples, "mse")
     pure = deploy(model, quantize="INT8", chip="npu1", calibration_table=table, test_input=samples[0],
                   samples=samples[1:], mixed_precision="none")
-    # default flags: the search (cosine 0.99, 20 dB, isolated ranking) keeps at most 5% of the
+    # default flags: the search (cosine 0.99, 20 dB, auto ranking) keeps at most 5% of the
     # FLOPs in float and the program within 1.15x the all-INT8 latency, and says the target was missed
     within = deploy(model, quantize="INT8", chip="npu1", calibration_table=table, test_input=samples[0],
                     samples=samples[1:])
