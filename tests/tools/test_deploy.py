@@ -204,8 +204,8 @@ def test_mixed_precision_keeps_the_fewest_ops(cnn_case, ranking):
     for name in big[:search.PRUNE_TRIALS]:
         assert worst({n: m for n, m, _ in res.kept if n != name})[1] < pure[1] + 3, name
     assert str(res).count("\n") == len(res.kept) and res.as_dict()["ranking"] == ranking
-    from tftpu.pipelines.deploy_report import _KEPT_COLUMN       # the HTML report's column holds each op's figure
-    assert all(_KEPT_COLUMN[ranking][0] in row for row in res.as_dict()["kept"])
+    from tftpu.transforms.lowering.search import KEPT_FIGURES     # the HTML report's column holds each op's figure
+    assert all(KEPT_FIGURES[ranking][0] in row for row in res.as_dict()["kept"])
     with pytest.raises(errors.UsageError, match="cosine,sqnr_db"):
         search_mixed_precision(model, "npu1", table, samples, "0.99")
     with pytest.raises(errors.UsageError, match="ranking"):

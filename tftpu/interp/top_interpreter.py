@@ -68,6 +68,7 @@ class TopInterpreter:
             from tftpu.errors import UnsupportedOpError
             raise UnsupportedOpError([(m, "no inference kernel") for m in sorted(set(missing))], model.name)
         self.outputs = [(value_name(v), slot[v]) for v in model.return_op.operands]
+        self._slot_of = {name: s for s, name in self.names.items()}
         keep = {s for _, s in self.outputs} | set(self.consts)
         last: dict[int, int] = {}
         for i, (_, ins, _, _, _, _) in enumerate(self.steps):
@@ -136,9 +137,8 @@ class TopInterpreter:
         """Every tensor that depends on `changed` (name -> array), recomputed with those arrays
         in place of `dump`'s (a `run(..., dump_all=True)` of this model); the rest is read from
         `dump`. What a perturbation of a few tensors does downstream, at the cost of the ops it reaches."""
-        slots = {name: s for s, name in self.names.items()}
-        env = {slots[name]: arr for name, arr in changed.items()}
-        for kernel, ins, outs, attrs, op_name, loc in self.steps:
+        env = {self._slot_of[name]: arr for name, arr in changed.items()}
+        for kernel, ins, outs, attrs, _, _ in self.steps:
             if not any(s in env for s in ins if s is not None):
                 continue
             args = [None if s is None else env[s] if s in env else self.consts[s] if s in self.consts

@@ -11,6 +11,7 @@ import json
 import math
 from pathlib import Path
 
+from tftpu.transforms.lowering.search import KEPT_FIGURES
 from tftpu.utils.files import write_text
 
 __all__ = ["report_data", "write_report", "html_page", "svg"]
@@ -183,15 +184,6 @@ def _latency_line(data: dict) -> str:
     return line
 
 
-# the figure each ranking gives a float op (`MixedPrecisionResult.as_dict`), as the report's column
-_KEPT_COLUMN = {
-    "isolated": ("sqnr_isolated_int8_db", "its output in INT8 on exact inputs (SQNR dB)"),
-    "gain": ("sqnr_outputs_own_rounding_db", "outputs with only its rounding (SQNR dB)"),
-    "alone": ("sqnr_alone_int8_db", "outputs with only this op in INT8 (SQNR dB)"),
-    "effect": ("sqnr_lost_db", "SQNR its INT8 form lost against its inputs (dB)"),
-}
-
-
 def html_page(data: dict) -> str:
     """The report as one self-contained HTML page."""
     status = "not checked" if data["passed"] is None else ("passed" if data["passed"] else "FAILED")
@@ -205,7 +197,7 @@ def html_page(data: dict) -> str:
     if "mixed_precision" in data:
         mp = data["mixed_precision"]
         search = (f"<h2>Mixed precision search</h2><p>{html.escape(mp['summary'])}</p>"
-                  + _table(mp["kept"], [("name", "op"), ("mode", "mode"), _KEPT_COLUMN.get(mp.get("ranking"), _KEPT_COLUMN["isolated"])]))
+                  + _table(mp["kept"], [("name", "op"), ("mode", "mode"), KEPT_FIGURES.get(mp.get("ranking"), KEPT_FIGURES["isolated"])]))
     worst = sorted([t for t in data["tensors"] if t["cosine"] is not None], key=lambda t: t["cosine"])[:10]
     return f"""<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>tftpu deploy: {html.escape(data['model'])}</title>

@@ -147,11 +147,16 @@ class MixedPrecisionResult:
                 "budget_limited": self.budget_limited,
                 "undone": None if self.undone is None else [round(v, 3) for v in self.undone],
                 "latency_vs_all_int8": None if self.latency_ratio is None else round(self.latency_ratio, 4),
-                "kept": [{"name": n, "mode": m, _KEPT_FIGURE[self.ranking]: round(d, 3)} for n, m, d in self.kept]}
+                "kept": [{"name": n, "mode": m, KEPT_FIGURES[self.ranking][0]: round(d, 3)} for n, m, d in self.kept]}
 
 
-_KEPT_FIGURE = {"effect": "sqnr_lost_db", "isolated": "sqnr_isolated_int8_db", "alone": "sqnr_alone_int8_db",
-                "gain": "sqnr_outputs_own_rounding_db"}
+# the figure each ranking gives a float op: its key in `as_dict` and what it is (the HTML report's column)
+KEPT_FIGURES = {
+    "isolated": ("sqnr_isolated_int8_db", "its output in INT8 on exact inputs (SQNR dB)"),
+    "gain": ("sqnr_outputs_own_rounding_db", "outputs with only its rounding (SQNR dB)"),
+    "alone": ("sqnr_alone_int8_db", "outputs with only this op in INT8 (SQNR dB)"),
+    "effect": ("sqnr_lost_db", "SQNR its INT8 form lost against its inputs (dB)"),
+}
 
 
 def _snr(a, b) -> float:
@@ -211,6 +216,11 @@ def _source(v):
     return v
 
 
+def _top_name(op, names: set) -> str:
+    """The TOP op a TPU op lowers (a model output's producer is renamed NAME_i8; its float cast keeps NAME)."""
+    return op.loc if op.loc in names else op.loc.rsplit("_", 1)[0]
+
+
 def isolated_errors(top_model, tpu_model, samples: list[dict], names: set) -> dict[str, float]:
     """Per INT8 op named in `names`: the worst SQNR (dB) of its output against TOP's when it runs
     on TOP's own inputs, quantized onto the grids it reads (its error alone, not inherited)."""
@@ -227,8 +237,7 @@ def isolated_errors(top_model, tpu_model, samples: list[dict], names: set) -> di
     for op in tpu_model.ops:
         if not isinstance(op, tpu.TpuOp) or not op.quantized:
             continue
-        # a model output's producer is renamed NAME_i8 (its float cast keeps NAME)
-        top_name = op.loc if op.loc in names else op.loc.rsplit("_", 1)[0]
+        top_name = _top_name(op, names)
         if top_name not in names:
             continue
         kernel = kernel_of(op, exact_rows=False)
@@ -270,7 +279,7 @@ def carrying_work(model, names: set, samples: int = RANK_SAMPLES) -> float:
         mask |= bit.get(op.loc, 0)
         for r in op.results:
             before[r] = mask
-        work += op.flops() * bin(mask).count("1")
+        work += op.flops() * mask.bit_count()
     return work * samples
 
 
@@ -292,7 +301,7 @@ def removal_gains(top_model, tpu_model, samples: list[dict], names: set, floor: 
     for op in tpu_model.ops:
         if not isinstance(op, tpu.TpuOp) or not op.quantized:
             continue
-        top_name = op.loc if op.loc in names else op.loc.rsplit("_", 1)[0]
+        top_name = _top_name(op, names)
         if top_name in names:
             reads = grids.setdefault(top_name, {})
             for v in op.operands:
