@@ -321,6 +321,27 @@ def test_fold_pad_into_conv(layout, pads, folds):
     check(m, {"x": rand(*shape)}, [C.FoldPadIntoConv, C.DeadCode], ["Conv"] if folds else ["Pad", "Conv"])
 
 
+@pytest.mark.parametrize("pads,folds", [([0, 0, 1, 0, 0, 2, 1, 0], True), ([0, 1, 2, 0, 0, 0, 1, 0], True),
+                                        ([0, 0, 0, 1, 0, 1, 0, 0], False)])
+def test_fold_pad_through_permute_into_conv(pads, folds):
+    """A TFLite import's NHWC zero pad, then its transpose to NCHW, then the conv: the pad folds
+    into the conv's pads (unless it pads channels) and the transpose reads the unpadded input."""
+    b = TopBuilder("m")
+    x = b.input("x", (1, 9, 8, 3 if folds else 2))       # NHWC; pads are [N, H, W, C] begins then ends
+    p = b.op("Pad", [x], {"paddings": pads}, "pad")
+    t = b.op("Permute", [p], {"order": [0, 3, 1, 2]}, "to_nchw")
+    y = b.op("Conv", [t, b.weight("w", rand(4, 3, 3, 3)), b.weight("b", rand(4))],
+             {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 0, 0, 1]}, "conv")
+    m = b.finish([y])
+    check(m, {"x": rand(1, 9, 8, 3 if folds else 2)}, [C.FoldPadIntoConv, C.DeadCode],
+          ["Permute", "Conv"] if folds else ["Pad", "Permute", "Conv"])
+    if folds:
+        conv = m.ops[-1]
+        h0, w0, h1, w1 = pads[1], pads[2], pads[5], pads[6]
+        assert conv.attrs()["pads"] == [1 + h0, 0 + w0, 0 + h1, 1 + w1]
+        assert m.ops[-2].loc == "to_nchw_unpadded"          # not the padded tensor's name
+
+
 @pytest.mark.parametrize("swap_add,swap_mul", [(False, False), (True, True)])
 @pytest.mark.parametrize("slope_shape", [(1, 4, 1, 1), (4, 1, 1), ()])
 def test_fuse_prelu(swap_add, swap_mul, slope_shape):

@@ -72,3 +72,24 @@ def test_chip_decides(chip, cin, applied):
     m = stem_model((32, 32), 7, 2, [3, 3, 3, 3], cin=cin, cout=64)
     result, = run_pipeline(m, f"space-to-depth{{chip={chip}}}")
     assert bool(result.changed) == applied, str(result)
+
+
+@pytest.mark.parametrize("pads", [[0, 0, 1, 1], [1, 1, 1, 1], [0, 0, 2, 2]])
+def test_padded_stem_of_a_tflite_import(pads):
+    """A TFLite stem (NHWC image, an explicit zero PAD, the transpose to NCHW, a VALID strided conv):
+    canonicalization folds the pad into the conv, then space-to-depth applies, exact."""
+    rng = np.random.default_rng(1)
+    b = TopBuilder("tflite_stem")
+    x = b.input("image", (1, 15, 16, 3))
+    p = b.op("Pad", [x], {"paddings": [0, pads[0], pads[1], 0, 0, pads[2], pads[3], 0]}, "pad")
+    t = b.op("Permute", [p], {"order": [0, 3, 1, 2]}, "to_nchw")
+    c = b.op("Conv", [t, b.weight("w", rng.normal(size=(16, 3, 3, 3)).astype(np.float32)), b.none()],
+             {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [0, 0, 0, 0]}, "stem")
+    model = b.finish([b.op("Relu", [c], {}, "after")])
+    x = _inputs(model, 3)
+    want = TopInterpreter(model).run(x)["after"]
+    canon, s2d = run_pipeline(model, "canonicalize,space-to-depth{chip=npu1}")
+    assert s2d.changed, str(s2d)
+    assert "top.Pad" not in [op.name for op in model.ops if op.loc == "pad"]
+    got = TopInterpreter(model).run(x)["after"]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max() + 1))

@@ -250,28 +250,40 @@ class FoldMulAddIntoConv(TopPattern):
 
 
 class FoldPadIntoConv(TopPattern):
-    """Zero Pad of the spatial axes, single-use, feeding a Conv -> the Conv's own pads."""
+    """Zero Pad of the spatial axes, single-use, feeding a Conv (directly or through one
+    single-use Permute, as a TFLite model's explicit pad before its NHWC -> NCHW transpose)
+    -> the Conv's own pads, the Permute then reading the unpadded tensor."""
 
     NAME = "fold-pad-into-conv"
 
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: top.Conv, rewriter: PatternRewriter) -> None:
-        if not isinstance(op.input.owner, top.Pad):
+        perm, pad = None, op.input.owner
+        if isinstance(pad, top.Permute) and _single_use(pad.output):
+            perm, pad = pad, pad.input.owner
+        if not isinstance(pad, top.Pad):
             return
-        pad = op.input.owner
         pa, ca = pad.attrs(), op.attrs()
         if pa["mode"] != "constant" or pa["val"] != 0.0 or not _single_use(pad.output):
             return
         rank = len(A.shape_of(pad.output.type))
         begins, ends = pa["paddings"][:rank], pa["paddings"][rank:]
+        if perm is not None:                 # the pads as the conv's input axes see them
+            order = perm.attrs()["order"]
+            begins, ends = [begins[a] for a in order], [ends[a] for a in order]
         spatial = list(range(1, rank - 1)) if ca["layout"] == "NHWC" else list(range(2, rank))
         if any(begins[i] or ends[i] for i in range(rank) if i not in spatial):
             return
         n = len(spatial)
         pads = [ca["pads"][k] + begins[ax] for k, ax in enumerate(spatial)] + \
                [ca["pads"][n + k] + ends[ax] for k, ax in enumerate(spatial)]
-        attrs = dict(ca, pads=pads)
-        _replace(rewriter, op, make_op("Conv", [pad.input, op.filter, op.bias], attrs, op.loc))
+        x = pad.input
+        if perm is not None:                 # a new name: the tensor named perm.loc was padded
+            taken = {o.loc for o in self.w.model.ops}
+            moved = make_op("Permute", [x], perm.attrs(), unique_name(f"{perm.loc}_unpadded", taken))
+            rewriter.insert(moved, InsertPoint.before(op))
+            x = moved.results[0]
+        _replace(rewriter, op, make_op("Conv", [x, op.filter, op.bias], dict(ca, pads=pads), op.loc))
         self.fired()
 
 

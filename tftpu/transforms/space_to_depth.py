@@ -43,7 +43,8 @@ def fold_kernel(w: np.ndarray, plans) -> np.ndarray:
 
 def stem_candidate(model):
     """(conv op, why not) for the first conv of the module: it must read a model input (directly
-    or through one transpose), be 2-D, ungrouped and undilated."""
+    or through one transpose; canonicalization folds a zero pad before it into its pads), be 2-D,
+    ungrouped and undilated."""
     for op in model.ops:
         if not isinstance(op, top.Conv):
             continue
