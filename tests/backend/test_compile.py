@@ -186,6 +186,20 @@ def test_host_subnets_by_tac_pick(case, tmp_path, monkeypatch):
     assert any(c["kind"] == "host" for c in res.program.commands)
     from tftpu.pipelines.deploy_report import report_data
     assert prob in report_data(res)["host"]["host_ops"]
+    # an op the host runs between chip ops holds the chip up for all of its time (FLOPs or bytes)
+    import math
+
+    from tftpu import chip as chips
+    from tftpu.backend.cycles import tensor_bytes
+    from tftpu.backend.layer_group import host_preprocessing
+    from tftpu.ir import top
+    npu1, ops = chips.load("npu1"), list(res.model.ops)
+    for c in res.program.commands:
+        if c["kind"] == "host" and c["op"] not in host_preprocessing(res.model):
+            op = ops[c["op"]]
+            moved = sum(tensor_bytes(v.type) for v in [*op.operands, *op.results] if not isinstance(v.owner, top.Weight))
+            seconds = max(moved / npu1.host.bandwidth, op.flops() / npu1.host.flops)
+            assert c["cycles"] == math.ceil(seconds * npu1.frequency_hz), (op.loc, c["cycles"])
     # a host far faster than the chip takes the heavy ops, the pick no worse than all on chip
     data = yaml.safe_load((config.DEFAULT_ROOT / "chips" / "npu1.yaml").read_text())
     data["name"], data["host"]["flops"], data["host"]["bandwidth"] = "slow_npu", 1.0e16, 1.0e13

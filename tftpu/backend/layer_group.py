@@ -375,6 +375,7 @@ class _Planner:
     def __init__(self, model, chip, host: set):
         self.chip = chip
         self.host = host
+        self.preprocessing = host_preprocessing(model) & host     # what the input pipeline hides
         self.facts = _facts(model, chip, host)
         self.types: dict = {}
         self.items: dict = {}
@@ -533,14 +534,18 @@ class _Planner:
         return None
 
     def _global_cycles(self, f) -> int:
-        """A global op's cycles; a host op's are the part of the host's time the input pipeline
-        does not hide (`host.overlap`), in chip cycles."""
+        """A global op's cycles; a host op's are the host's time (its FLOPs at `host.flops` or
+        its bytes at `host.bandwidth`, the longer), in chip cycles, of which the input pipeline
+        hides `host.overlap` for the space-to-depth preprocessing only: an op the host runs
+        between chip ops holds the chip up for all of it."""
         if f.index not in self.host:
             return f.cycles.cycles
         moved = sum(numel(self.types[n]) * self.items[n] for n in f.ins if n is not None)
         moved += sum(numel(self.types[o]) * self.items[o] for o in f.outs)
         host = self.chip.host
-        return math.ceil(moved / host.bandwidth * (1.0 - host.overlap) * self.chip.frequency_hz)
+        seconds = max(moved / host.bandwidth, f.op.flops() / host.flops)
+        hidden = host.overlap if f.index in self.preprocessing else 0.0
+        return math.ceil(seconds * (1.0 - hidden) * self.chip.frequency_hz)
 
     def plan(self) -> GroupPlan:
         n = len(self.facts)
