@@ -525,7 +525,7 @@ def _search(model, chip, table, samples, target, asymmetric, qtable, float_mode,
     if ranking == "effect":
         flops = {op.loc: op.flops() for op in model.ops if op.loc in set(int8_ops)}
         state = {"target": (cos_t, snr_t)}
-        room = None if float_budget is None else _float_room(model, base, float_budget)
+        room = None if float_budget is None else _float_room(report, float_budget)
         fits = None
         if latency_budget is not None:
             cap = latency_budget * cost([])
@@ -561,7 +561,7 @@ def _search(model, chip, table, samples, target, asymmetric, qtable, float_mode,
                         key=lambda t: (-10.0 ** (-t[1] / 10.0) / (flops.get(t[0], 0) / total + FLOP_SHARE_EPS), t[0]))
     limited = False
     if float_budget is not None:                 # the ranking's ops that fit in the budget, in its order
-        ranked, limited = _within_budget(model, ranked, flops, base, float_budget)
+        ranked, limited = _within_budget(ranked, flops, _float_room(report, float_budget))
     if latency_budget is not None:               # ... and whose casts and float work the latency affords
         fit = _fit_latency(lambda ops: cost([n for n, _ in ops]), ranked, latency_budget * cost([]))
         limited = limited or len(fit) < len(ranked)
@@ -593,17 +593,19 @@ def _search(model, chip, table, samples, target, asymmetric, qtable, float_mode,
                                 latency_budget=latency_budget)
 
 
-def _float_room(model, base: dict, budget: float) -> float:
+def _float_room(report, budget: float) -> float:
     """The FLOPs the search may still keep in float: `budget` of the model's, less what the
-    quantize table already keeps there."""
-    total = max(1, sum(op.flops() for op in model.ops))
-    return budget * total - sum(op.flops() for op in model.ops if op.loc in base and str(base[op.loc]).upper() != "INT8")
+    lowering already keeps there without it (`report`: the all-INT8 lowering's): the quantize
+    table's float ops, the decode tail, ops with no INT8 form. The report's share of FLOPs in
+    INT8 (`flop_shares`) counts the same way."""
+    total = max(1, sum(d.flops for d in report.decisions))
+    return budget * total - sum(d.flops for d in report.decisions if d.mode != "INT8")
 
 
-def _within_budget(model, ranked: list, flops: dict, base: dict, budget: float) -> tuple[list, bool]:
-    """(the ranked ops that fit, in order, while the float ops' FLOPs, the quantize table's own
-    float ops included, stay within `budget` of the model's; whether any op was left out)."""
-    room, spent = _float_room(model, base, budget), 0
+def _within_budget(ranked: list, flops: dict, room: float) -> tuple[list, bool]:
+    """(the ranked ops that fit, in order, while their FLOPs stay within `room`; whether any op
+    was left out)."""
+    spent = 0
     fit = []
     for name, db in ranked:
         if spent + flops.get(name, 0) <= room:
