@@ -5,6 +5,8 @@ same inputs give the same bytes; with the flag off nothing changes."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -261,3 +263,69 @@ def test_the_guard_judges_concatenated_parts():
     res = deploy(model, quantize="INT8", chip="npu1", calibration_table=table, test_input=samples[0],
                  samples=samples[1:], mixed_precision="none", bias_correction=True)
     assert res.parts and "worst output SQNR on the test input and 5 samples" in res.bias_correction.check
+
+
+
+def relu_pair():
+    """x -> c1 (3x3 conv + ReLU, INT8) -> c2 (1x1 conv with a bias): c1's output grid, cut to 0.6
+    of its range, clips only large positive values, so the INT8 c1 hands c2 a lower mean (on 8
+    bits: the checks below lower without 16-bit links, which would give c2 c1's accumulator)."""
+    rng = np.random.default_rng(5)
+    b = TopBuilder("pair")
+    x = b.input("x", (1, 3, 8, 8))
+    c1 = b.op("Conv", [x, b.weight("w1", rng.normal(0, 0.5, (6, 3, 3, 3)).astype(np.float32)), b.none()],
+              {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "do_relu": True}, "c1")
+    c2 = b.op("Conv", [c1, b.weight("w2", np.abs(rng.normal(0, 0.5, (4, 6, 1, 1))).astype(np.float32)),
+                       b.weight("b2", np.zeros(4, np.float32))], {"kernel_shape": [1, 1]}, "c2")
+    model = b.finish([c2])
+    samples = [{"x": rng.uniform(-1, 1, (1, 3, 8, 8)).astype(np.float32)} for _ in range(6)]
+    held = [{"x": rng.uniform(-1, 1, (1, 3, 8, 8)).astype(np.float32)} for _ in range(4)]
+    table = quant.calibrate(model, samples, "minmax")
+    t, lo, hi, *rest = table.entries["c1"]
+    table = dataclasses.replace(table, entries={**table.entries, "c1": (0.6 * t, lo, 0.6 * hi, *rest)})
+    return model, table, samples, held
+
+
+def _mixed_error(model, lowered_from, table, qtable, held) -> tuple[float, np.ndarray]:
+    """(mean squared error, mean error per channel) of c2 of `lowered_from` lowered with `qtable`
+    against `model` in float, over `held`."""
+    tpu, _ = lower(lowered_from, "npu1", "INT8", table, qtable=qtable, wide_links=False)
+    diffs = np.array([TpuInterpreter(tpu).run(s, dequantize=True)["c2"].astype(np.float64)
+                      - TopInterpreter(model).run(s)["c2"] for s in held])
+    return float(np.mean(diffs ** 2)), diffs.mean(axis=(0, 1, 3, 4))
+
+
+def test_a_float_op_absorbs_the_mean_error_of_its_int8_inputs():
+    """c2 kept in float reads c1's INT8 output, clipped by its grid (a mean shift no correction
+    of c1 can take back): c2's bias takes it back, its weights stay the float ones."""
+    model, table, samples, held = relu_pair()
+    qtable = {"c2": "F16"}
+    corrected, report = correct_biases(model, table, samples, float_ops={"c2"}, wide_links=False)
+    assert [(o["name"], o["float"]) for o in report.ops] == [("c1", False), ("c2", True)]
+    assert np.array_equal(corrected.weights["w2"], model.weights["w2"])
+    only_c1, _ = correct_biases(model, table, samples, float_ops={"c2"}, fixed={"c2"}, wide_links=False)
+    assert np.array_equal(only_c1.weights["b2"], model.weights["b2"])
+    before, after = (_mixed_error(model, m, table, qtable, held + samples) for m in (only_c1, corrected))
+    assert np.max(np.abs(after[1])) < 0.3 * np.max(np.abs(before[1])) and after[0] < before[0]
+
+
+def test_an_op_left_as_given_is_simulated_in_float_and_unchanged(case):
+    model, table, samples, _ = case
+    corrected, report = correct_biases(model, table, samples, float_ops={"c1"}, fixed={"c1"}, refit=True)
+    assert report.skipped == {"c1": "left as given"} and report.refit == 1          # c2 refit
+    assert np.array_equal(corrected.weights["w1"], model.weights["w1"]) and "c1_bias_corrected" not in corrected.weights
+
+
+def test_a_float_conv_is_refit_to_its_int8_inputs_in_float():
+    model, table, samples, held = relu_pair()
+    qtable = {"c2": "F16"}
+    corrected, report = correct_biases(model, table, samples, float_ops={"c2"}, refit=True, wide_links=False)
+    assert report.refit == 2
+    w = corrected.weights["w2"]
+    assert w.dtype == np.float32 and not np.array_equal(w, model.weights["w2"])
+    scale = np.abs(w).reshape(w.shape[0], -1).max(axis=1) / 127
+    off_grid = np.abs(w / scale.reshape(-1, 1, 1, 1) - np.rint(w / scale.reshape(-1, 1, 1, 1)))
+    assert off_grid.max() > 0.1                              # float weights, not put on an INT8 grid
+    only_c1, _ = correct_biases(model, table, samples, float_ops={"c2"}, fixed={"c2"}, refit=True,
+                                wide_links=False)
+    assert _mixed_error(model, corrected, table, qtable, held)[0] < _mixed_error(model, only_c1, table, qtable, held)[0]
