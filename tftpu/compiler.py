@@ -212,8 +212,9 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None, calib
     with bias correction for the other ops): after the search, each INT8 2-D conv's weights and
     bias refit, by ridge-regularized least squares, from the simulated INT8 inputs it gets with
     the float ops chosen to its float output (`tftpu.quant.refit`: AdaQuant's layer-wise fit in
-    closed form; a conv kept in float likewise, its weights staying float), kept on the same condition. `mixed_precision_budget`: the most of the model's FLOPs
-    the mixed-precision search may keep in float (5% by default: an INT8 program stays INT8;
+    closed form; a conv kept in float likewise, its weights staying float), kept on the same
+    condition. `mixed_precision_budget`: the most of the model's FLOPs the mixed-precision
+    search may keep in float (5% by default: an INT8 program stays INT8;
     None or 1: as many as the target needs); where the target needs more, the search keeps what
     fits and reports the target missed. `mixed_precision_latency`: the most the float ops may
     slow the program, as a multiple of its estimated all-INT8 latency (1.15 by default; None: no
