@@ -36,7 +36,8 @@ flags.DEFINE_string("mixed_precision", "auto", "INT8 with --test_input: 'auto' k
                     "it) that reach it; 'COS,SQNR_DB' another target; 'none' pure INT8")
 flags.DEFINE_enum("mixed_precision_ranking", "auto", ["auto", "isolated", "gain", "effect", "alone"],
                   "how the search picks ops for float: 'auto' ('gain' where that costs at most "
-                  "tftpu.transforms.lowering.search.GAIN_WORK FLOPs, else 'isolated'), 'isolated' (each op's own error on exact inputs "
+                  "tftpu.transforms.lowering.search.GAIN_WORK FLOPs, and then 'isolated' as well, keeping "
+                  "the float set that does better on the weights lowered; else 'isolated'), 'isolated' (each op's own error on exact inputs "
                   "per share of the FLOPs; one inference in all), 'gain' (the same, by what keeping each op in "
                   "float removes, carried through the float model to the outputs; a pass over the ops "
                   "after each op), 'effect' (where the error appears on "

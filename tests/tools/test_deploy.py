@@ -240,6 +240,30 @@ def test_the_test_input_meets_the_target_on_its_own(cnn_case):
     assert alone({n: m for n, m, _ in res.kept}, order[0]) >= (first + pooled) / 2 - 1e-3
 
 
+def test_auto_ranking_keeps_the_float_set_that_does_better_lowered(cnn_case):
+    """Under `auto`, the gain ranking's float set and the isolated ranking's are both built on
+    the weights finally lowered (bias-corrected here), and deploy keeps the one its judge rates
+    better (the gain ranking's on a tie), saying so."""
+    from tftpu.pipelines.deploy import _Judge
+
+    model, table, samples = cnn_case
+    kw = dict(quantize="INT8", chip="npu1", calibration_table=table, test_input=samples[0], samples=samples[1:],
+              quantize_table={"prob": "F32"}, mixed_precision_budget=None, mixed_precision_latency=None,
+              bias_correction=True)
+    pure = deploy(model, mixed_precision="none", **kw)
+    judge = _Judge(model, [samples[0]] + samples[1:])
+    target = f"0.99,{min(judge(pure.model)) + 3:.2f}"           # out of pure INT8's reach
+    each = {r: deploy(model, mixed_precision=target, mixed_precision_ranking=r, **kw) for r in ("gain", "isolated")}
+    assert all(d.search.kept and d.search.rival is None for d in each.values())
+    figures = {r: min(judge(d.model)) for r, d in each.items()}
+    best = "isolated" if figures["isolated"] > figures["gain"] else "gain"
+    auto = deploy(model, mixed_precision=target, **kw)
+    assert auto.search.ranking == best and auto.search.qtable == each[best].search.qtable
+    assert min(judge(auto.model)) == pytest.approx(figures[best], abs=1e-9)
+    assert f"{best}'s kept" in auto.search.rival and "isolated" in auto.search.rival
+    assert auto.search.as_dict()["rival"] == auto.search.rival and auto.search.rival in str(auto.search)
+
+
 def test_float_ops_that_do_not_help_the_lowered_weights_are_undone(monkeypatch):
     """Where the search's float ops do worse than all INT8 on the weights finally lowered (here
     F16 overflows a conv whose outputs pass 65504, which INT8 holds), deploy lowers all INT8 and

@@ -210,7 +210,10 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     0..1; 5% by default, None: no limit); where the target needs more, it keeps what fits and
     says so. `mixed_precision_latency`: the most the float ops may slow the program, as a multiple
     of its estimated latency all in INT8 (the program's profile, as the report gives it; 1.15 by
-    default, None: no limit), the same way.
+    default, None: no limit), the same way. `mixed_precision_ranking`: the search's
+    (`search_mixed_precision`); under "auto", where it ranked by "gain", the "isolated" ranking's
+    float set is built as well and the one judged better on the weights lowered is kept
+    (`search.rival` says which).
     `wide_links` (INT8, on by default): a tensor that INT8 Add / Sub / PReLU ops read is
     written on a 16-bit grid by the conv or Add that makes it, other readers taking it through a
     cast to 8 bits (`tftpu.quant.links`). `float_tail` (INT8, on by default): a detector's decode
@@ -267,6 +270,7 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
                                                  float_ops=_float_ops(top_model, qtable, float_tail))
         seconds["weight rounding"] = time.perf_counter() - t1
     search = None
+    rivals: list = []                            # other searches' results, built and judged below
     if mixed_precision in (None, "none", "") or mode != "INT8":
         mixed_precision = None
     elif mixed_precision == "auto":
@@ -278,13 +282,19 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
         if pool is None:
             raise errors.UsageError("--mixed_precision needs --test_input (or samples) to measure with")
         t1 = time.perf_counter()
-        search = search_mixed_precision(top_model, the_chip, table, pool, mixed_precision, asymmetric=asymmetric,
-                                        qtable=qtable, ranking=mixed_precision_ranking, weights_from=rounded,
-                                        float_budget=mixed_precision_budget, wide_links=wide_links,
-                                        float_tail=float_tail,
-                                        latency_budget=mixed_precision_latency,
-                                        latency=lambda m: _profile(m, the_chip).latency_us,
-                                        judge_first=inputs is not None)
+        def search_by(ranking: str):
+            return search_mixed_precision(top_model, the_chip, table, pool, mixed_precision, asymmetric=asymmetric,
+                                          qtable=qtable, ranking=ranking, weights_from=rounded,
+                                          float_budget=mixed_precision_budget, wide_links=wide_links,
+                                          float_tail=float_tail,
+                                          latency_budget=mixed_precision_latency,
+                                          latency=lambda m: _profile(m, the_chip).latency_us,
+                                          judge_first=inputs is not None)
+        search = search_by(mixed_precision_ranking)
+        # under auto, the gain ranking's float set is weighed against the isolated ranking's on the
+        # weights finally lowered (after the refit, which the search does not see); the better is kept
+        if mixed_precision_ranking == "auto" and search.ranking == "gain" and search.kept and inputs is not None:
+            rivals.append(search_by("isolated"))
         given_qtable, qtable = qtable, search.qtable
         seconds["mixed precision search"] = time.perf_counter() - t1
     judge = None
@@ -344,6 +354,17 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
         return built
 
     tpu_model, lowering, lowered, corrected = build(qtable, rounding)
+    for rival in rivals if judge is not None else []:
+        rival_rounding = dataclasses.replace(rounding) if rounding is not None else None
+        other = build(rival.qtable, rival_rounding)
+        mine, theirs = judge(tpu_model), judge(other[0])
+        chose = min(theirs) > min(mine)
+        note = (f"ranking {search.ranking}'s float ops judged {min(mine):.2f} dB on the weights lowered, "
+                f"{rival.ranking}'s {min(theirs):.2f} dB: {rival.ranking if chose else search.ranking}'s kept")
+        if chose:
+            tpu_model, lowering, lowered, corrected = other
+            rounding, search, qtable = rival_rounding, rival, rival.qtable
+        search.rival = note
     pure = None                                  # the program all in INT8, where it was lowered
     if search is not None and search.kept and judge is not None:
         t1 = time.perf_counter()                 # the float ops must beat what mixed_precision="none" makes

@@ -1,6 +1,7 @@
 """Mixed precision: keep few ops (few FLOPs) in float until the INT8 model's outputs reach a target.
 
-`auto` (the default) is `gain` where that is cheap (`GAIN_WORK`), else `isolated`.
+`auto` (the default) is `gain` where that is cheap (`GAIN_WORK`), else `isolated` (deploy then
+also runs `isolated` after `gain` and keeps the float set that does better on its final weights).
 `isolated` ranks each INT8 op by the noise it adds per share of the model's
 FLOPs, so cheap ops (heads, element-wise) go to float before the convs that hold the FLOPs; the
 noise is the op's own error, run once on TOP's exact inputs quantized onto the grids it reads
@@ -85,6 +86,7 @@ class MixedPrecisionResult:
     undone: tuple | None = None          # (mixed, all-INT8) worst SQNR on the final weights, where the
                                          # float ops did not help there and deploy lowered all INT8
                                          # (pooled, or on the test input alone where that decided)
+    rival: str | None = None             # deploy's choice between two rankings' float sets, and why
 
     @property
     def met(self) -> bool:
@@ -127,6 +129,8 @@ class MixedPrecisionResult:
         lines = ["mixed precision: " + self.summary]
         if self.latency_ratio is not None:
             lines[0] += f"; estimated latency {self.latency_ratio:.2f}x the all-INT8 program's"
+        if self.rival is not None:
+            lines.append(f"  ({self.rival})")
         for name, mode, db in self.kept:
             if self.ranking == "effect":
                 lines.append(f"  {name}: {mode} (in INT8 its output lost {db:.1f} dB SQNR against its inputs)")
@@ -146,6 +150,7 @@ class MixedPrecisionResult:
                 "ranking": self.ranking, "float_budget": self.float_budget, "latency_budget": self.latency_budget,
                 "budget_limited": self.budget_limited,
                 "undone": None if self.undone is None else [round(v, 3) for v in self.undone],
+                "rival": self.rival,
                 "latency_vs_all_int8": None if self.latency_ratio is None else round(self.latency_ratio, 4),
                 "kept": [{"name": n, "mode": m, KEPT_FIGURES[self.ranking][0]: round(d, 3)} for n, m, d in self.kept]}
 
