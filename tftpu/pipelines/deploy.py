@@ -294,7 +294,9 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
         # under auto, the gain ranking's float set is weighed against the isolated ranking's on the
         # weights finally lowered (after the refit, which the search does not see); the better is kept
         if mixed_precision_ranking == "auto" and search.ranking == "gain" and search.kept and inputs is not None:
-            rivals.append(search_by("isolated"))
+            rival = search_by("isolated")
+            if rival.qtable != search.qtable:           # the same float set needs no second build
+                rivals.append(rival)
         given_qtable, qtable = qtable, search.qtable
         seconds["mixed precision search"] = time.perf_counter() - t1
     judge = None
