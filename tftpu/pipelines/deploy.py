@@ -270,7 +270,7 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
                                                  float_ops=_float_ops(top_model, qtable, float_tail))
         seconds["weight rounding"] = time.perf_counter() - t1
     search = None
-    rivals: list = []                            # other searches' results, built and judged below
+    rival = None                                 # the isolated ranking's result, built and judged below
     if mixed_precision in (None, "none", "") or mode != "INT8":
         mixed_precision = None
     elif mixed_precision == "auto":
@@ -295,8 +295,8 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
         # weights finally lowered (after the refit, which the search does not see); the better is kept
         if mixed_precision_ranking == "auto" and search.ranking == "gain" and search.kept and inputs is not None:
             rival = search_by("isolated")
-            if rival.qtable != search.qtable:           # the same float set needs no second build
-                rivals.append(rival)
+            if rival.qtable == search.qtable:           # the same float set needs no second build
+                rival = None
         given_qtable, qtable = qtable, search.qtable
         seconds["mixed precision search"] = time.perf_counter() - t1
     judge = None
@@ -356,7 +356,7 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
         return built
 
     tpu_model, lowering, lowered, corrected = build(qtable, rounding)
-    for rival in rivals if judge is not None else []:
+    if rival is not None:                        # judge is set: the search kept ops, given a test input
         rival_rounding = dataclasses.replace(rounding) if rounding is not None else None
         other = build(rival.qtable, rival_rounding)
         mine, theirs = judge(tpu_model), judge(other[0])

@@ -1,7 +1,7 @@
 """Mixed precision: keep few ops (few FLOPs) in float until the INT8 model's outputs reach a target.
 
-`auto` (the default) is `gain` where that is cheap (`GAIN_WORK`), else `isolated` (deploy then
-also runs `isolated` after `gain` and keeps the float set that does better on its final weights).
+`auto` (the default) is `gain` where that is cheap (`GAIN_WORK`), else `isolated`; where it was
+`gain`, deploy also runs `isolated` and keeps the float set that does better on its final weights.
 `isolated` ranks each INT8 op by the noise it adds per share of the model's
 FLOPs, so cheap ops (heads, element-wise) go to float before the convs that hold the FLOPs; the
 noise is the op's own error, run once on TOP's exact inputs quantized onto the grids it reads
