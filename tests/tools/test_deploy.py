@@ -3,6 +3,7 @@ YOLO-style concat of boxes and scores, mixed precision, and bad input (one line,
 
 from __future__ import annotations
 
+import html
 import json
 import subprocess
 import sys
@@ -262,6 +263,45 @@ def test_auto_ranking_keeps_the_float_set_that_does_better_lowered(cnn_case):
     assert min(judge(auto.model)) == pytest.approx(figures[best], abs=1e-9)
     assert f"{best}'s kept" in auto.search.rival and "isolated" in auto.search.rival
     assert auto.search.as_dict()["rival"] == auto.search.rival and auto.search.rival in str(auto.search)
+
+
+@pytest.mark.parametrize("order, taken", [(("s", "a", "m", "c1"), True), (("c1", "g", "o", "c2"), False)])
+def test_the_last_float_ops_go_back_to_int8_where_the_lowered_weights_allow(cnn_case, monkeypatch, tmp_path, order,
+                                                                           taken):
+    """After the bias correction (or refit), the last quarter of the search's float ops in its
+    ranking is tried back in INT8 and left there where deploy's judge holds (on this model, with
+    the others named in float, floating c1 as well costs 9 dB, floating c2 gains 9)."""
+    import tftpu.transforms.lowering.search as S
+    from tftpu.pipelines.deploy import _Judge
+
+    model, table, samples = cnn_case
+    kept = [(n, "F16", 0.0) for n in order]
+
+    def search(*args, **kwargs):
+        return S.MixedPrecisionResult({n: "F16" for n in order}, list(kept), (0.99, 20.0), (1.0, 100.0),
+                                      (0.9, 10.0), 1, 0.0, 9)
+
+    monkeypatch.setattr(S, "search_mixed_precision", search)
+    kw = dict(quantize="INT8", chip="npu1", calibration_table=table, test_input=samples[0], samples=samples[1:])
+    judge = _Judge(model, [samples[0]] + samples[1:])
+    whole, less = (judge(deploy(model, mixed_precision="none", quantize_table={n: "F16" for n in names},
+                                bias_correction=True, **kw).model) for names in (order, order[:3]))
+    assert (min(less) >= min(whole)) == taken                 # each case is the one its name says
+    res = deploy(model, mixed_precision="auto", bias_correction=True, report=tmp_path / "r.html", **kw)
+    assert [n for n, _, _ in res.search.kept] == list(order[:3] if taken else order)
+    assert res.search.qtable == {n: "F16" for n, _, _ in res.search.kept}
+    assert {d.name for d in res.lowering.decisions if d.mode != "INT8"} >= set(res.search.qtable)
+    assert min(judge(res.model)) == pytest.approx(min(less if taken else whole), abs=1e-9)
+    assert res.search.trimmed.endswith("not taken") != taken and "last 1 of 4 float ops" in res.search.trimmed
+    assert res.search.as_dict()["trimmed"] == res.search.trimmed and res.search.trimmed in str(res.search)
+    page = (tmp_path / "r.html").read_text()
+    assert html.escape(res.search.trimmed) in page
+    # what the program lowered reaches, which the search's own figures (before the correction) are not
+    assert res.search.lowered == judge(res.model) and html.escape(res.search.lowered_note) in page
+    assert res.search.as_dict()["lowered_sqnr_db"] == [round(v, 3) for v in judge(res.model)]
+    # nothing changes the weights after the search: its float set stands as it is
+    plain = deploy(model, mixed_precision="auto", bias_correction=False, **kw)
+    assert plain.search.trimmed is None and len(plain.search.kept) == 4
 
 
 def test_float_ops_that_do_not_help_the_lowered_weights_are_undone(monkeypatch):

@@ -33,6 +33,11 @@ __all__ = ["deploy", "DeployResult", "DEFAULT_TOLERANCE", "verify", "output_part
 # TPU-MLIR's default (cosine, euclidean) tolerances of a TPU model against TOP, per mode
 DEFAULT_TOLERANCE = {"F32": (0.99, 0.99), "F16": (0.95, 0.85), "BF16": (0.95, 0.80), "INT8": (0.8, 0.5)}
 AUTO_TARGET = "0.99,20"      # what INT8 must reach before `mixed_precision="auto"` keeps ops in float
+# after the refit, the last quarter of the search's float ops (in its ranking) is tried back in
+# INT8 (one more build). Measured on the detectors (benchmarks/detectors.py, see quantize.md):
+# taken on five of eight, and each gained; half the set did worse
+TRIM_SHARE = 0.25
+TRIM_MIN_OPS = 4
 
 
 @dataclasses.dataclass
@@ -213,7 +218,9 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     default, None: no limit), the same way. `mixed_precision_ranking`: the search's
     (`search_mixed_precision`); under "auto", where it ranked by "gain", the "isolated" ranking's
     float set is built as well and the one judged better on the weights lowered is kept
-    (`search.rival` says which).
+    (`search.rival` says which); where a refit or bias correction changes the weights after the
+    search, the last quarter of its float ops is tried back in INT8 and left there where the
+    judge holds (`search.trimmed`).
     `wide_links` (INT8, on by default): a tensor that INT8 Add / Sub / PReLU ops read is
     written on a 16-bit grid by the conv or Add that makes it, other readers taking it through a
     cast to 8 bits (`tftpu.quant.links`). `float_tail` (INT8, on by default): a detector's decode
@@ -367,6 +374,25 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
             tpu_model, lowering, lowered, corrected = other
             rounding, search, qtable = rival_rounding, rival, rival.qtable
         search.rival = note
+    if correcting and judge is not None and search is not None and len(search.kept) >= TRIM_MIN_OPS:
+        # the refit mends INT8 noise the search measured before it: the float ops it ranked last
+        # may no longer pay, so they go back to INT8 where the judge holds (the prune of grow and
+        # prune, on the weights lowered)
+        n = len(search.kept) - max(1, round(TRIM_SHARE * len(search.kept)))
+        back = {name for name, _, _ in search.kept[n:]}
+        trimmed = {k: v for k, v in search.qtable.items() if k not in back}
+        trim_rounding = dataclasses.replace(rounding) if rounding is not None else None
+        other = build(trimmed, trim_rounding)
+        mine, theirs = judge(tpu_model), judge(other[0])
+        taken = _holds(theirs, mine, target)
+        note = (f"the last {len(back)} of {len(search.kept)} float ops in the ranking back in INT8: judged "
+                f"{min(theirs):.2f} dB on the weights lowered against {min(mine):.2f} dB, "
+                + ("taken" if taken else "not taken"))
+        if taken:
+            tpu_model, lowering, lowered, corrected = other
+            rounding, qtable = trim_rounding, trimmed
+            search = dataclasses.replace(search, qtable=trimmed, kept=search.kept[:n])
+        search.trimmed = note
     pure = None                                  # the program all in INT8, where it was lowered
     if search is not None and search.kept and judge is not None:
         t1 = time.perf_counter()                 # the float ops must beat what mixed_precision="none" makes
@@ -380,6 +406,8 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
             qtable = search.qtable
         pure = pure[:2]
         seconds["float check"] = time.perf_counter() - t1
+    if search is not None and judge is not None:
+        search.lowered = judge(tpu_model)
     t1 = time.perf_counter()
     from tftpu.backend import s2d_stem
     from tftpu.backend.codegen import annotate, generate

@@ -11,7 +11,7 @@ import json
 import math
 from pathlib import Path
 
-from tftpu.transforms.lowering.search import KEPT_FIGURES
+from tftpu.transforms.lowering.search import KEPT_FIGURES, lowered_text
 from tftpu.utils.files import write_text
 
 __all__ = ["report_data", "write_report", "html_page", "svg"]
@@ -196,7 +196,9 @@ def html_page(data: dict) -> str:
     search = ""
     if "mixed_precision" in data:
         mp = data["mixed_precision"]
-        search = (f"<h2>Mixed precision search</h2><p>{html.escape(mp['summary'])}</p>"
+        lowered = mp.get("lowered_sqnr_db") and lowered_text(mp["lowered_sqnr_db"])
+        notes = "".join(f"<p>{html.escape(n)}</p>" for n in (mp.get("rival"), mp.get("trimmed"), lowered) if n)
+        search = (f"<h2>Mixed precision search</h2><p>{html.escape(mp['summary'])}</p>{notes}"
                   + _table(mp["kept"], [("name", "op"), ("mode", "mode"), KEPT_FIGURES.get(mp.get("ranking"), KEPT_FIGURES["isolated"])]))
     worst = sorted([t for t in data["tensors"] if t["cosine"] is not None], key=lambda t: t["cosine"])[:10]
     return f"""<!DOCTYPE html>

@@ -41,7 +41,7 @@ from tftpu.transforms.lowering.lower import lower
 from tftpu.utils.progress import progress
 
 __all__ = ["search_mixed_precision", "MixedPrecisionResult", "parse_target", "output_parts", "part_slices",
-           "output_pairs", "judge_runs", "worst_figures"]
+           "output_pairs", "judge_runs", "worst_figures", "lowered_text"]
 
 _CAP = 100.0        # dB: an exact tensor counts as this
 RANK_SAMPLES = 4    # samples the per-op error is measured on
@@ -87,6 +87,13 @@ class MixedPrecisionResult:
                                          # float ops did not help there and deploy lowered all INT8
                                          # (pooled, or on the test input alone where that decided)
     rival: str | None = None             # deploy's choice between two rankings' float sets, and why
+    trimmed: str | None = None           # deploy's trial of the last float ops back in INT8, and its verdict
+    lowered: tuple | None = None         # worst SQNR of the program deploy lowered (pooled, test input
+                                         # alone): on its final weights, which the search did not see
+
+    @property
+    def lowered_note(self) -> str | None:
+        return None if self.lowered is None else lowered_text(self.lowered)
 
     @property
     def met(self) -> bool:
@@ -129,8 +136,7 @@ class MixedPrecisionResult:
         lines = ["mixed precision: " + self.summary]
         if self.latency_ratio is not None:
             lines[0] += f"; estimated latency {self.latency_ratio:.2f}x the all-INT8 program's"
-        if self.rival is not None:
-            lines.append(f"  ({self.rival})")
+        lines += [f"  ({note})" for note in (self.rival, self.trimmed, self.lowered_note) if note is not None]
         for name, mode, db in self.kept:
             if self.ranking == "effect":
                 lines.append(f"  {name}: {mode} (in INT8 its output lost {db:.1f} dB SQNR against its inputs)")
@@ -151,8 +157,16 @@ class MixedPrecisionResult:
                 "budget_limited": self.budget_limited,
                 "undone": None if self.undone is None else [round(v, 3) for v in self.undone],
                 "rival": self.rival,
+                "trimmed": self.trimmed,
+                "lowered_sqnr_db": None if self.lowered is None else [round(v, 3) for v in self.lowered],
                 "latency_vs_all_int8": None if self.latency_ratio is None else round(self.latency_ratio, 4),
                 "kept": [{"name": n, "mode": m, KEPT_FIGURES[self.ranking][0]: round(d, 3)} for n, m, d in self.kept]}
+
+
+def lowered_text(figures) -> str:
+    """What deploy's program reached on its final weights, (pooled, test input alone) SQNR, in words."""
+    return (f"as lowered, on the final weights: worst SQNR {figures[0]:.1f} dB pooled, "
+            f"{figures[1]:.1f} dB on the test input alone")
 
 
 # the figure each ranking gives a float op: its key in `as_dict` and what it is (the HTML report's column)
