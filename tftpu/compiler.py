@@ -312,9 +312,8 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None, calib
     search = deployed.search
     if search is not None and (search.kept or not search.met):
         say(f"    mixed precision: {search.summary}")
-        for note in (search.rival, search.trimmed, search.lowered_note):
-            if note:
-                say(f"    ({note})")
+        for note in search.notes:
+            say(f"    ({note})")
     if s2d.get("applied"):              # the same precision choices, without the rewrite
         names = {op.loc for op in top_model.ops}
         qtable = deployed.search.qtable if deployed.search is not None else quantize_table

@@ -35,7 +35,7 @@ DEFAULT_TOLERANCE = {"F32": (0.99, 0.99), "F16": (0.95, 0.85), "BF16": (0.95, 0.
 AUTO_TARGET = "0.99,20"      # what INT8 must reach before `mixed_precision="auto"` keeps ops in float
 # after the refit, the last quarter of the search's float ops (in its ranking) is tried back in
 # INT8 (one more build). Measured on the detectors (benchmarks/detectors.py, see quantize.md):
-# taken on five of eight, and each gained; half the set did worse
+# taken on five of nine, and each of those gained; half the set, or another quarter, did worse
 TRIM_SHARE = 0.25
 TRIM_MIN_OPS = 4
 
@@ -362,10 +362,15 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
                 built = other
         return built
 
+    def trial(q):
+        """build(q) with its own copy of the rounding report (which the guard writes its verdict
+        on), for a float set weighed against the one built"""
+        notes = dataclasses.replace(rounding) if rounding is not None else None
+        return build(q, notes), notes
+
     tpu_model, lowering, lowered, corrected = build(qtable, rounding)
     if rival is not None:                        # judge is set: the search kept ops, given a test input
-        rival_rounding = dataclasses.replace(rounding) if rounding is not None else None
-        other = build(rival.qtable, rival_rounding)
+        other, rival_rounding = trial(rival.qtable)
         mine, theirs = judge(tpu_model), judge(other[0])
         chose = min(theirs) > min(mine)
         note = (f"ranking {search.ranking}'s float ops judged {min(mine):.2f} dB on the weights lowered, "
@@ -381,8 +386,7 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
         n = len(search.kept) - max(1, round(TRIM_SHARE * len(search.kept)))
         back = {name for name, _, _ in search.kept[n:]}
         trimmed = {k: v for k, v in search.qtable.items() if k not in back}
-        trim_rounding = dataclasses.replace(rounding) if rounding is not None else None
-        other = build(trimmed, trim_rounding)
+        other, trim_rounding = trial(trimmed)
         mine, theirs = judge(tpu_model), judge(other[0])
         taken = _holds(theirs, mine, target)
         note = (f"the last {len(back)} of {len(search.kept)} float ops in the ranking back in INT8: judged "
@@ -396,8 +400,7 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     pure = None                                  # the program all in INT8, where it was lowered
     if search is not None and search.kept and judge is not None:
         t1 = time.perf_counter()                 # the float ops must beat what mixed_precision="none" makes
-        pure_rounding = dataclasses.replace(rounding) if rounding is not None else None
-        pure = build(given_qtable, pure_rounding)
+        pure, pure_rounding = trial(given_qtable)
         undone = _float_ops_fail(judge(tpu_model), judge(pure[0]), target)
         if undone is not None:
             tpu_model, lowering, lowered, corrected = pure

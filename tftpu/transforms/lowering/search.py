@@ -96,6 +96,11 @@ class MixedPrecisionResult:
         return None if self.lowered is None else lowered_text(self.lowered)
 
     @property
+    def notes(self) -> list[str]:
+        """What deploy did with the search's float set after it, and what the program lowered reaches."""
+        return [note for note in (self.rival, self.trimmed, self.lowered_note) if note is not None]
+
+    @property
     def met(self) -> bool:
         return self.reached[0] >= self.target[0] and self.reached[1] >= self.target[1]
 
@@ -136,7 +141,7 @@ class MixedPrecisionResult:
         lines = ["mixed precision: " + self.summary]
         if self.latency_ratio is not None:
             lines[0] += f"; estimated latency {self.latency_ratio:.2f}x the all-INT8 program's"
-        lines += [f"  ({note})" for note in (self.rival, self.trimmed, self.lowered_note) if note is not None]
+        lines += [f"  ({note})" for note in self.notes]
         for name, mode, db in self.kept:
             if self.ranking == "effect":
                 lines.append(f"  {name}: {mode} (in INT8 its output lost {db:.1f} dB SQNR against its inputs)")
