@@ -350,7 +350,19 @@ def reference_of(name, a, ins, out, args, check_params=True):
     if name == "tpu.Lut":
         x, table = args
         lo = QRANGE[ins[0].dtype][0]
-        return np.asarray(table)[np.asarray(x, np.int64) - lo], problems
+        if ins[0].dtype != "i16":
+            return np.asarray(table)[np.asarray(x, np.int64) - lo], problems
+        # 513 knots 128 input levels apart, 6 fraction bits finer than the output, rounded half up
+        if len(table) != 513:
+            problems.append(f"tpu.Lut: a 16-bit input needs 513 knots, got {len(table)}")
+        knots = [int(t) for t in np.ravel(table)]
+        flat = []
+        for v in np.ravel(np.asarray(x, np.int64)):
+            u = int(v) - lo
+            i, f = u // 128, u % 128
+            flat.append((knots[i] * 128 + (knots[i + 1] - knots[i]) * f + 4096) // 8192)
+        y = np.asarray(flat, np.int64).reshape(np.shape(x))
+        return clamp(y, out.dtype, out.zp), problems
     if name in ("tpu.MaxPool", "tpu.GlobalMaxPool"):
         if ins[0].scales != out.scales or ins[0].zps != out.zps:
             problems.append(f"{name}: output grid differs from input's")

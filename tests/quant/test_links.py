@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from xdsl.dialects.builtin import TensorType
 
 from tests.interp import int8_reference as R
-from tests.interp.test_tpu_int8_exact import FEW, W, feeds, make_model, table_for
+from tests.interp.test_tpu_int8_exact import ACTS, FEW, W, _f64, feeds, make_model, table_for
 from tftpu.interp.top_interpreter import TopInterpreter
 from tftpu.interp.tpu import TpuInterpreter
 from tftpu.ir import quant, top
@@ -230,23 +230,30 @@ def test_an_activation_table_writes_a_link(tmp_path, seed):
     """An activation's lookup table holds 16-bit entries: read only by an INT8 Add (h0), or by
     an op kept in float (h1 before the depthwise conv d1 in F16), it writes a 16-bit link; an
     INT8 conv reader (h1 before an INT8 d1) keeps it on 8 bits. Bit-exact against the integer
-    reference and the simulator."""
+    reference and the simulator. With wide_links="tables", the convs before them (c0, c1) write
+    16 bits too, which the tables interpolate."""
     from tftpu.pipelines.deploy import deploy
     model = hardswish_stack(4, seed)
     x = feeds({"x": (1, 4, 6, 6)}, seed)
     table = table_for(model, x, seed, spread=(1.0, 1.0))
     assert sorted(wide_grids(model, table, "auto", lambda name: True)) == ["h0"]   # a table reads 8 bits
+    assert sorted(wide_grids(model, table, "auto", lambda name: True, tables=True)) == ["c0", "c1", "h0"]
     floated = wide_grids(model, table, "auto", lambda name: name != "d1")
     assert "h1" in floated and floated["h1"].storage == "i16"
-    for qtable in ({}, {"d1": "F16"}):
-        tm, _ = lower(model, "npu1", "INT8", table, qtable=qtable, asymmetric="auto")
+    for qtable, tables in (({}, False), ({"d1": "F16"}, False), ({}, True), ({"d1": "F16"}, True)):
+        wide = "tables" if tables else True
+        tm, _ = lower(model, "npu1", "INT8", table, qtable=qtable, asymmetric="auto", wide_links=wide)
         tm.verify()
         types = _types(tm)
         assert "i16" in types["h0"] and ("i16" in types["h1"]) == bool(qtable)
+        assert ("i16" in types["c0"]) == ("i16" in types["c1"]) == tables
+        luts = [op for op in tm.ops if op.name == "tpu.Lut"]
+        assert [op.operands[1].type.get_shape()[0] for op in luts] == [513 if tables else 256] * 2
         seen = R.check_model(tm, TpuInterpreter(tm).run(x, dump_all=True))
         assert seen.get("tpu.Lut", 0) == 2
         result = deploy(model, quantize="INT8", chip="npu1", calibration_table=table, test_input=x,
-                        quantize_table=qtable, mixed_precision="none", model=str(tmp_path / "m.tpumodel"))
+                        quantize_table=qtable, mixed_precision="none", model=str(tmp_path / "m.tpumodel"),
+                        wide_links=wide)
         assert result.simulator["passed"] and all(r["bit_exact"] for r in result.simulator["outputs"])
 
 
@@ -267,7 +274,7 @@ def test_bias_correction_reads_a_split_link_on_8_bits_where_the_lowering_does(mo
         m.setattr(bc, "wide_grids", functools.partial(wide_grids, split=False))
         whole, _ = bc.correct_biases(model, table, samples, "auto")
     with monkeypatch.context() as m:
-        m.setattr(bc, "reads_link", lambda reader, v, wide: True)
+        m.setattr(bc, "reads_link", lambda reader, v, wide, tables=False: True)
         wide, _ = bc.correct_biases(model, table, samples, "auto")
 
     def bias(m, name):
@@ -455,3 +462,77 @@ def test_a_link_passes_through_an_imported_tile():
     tm, _ = lower(model, "npu1", "INT8", table, asymmetric="auto")
     seen = R.check_model(tm, TpuInterpreter(tm).run(x, dump_all=True))
     assert seen.get("tpu.Concat", 0) == 2 and "i16" in _types(tm)["r3"]
+
+
+def conv_activation_conv(name: str, attrs: dict, c: int = 3, seed: int = 7):
+    """x -> 1x1 conv c0 -> activation a0 -> 1x1 conv c1: an activation that only a conv reads."""
+    rng = np.random.default_rng(seed)
+
+    def body(b, xs):
+        y = b.op("Conv", [xs[0], b.weight("w0", W(rng, c, c, 1, 1, scale=1.0)), b.weight("b0", W(rng, c, scale=0.3))],
+                 {"kernel_shape": [1, 1]}, "c0")
+        a = b.op(name, [y], attrs, "a0")
+        return b.op("Conv", [a, b.weight("w1", W(rng, c, c, 1, 1)), b.none()], {"kernel_shape": [1, 1]}, "c1")
+
+    return make_model({"x": (1, c, 8, 8)}, body)
+
+
+def _lut_outputs(lut, levels, table) -> np.ndarray:
+    """What the integer reference makes of every input level in `levels` through `lut`."""
+    want, problems = R.reference(lut, [levels, table])
+    assert not problems, problems
+    return np.asarray(want, np.float64)
+
+
+SMOOTH = [a for a in ACTS if f"top.{a[0]}" in links_module.INTERPOLATED]
+
+
+@pytest.mark.parametrize("asym", [False, "auto"], ids=["sym", "auto"])
+@pytest.mark.parametrize("act", SMOOTH, ids=lambda a: a[0] + ("_" + "_".join(map(str, a[1].values())) if a[1] else ""))
+def test_a_smooth_activation_interpolates_its_table_from_a_16_bit_conv_output(act, asym):
+    """With wide_links="tables", a conv read only by a smooth activation writes 16 bits, and the
+    activation's table is 513 knots interpolated: bit-exact against the integer reference, and over every input level of
+    the conv's calibrated range nearer the float function than the 256-entry table that the
+    8-bit conv output reads (the conv's 8-bit rounding is gone)."""
+    name, attrs = act
+    model = conv_activation_conv(name, attrs)
+    x = feeds({"x": (1, 3, 8, 8)}, 3)
+    table = table_for(model, x, 3, spread=(1.0, 1.0))
+    assert sorted(wide_grids(model, table, asym, lambda n: True)) == []          # not by default
+    assert sorted(wide_grids(model, table, asym, lambda n: True, tables=True)) == ["c0"]
+    wide, _ = lower(model, "npu1", "INT8", table, asymmetric=asym, wide_links="tables")
+    narrow, _ = lower(model, "npu1", "INT8", table, asymmetric=asym, wide_links=False)
+    wide.verify()
+    lut = next(op for op in wide.ops if op.name == "tpu.Lut")
+    knots = wide.weights[lut.operands[1].owner.key]
+    assert "i16" in _types(wide)["c0"] and knots.shape == (513,) and knots.dtype == np.int32
+    seen = R.check_model(wide, TpuInterpreter(wide).run(x, dump_all=True))
+    assert seen.get("tpu.Lut") == 1 and seen.get("tpu.Conv") == 2
+    xi, yi = R.Info.of(lut.operands[0]), R.Info.of(lut.results[0])
+    span = max(abs(v) for v in table.entries["c0"][:3])
+    levels = np.arange(-int(span / xi.scale), int(span / xi.scale) + 1)
+    real = levels * xi.scale
+    exact = _f64(name, attrs, real)
+    ideal = R.quantize(exact, yi.scale, yi.zp, yi.dtype).astype(np.int64)   # the best any table does
+    got = _lut_outputs(lut, levels, knots)
+    small = next(op for op in narrow.ops if op.name == "tpu.Lut")
+    ni, no = R.Info.of(small.operands[0]), R.Info.of(small.results[0])
+    assert (yi.scale, yi.zp) == (no.scale, no.zp)
+    q8 = np.clip(np.floor(real / ni.scale + 0.5) + ni.zp, -128, 127).astype(np.int64)
+    old = _lut_outputs(small, q8, narrow.weights[small.operands[1].owner.key])
+    off, off8 = np.abs(got - ideal), np.abs(old - ideal)
+    assert off.max() <= off8.max() + 1, (off.max(), off8.max())
+    assert (off ** 2).mean() <= (off8 ** 2).mean() + 0.01, ((off ** 2).mean(), (off8 ** 2).mean())
+
+
+@pytest.mark.parametrize("name", ["Floor", "Round", "Sign", "Log", "Sqrt"])
+def test_a_step_function_or_a_steep_one_reads_8_bits(name):
+    """Floor, Round, Sign (not continuous) and Log, Sqrt (unbounded slope at 0) keep the exact
+    256-entry table: their conv writes 8 bits."""
+    model = conv_activation_conv(name, {})
+    x = feeds({"x": (1, 3, 8, 8)}, 3)
+    table = table_for(model, x, 3, spread=(1.0, 1.0))
+    assert "c0" not in wide_grids(model, table, "auto", lambda n: True, tables=True)
+    tm, _ = lower(model, "npu1", "INT8", table, asymmetric="auto", wide_links="tables")
+    lut = next(op for op in tm.ops if op.name == "tpu.Lut")
+    assert "i16" not in _types(tm)["c0"] and tuple(lut.operands[1].type.get_shape()) == (256,)

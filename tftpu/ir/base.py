@@ -115,6 +115,11 @@ class LookupTable(OpTrait):
     input grid, exact whatever the function."""
 
 
+class Interpolable(OpTrait):
+    """A lookup-table function continuous and of bounded slope, so that a 16-bit input may read
+    it by linear interpolation between its table's knots (`tpu.Lut`)."""
+
+
 class LayoutSensitive(OpTrait):
     """The op's meaning depends on its `layout` attribute (NCHW / NHWC data)."""
 

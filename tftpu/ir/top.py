@@ -28,6 +28,7 @@ from tftpu.ir.base import (  # noqa: F401  (REQUIRED and the loc helpers are re-
     Bool,
     Commutative,
     Elementwise,
+    Interpolable,
     LookupTable,
     Float,
     Int,
@@ -415,11 +416,13 @@ class _Unary(TopOp):
     output = result_def(TensorType)
 
 
-def _unary(op_name: str, doc: str, attrs: dict | None = None, flops: int = 1):
-    """An element-wise function `top.<op_name>` costing `flops` per element (INT8: a lookup table)."""
+def _unary(op_name: str, doc: str, attrs: dict | None = None, flops: int = 1, smooth: bool = True):
+    """An element-wise function `top.<op_name>` costing `flops` per element (INT8: a lookup table;
+    `smooth`: continuous, of bounded slope, so a 16-bit input may interpolate the table)."""
+    traits = (Pure(), Elementwise(), LookupTable()) + ((Interpolable(),) if smooth else ())
     cls = type(op_name, (_Unary,), {"name": f"top.{op_name}", "__doc__": doc,
                                     "ATTRS": attrs or {}, "__module__": __name__,
-                                    "TRAITS": (Pure(), Elementwise(), LookupTable()), "count_flops": per_output(flops),
+                                    "TRAITS": traits, "count_flops": per_output(flops),
                                     "__annotations__": {"ATTRS": ClassVar[dict], "TRAITS": ClassVar[tuple]}})
     return top_op(cls)
 
@@ -434,16 +437,16 @@ HardSwish = _unary("HardSwish", "x * max(0, min(1, x / 6 + 1 / 2)).", flops=4)
 SiLU = _unary("SiLU", "x * sigmoid(x).", flops=5)
 Tanh = _unary("Tanh", "tanh(x).", flops=4)
 Exp = _unary("Exp", "exp(x).")
-Log = _unary("Log", "natural log.")
-Sqrt = _unary("Sqrt", "square root.")
+Log = _unary("Log", "natural log.", smooth=False)
+Sqrt = _unary("Sqrt", "square root.", smooth=False)
 Erf = _unary("Erf", "error function.", flops=4)
 Abs = _unary("Abs", "absolute value.")
 Neg = _unary("Neg", "-x.")
 GELU = _unary("GELU", "x * Phi(x), exact or tanh-approximated.", {"approximate": Str("none")}, flops=8)
-Floor = _unary("Floor", "largest integer <= x.")
-Ceil = _unary("Ceil", "smallest integer >= x.")
-Round = _unary("Round", "nearest integer, halves to even (ONNX's Round).")
-Sign = _unary("Sign", "-1, 0 or 1 as x is negative, zero or positive.")
+Floor = _unary("Floor", "largest integer <= x.", smooth=False)
+Ceil = _unary("Ceil", "smallest integer >= x.", smooth=False)
+Round = _unary("Round", "nearest integer, halves to even (ONNX's Round).", smooth=False)
+Sign = _unary("Sign", "-1, 0 or 1 as x is negative, zero or positive.", smooth=False)
 Sin = _unary("Sin", "sine.", flops=4)
 Cos = _unary("Cos", "cosine.", flops=4)
 Softsign = _unary("Softsign", "x / (1 + |x|).", flops=3)
@@ -918,5 +921,6 @@ OPS_BY_NAME: dict[str, type[TopOp]] = {cls.name: cls for cls in TOP_OPS}
 FLOPS = {cls.name: cls.flops_of for cls in TOP_OPS}   # full name -> flops(ins, outs, attrs)
 # the one-input element-wise functions, by full name (INT8: each a 256-entry table)
 LOOKUP_TABLES = tuple(cls.name for cls in TOP_OPS if any(isinstance(t, LookupTable) for t in cls.TRAITS))
+INTERPOLABLE = tuple(cls.name for cls in TOP_OPS if any(isinstance(t, Interpolable) for t in cls.TRAITS))
 
 Top = Dialect("top", TOP_OPS, [])

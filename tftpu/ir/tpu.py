@@ -5,7 +5,8 @@ attributes, shape function and FLOPs (taken from the TOP class, so shape arithme
 place), plus how it requantizes. Its mode is in its types: float tensors (`f32`, `bf16`, `f16`)
 or quantized ones (`!quant.uniform<i8:f32, scale:zp>`, weights per axis). Two ops are the
 TPU's own: `tpu.Cast`, wherever precision changes (model inputs/outputs, mode boundaries,
-one INT8 scale to another), and `tpu.Lut`, an INT8 activation as a 256-entry table.
+one INT8 scale to another), and `tpu.Lut`, an INT8 activation as a table (256 entries, or 513
+knots interpolated from a 16-bit input).
 
 Requantization (INT8): `multiplier` and `rshift`, per output channel or one for the tensor,
 mean `y = RoundingRightShift(SaturatingRoundingDoublingHighMul(acc, multiplier), rshift)`,
@@ -188,8 +189,13 @@ class Cast(TpuOp):
 
 @define_op
 class Lut(TpuOp):
-    """An INT8 element-wise function as a table: `y = table[x - min(storage)]` (256 entries,
-    computed once at lowering from the float function and both tensors' scales)."""
+    """An INT8 element-wise function as a table, computed once at lowering from the float
+    function and both tensors' scales. An 8-bit input indexes 256 entries: `y = table[x - min]`.
+    A 16-bit input (a link, `tftpu.quant.links`) reads 513 int32 knots, one every 2**KNOT_BITS
+    input steps, on a grid FRACTION_BITS finer than the output's (zero point included): with
+    `u = x + 32768`, `i = u >> KNOT_BITS`, `f = u & (2**KNOT_BITS - 1)`,
+    `y = (table[i] * 2**KNOT_BITS + (table[i + 1] - table[i]) * f + half) >> (KNOT_BITS + FRACTION_BITS)`,
+    saturated to the output type, as TFLite's int16 activations interpolate their table."""
 
     name = "tpu.Lut"
     input = operand_def(TensorType)
@@ -197,10 +203,16 @@ class Lut(TpuOp):
     output = result_def(TensorType)
     TRAITS: ClassVar[tuple] = (Pure(), Elementwise())
     ATTRS: ClassVar[dict] = {"function": Str("")}    # the TOP op it replaces, for reports
+    KNOT_BITS: ClassVar[int] = 7
+    FRACTION_BITS: ClassVar[int] = 6
+    KNOTS: ClassVar[int] = (1 << (16 - KNOT_BITS)) + 1      # 513: both ends of every span
 
     def check(self, shapes, attrs):
-        if shapes[1] != (256,):
-            raise ValueError(f"table must have 256 entries, got {list(shapes[1])}")
+        wide = quant.is_quant(self.input.type.element_type) and self.input.type.element_type.storage == "i16"
+        want = (self.KNOTS,) if wide else (256,)
+        if shapes[1] != want:
+            raise ValueError(f"table must have {want[0]} entries for a {'16' if wide else '8'}-bit input, "
+                             f"got {list(shapes[1])}")
         self.check_types()
 
     @classmethod

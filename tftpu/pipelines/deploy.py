@@ -187,7 +187,7 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
            mixed_precision_latency: float | None = LATENCY_BUDGET,
            space_to_depth: bool = False, model=None,
            trace=None, bias_correction: bool = False, weight_rounding: bool = False,
-           wide_links: bool = True, float_tail: bool = True, weight_refit: bool = False) -> DeployResult:
+           wide_links: bool | str = True, float_tail: bool = True, weight_refit: bool = False) -> DeployResult:
     """Lower the TOP model `mlir` (a path or TopModel) for `chip` in `quantize` mode.
 
     `test_input` (a dict of arrays or an .npz path) checks the TPU model against TOP, and
@@ -223,7 +223,9 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     judge holds (`search.trimmed`).
     `wide_links` (INT8, on by default): a tensor that INT8 Add / Sub / PReLU ops read is
     written on a 16-bit grid by the conv or Add that makes it, other readers taking it through a
-    cast to 8 bits (`tftpu.quant.links`). `float_tail` (INT8, on by default): a detector's decode
+    cast to 8 bits (`tftpu.quant.links`); "tables": a conv that only smooth activation tables
+    read (SiLU, HardSwish, GELU, ...) as well, each table interpolating 513 knots from 16 bits.
+    `float_tail` (INT8, on by default): a detector's decode
     tail (`tftpu.transforms.lowering.decode_tail`) runs in float by design. `weight_refit`
     (INT8; in place of `weight_rounding`, and with `bias_correction` for the other ops): the
     bias-correction copy's 2-D convs get weights and biases refit to the simulated INT8 inputs they
@@ -238,6 +240,8 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     t0 = time.perf_counter()
     seconds = {}
     mode = quantize.upper()
+    if wide_links not in (True, False, "tables"):
+        raise errors.UsageError(f"wide_links={wide_links!r}: expected True, False or 'tables'")
     if mode not in DEFAULT_TOLERANCE:
         raise errors.UsageError(f"--quantize={quantize}: expected one of {', '.join(DEFAULT_TOLERANCE)}")
     tol = parse_tolerance(tolerance) if tolerance is not None else DEFAULT_TOLERANCE[mode]

@@ -153,7 +153,7 @@ def _refittable(op, model: TopModel) -> bool:
 
 def correct_biases(model: TopModel, table, samples: list[dict], asymmetric: bool | str = False, *,
                    float_ops: set | None = None, fixed: set | None = None, max_samples: int = MAX_SAMPLES,
-                   wide_links: bool = True, refit: bool = False,
+                   wide_links: bool | str = True, refit: bool = False,
                    input_budget: int = INPUT_BUDGET) -> tuple[TopModel, BiasCorrection]:
     """(corrected copy of `model`, report): each Conv / Deconv / MatMul with constant weights
     and calibrated input and output gets the bias that cancels the mean per-channel difference
@@ -177,7 +177,7 @@ def correct_biases(model: TopModel, table, samples: list[dict], asymmetric: bool
     grids = {name: P.activation(*entry[:3], asymmetric=asymmetric) for name, entry in table.entries.items()}
     narrow: dict[str, P.QParams] = {}       # a 16-bit link's 8-bit grid, for the INT8 ops that read 8 bits
     if wide_links:
-        wide = wide_grids(model, table, asymmetric, lambda name: name not in float_ops)
+        wide = wide_grids(model, table, asymmetric, lambda name: name not in float_ops, tables=wide_links == "tables")
         narrow = {name: grids[name] for name in wide}
         grids.update(wide)
     steps_ops = [op for op in model.ops if not isinstance(op, (top.NoneOp, top.Input, top.Weight))]
@@ -221,7 +221,8 @@ def correct_biases(model: TopModel, table, samples: list[dict], asymmetric: bool
         # operands this INT8 op reads through a link's cast to 8 bits
         narrowed = [] if op.loc in float_ops else \
             [(i, narrow[interp.names[s]]) for i, (s, v) in enumerate(zip(ins, op.operands))
-             if s is not None and interp.names.get(s) in narrow and not reads_link(op, v, narrow)]
+             if s is not None and interp.names.get(s) in narrow
+             and not reads_link(op, v, narrow, wide_links == "tables")]
         bias_q = None
         w_used = qweights.get(ins[1]) if correct and not in_float else None   # the weights it computes with
         if correct and refit and _refittable(op, model):

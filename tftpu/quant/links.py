@@ -1,9 +1,10 @@
 """16-bit links: a tensor that only INT8 element-wise ops read is written on a 16-bit grid.
 
-A conv whose output goes only into a residual Add (or an SE block's Mul), or an Add whose output
-goes only into a PReLU or into ops kept in float (and an op kept in float whose output goes only
-into such INT8 ops; and an activation table read so), would round its int32 accumulator to 8
-bits just for the next element-wise op to rescale it and round again. Written on a 16-bit grid
+A conv whose output goes only into a residual Add (or an SE block's Mul) or, with `tables`, into
+a smooth activation (SiLU, HardSwish, Sigmoid, GELU, ...: its table then interpolated from 16
+bits), or an Add whose output goes only into a PReLU or into ops kept in float (and an op kept in float
+whose output goes only into such INT8 ops; and an activation table read so), would round its
+int32 accumulator to 8 bits just for the next element-wise op to rescale it and round again. Written on a 16-bit grid
 instead (the conv still multiplies INT8 by INT8), that rounding all but disappears, as in a
 fused conv + add + activation kernel, and the FLOPs stay INT8: only the link between the two ops
 is wider. On detectors built of residual blocks this is a large share of the INT8 noise
@@ -30,7 +31,7 @@ from tftpu.ir.base import value_name
 from tftpu.quant import params as P
 
 __all__ = ["wide_grids", "reads_wide", "int8_reads_wide", "reads_link", "WIDE_PRODUCERS", "WIDE_READERS",
-           "PASS_THROUGH", "LOOKUP_TABLES", "I16_MAX", "HEADROOM"]
+           "INTERPOLATED", "PASS_THROUGH", "LOOKUP_TABLES", "I16_MAX", "HEADROOM"]
 
 # activations whose INT8 form is a 256-entry lookup table (the lowering registers these)
 LOOKUP_TABLES = top.LOOKUP_TABLES
@@ -40,6 +41,9 @@ WIDE_PRODUCERS = ("top.Conv", "top.Add", "top.Sub", "top.Mul", "top.PRelu", *LOO
 # INT8 ops that read a 16-bit data operand (their integer rule works on any width: a Mul's
 # product of two links, zero point 0, stays under 2**30, within its int32 accumulator)
 WIDE_READERS = ("top.Add", "top.Sub", "top.Mul", "top.PRelu")
+# activation tables that a 16-bit input reads by interpolating 513 knots (`tpu.Lut`): the smooth
+# functions (a step function such as Floor keeps its exact 256-entry table on 8 bits)
+INTERPOLATED = top.INTERPOLABLE
 # INT8 ops that move their data operand's values without arithmetic (their result keeps its grid):
 # a link passes through them on its 16 bits to the element-wise ops behind them (an FPN's conv ->
 # upsampling Resize -> lateral Add; a max pool -> channel Pad -> residual Add). One that shrinks
@@ -59,18 +63,22 @@ def _range(entry) -> float:
     return max(abs(float(entry[0])), abs(float(entry[1])), abs(float(entry[2])))
 
 
-def reads_wide(reader, v, in_int8) -> bool:
+def reads_wide(reader, v, in_int8, tables: bool = False) -> bool:
     """Whether `reader` takes `v` on a 16-bit grid as it is: an INT8 Add / Sub / Mul / PReLU (as its
-    data), or an op kept in float (its cast from 16 bits is as cheap, and finer)."""
+    data) or, with `tables`, smooth activation, or an op kept in float (its cast from 16 bits is
+    as cheap, and finer)."""
     if reader.name == "func.return":
         return False
     if not in_int8(reader.loc):
         return True
-    return int8_reads_wide(reader, v)
+    return int8_reads_wide(reader, v, tables)
 
 
-def int8_reads_wide(reader, v) -> bool:
-    """Whether `reader`, run in INT8, reads `v` as a 16-bit operand (others read 8 bits)."""
+def int8_reads_wide(reader, v, tables: bool = False) -> bool:
+    """Whether `reader`, run in INT8, reads `v` as a 16-bit operand (others read 8 bits): an Add,
+    Sub, Mul or PReLU's data, or with `tables` a smooth activation's input."""
+    if tables and reader.name in INTERPOLATED:
+        return True
     return reader.name in WIDE_READERS and (reader.name != "top.PRelu" or
                                             reader.operands[0] is v and reader.operands[1] is not v)
 
@@ -87,14 +95,14 @@ def _size(v) -> int:
     return math.prod(v.type.get_shape())
 
 
-def reads_link(reader, v, wide) -> bool:
+def reads_link(reader, v, wide, tables: bool = False) -> bool:
     """Whether the INT8 op `reader` reads the link `v` on its 16 bits, given the links `wide`
     (names): an Add / Sub / Mul / PReLU as its data, or a pass-through op whose result is a link too."""
-    return int8_reads_wide(reader, v) or (_passes(reader, v) and value_name(reader.results[0]) in wide)
+    return int8_reads_wide(reader, v, tables) or (_passes(reader, v) and value_name(reader.results[0]) in wide)
 
 
 def wide_grids(model, table, asymmetric: bool | str, in_int8: Callable[[str], bool],
-               split: bool = True) -> dict[str, P.QParams]:
+               split: bool = True, tables: bool = False) -> dict[str, P.QParams]:
     """Tensor name -> 16-bit grid, for each tensor made by an INT8 conv / Add / Sub / Mul / PReLU / table
     (`in_int8` of the op's name) or by an op kept in float, that is not a model output and whose
     every reader is an INT8 Add, Sub, Mul or PReLU reading it as data, or an op kept in float (a
@@ -106,7 +114,10 @@ def wide_grids(model, table, asymmetric: bool | str, in_int8: Callable[[str], bo
     8-bit grid (one cast), so the residual path is never rounded to 8 bits, as a fused kernel
     keeps it. A pass-through op (`PASS_THROUGH`) whose result is read so in turn carries the link
     on the same grid (its result is in the map too). Every other tensor keeps the 8-bit grid of
-    its calibration entry."""
+    its calibration entry. `tables`: a smooth activation table (`INTERPOLATED`) reads 16 bits as
+    well, interpolating its knots (`tpu.Lut`), so a conv that only such tables read is a link.
+    Off by default (`wide_links="tables"` turns it on): on the measured detectors it lifts pure
+    INT8 but can cost the mixed-precision search's float set its gain."""
     outputs = set(model.output_names)
 
     def accepted(readers: list, wide: list) -> bool:
@@ -121,7 +132,7 @@ def wide_grids(model, table, asymmetric: bool | str, in_int8: Callable[[str], bo
         """The readers of `v` that read it wide, a pass-through one where its own result is read
         wide in turn (and leaves the model only through such readers)."""
         wide = []
-        direct = any(reads_wide(r, v, in_int8) for r in readers if not _passes(r, v))
+        direct = any(reads_wide(r, v, in_int8, tables) for r in readers if not _passes(r, v))
         for r in readers:
             if _passes(r, v) and in_int8(r.loc):
                 out = r.results[0]
@@ -130,7 +141,7 @@ def wide_grids(model, table, asymmetric: bool | str, in_int8: Callable[[str], bo
                 inner = [u.operation for u in out.uses]
                 if value_name(out) not in outputs and accepted(inner, through(out, inner)):
                     wide.append(r)
-            elif reads_wide(r, v, in_int8):
+            elif reads_wide(r, v, in_int8, tables):
                 wide.append(r)
         return wide
 

@@ -20,6 +20,7 @@ from tftpu.interp.tpu import native, requant
 from tftpu.interp.tpu.registry import int8, own
 from tftpu.ir import attrs as A
 from tftpu.ir import quant
+from tftpu.ir.tpu import Lut
 from tftpu.utils import threads
 
 
@@ -463,8 +464,16 @@ def prelu(operands, attrs, info):
 
 @own("tpu.Lut")
 def lut(operands, attrs, info):
+    """An 8-bit input indexes its table; a 16-bit one interpolates between two knots (`tpu.Lut`)."""
     x, table = operands
-    return [table[x.astype(np.int32) - info.ins[0].qmin]]
+    u = x.astype(np.int32) - info.ins[0].qmin
+    if info.ins[0].dtype != "i16":
+        return [table[u]]
+    i, f = u >> Lut.KNOT_BITS, (u & ((1 << Lut.KNOT_BITS) - 1)).astype(np.int64)
+    lo, hi = table[i].astype(np.int64), table[i + 1].astype(np.int64)
+    shift = Lut.KNOT_BITS + Lut.FRACTION_BITS
+    y = ((lo << Lut.KNOT_BITS) + (hi - lo) * f + (1 << (shift - 1))) >> shift
+    return [_clamp(y, {}, info.outs[0])]
 
 
 # ---------------------------------------------------------------- pools

@@ -1,17 +1,21 @@
 """INT8 element-wise ops: Add/Sub with one int16 multiplier per input and a shared right shift
 (TPU-MLIR's rule), Mul with one requantization (Div by a constant: a Mul by its reciprocal),
 and every unary activation as a 256-entry table computed from the TOP kernel on the input grid
-(exact whatever the function)."""
+(exact whatever the function); one that reads a 16-bit link, a smooth one, as 513 knots of its
+function that `tpu.Lut` interpolates (so a conv's accumulator reaches the activation without an
+8-bit rounding between them, as in a fused conv + activation kernel)."""
 
 from __future__ import annotations
 
 import numpy as np
 from xdsl.dialects.builtin import StringAttr, TensorType
 
+from tftpu import rounding
 from tftpu.errors import UsageError
 from tftpu.interp.kernels import KERNELS
 from tftpu.ir import quant
 from tftpu.ir.base import value_name
+from tftpu.ir.tpu import Lut
 from tftpu.quant import params as P
 from tftpu.quant.links import LOOKUP_TABLES
 from tftpu.transforms.lowering.registry import int8
@@ -125,6 +129,14 @@ def only_output(op) -> bool:
     return True
 
 
+def _function(op, xs: np.ndarray) -> np.ndarray:
+    """The float function of activation `op` at `xs` (float64, finite: a log or square root of a
+    negative, which no real input reaches, is 0)."""
+    with np.errstate(all="ignore"):
+        ys = np.asarray(KERNELS[op.name]([xs], op.attrs())[0], np.float64)
+    return np.clip(np.where(np.isnan(ys), 0.0, ys), -3.0e38, 3.0e38)
+
+
 @int8(*ACTIVATIONS)
 def activation(ctx, op):
     x = op.operands[0]
@@ -133,15 +145,18 @@ def activation(ctx, op):
         pout = SCORE_GRID
     if pin is None or pout is None:
         return f"no calibration entry for {value_name(x if pin is None else op.results[0])!r}"
-    grid = np.arange(-128, 128, dtype=np.int32)
-    with np.errstate(all="ignore"):
-        ys = np.asarray(KERNELS[op.name]([pin.dequantize(grid)], op.attrs())[0], np.float64)
-    ys = np.where(np.isnan(ys), 0.0, ys)              # log/sqrt of negatives: no such real input
-    table = pout.quantize(np.clip(ys, -3.0e38, 3.0e38))
+    if pin.storage == "i16":              # a link (`tftpu.quant.links`): knots to interpolate
+        lo, hi = quant.qrange(pout.storage)
+        fine = 1 << Lut.FRACTION_BITS
+        levels = (np.arange(Lut.KNOTS, dtype=np.int64) << Lut.KNOT_BITS) + quant.qrange("i16")[0]
+        ys = _function(op, pin.dequantize(levels))
+        knots = rounding.quantize(ys, pout.scale / fine, pout.zero_point * fine, np.int32)
+        table = ctx.weight(f"{op.loc}_lut", np.clip(knots, lo * fine, hi * fine).astype(np.int32))
+    else:
+        ys = _function(op, pin.dequantize(np.arange(-128, 128, dtype=np.int32)))
+        table = ctx.weight(f"{op.loc}_lut", pout.quantize(ys), ctx.qtype(pout))
     out = TensorType(ctx.qtype(pout), op.results[0].type.get_shape())
-    new = ctx.emit("tpu.Lut", [ctx.quantized(x, pin), ctx.weight(f"{op.loc}_lut", table, ctx.qtype(pout))],
-                   {"function": StringAttr(op.name)},
-                   op.loc, [out])
+    new = ctx.emit("tpu.Lut", [ctx.quantized(x, pin), table], {"function": StringAttr(op.name)}, op.loc, [out])
     ctx.values[op.results[0]] = new.results[0]
     return None
 

@@ -87,7 +87,7 @@ ASYMMETRIC = (False, True, "auto")
 
 
 def lower(model, chip, mode: str, table=None, qtable: dict | None = None, asymmetric: bool | str = False,
-          wide_links: bool = True, split_links: bool = True, float_tail: bool = True):
+          wide_links: bool | str = True, split_links: bool = True, float_tail: bool = True):
     """(TpuModel, LoweringReport): `model` lowered for `chip` (name, path or Chip) in `mode`.
 
     `table` (a CalibrationTable) is required for INT8. `qtable` maps TOP op names to the mode
@@ -95,7 +95,9 @@ def lower(model, chip, mode: str, table=None, qtable: dict | None = None, asymme
     (True), symmetric (False), or "auto": a zero point where the range is one-sided (best with a
     table calibrated `asymmetric=True`, whose min/max are the clipped asymmetric ranges).
     `wide_links`: a tensor that only INT8 Add / Sub / PReLU ops read is written on a 16-bit grid
-    by its INT8 conv or Add (`tftpu.quant.links`); False keeps every activation on 8 bits.
+    by its INT8 conv or Add (`tftpu.quant.links`); False keeps every activation on 8 bits;
+    "tables": a conv that only smooth activations read (SiLU, HardSwish, GELU, ...) too, their
+    tables then interpolated from 16 bits.
     `split_links`: so is one they read beside other ops (which read it through a cast to 8 bits).
     `float_tail` (INT8): the decode tail (`decode_tail`: score sigmoids, a DFL softmax and its
     expectation, box arithmetic after the last feature layers) runs in float by design, unless
@@ -128,8 +130,9 @@ def lower(model, chip, mode: str, table=None, qtable: dict | None = None, asymme
         qtable.update(dict.fromkeys(by_design, tail_mode(model, by_design, chip, table, fallback)))
     wide = None
     if wide_links and table is not None:
-        wide = wide_grids(model, table, asymmetric, lambda name: qtable.get(name, mode) == "INT8", split_links)
-    ctx = Lowering(model, chip, mode, table, asymmetric, wide)
+        wide = wide_grids(model, table, asymmetric, lambda name: qtable.get(name, mode) == "INT8", split_links,
+                          tables=wide_links == "tables")
+    ctx = Lowering(model, chip, mode, table, asymmetric, wide, tables=wide_links == "tables")
     for op in model.ops:
         if isinstance(op, top.NoneOp):
             continue
