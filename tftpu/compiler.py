@@ -187,7 +187,7 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None, calib
             mixed_precision: str | None = "auto", quantize_table=None, tolerance=None,
             bias_correction: bool = True, weight_rounding: bool = True, weight_refit: bool = True,
             mixed_precision_budget: float | None = FLOAT_BUDGET, mixed_precision_latency: float | None = LATENCY_BUDGET,
-            wide_links: bool | str = True, float_tail: bool = True, log=None) -> CompiledModel:
+            wide_links: bool | str = "auto", float_tail: bool = True, log=None) -> CompiledModel:
     """Compile `model` (an ONNX path or ModelProto, a Keras model or file, a SavedModel
     directory, a `.tflite`, a `.top.mlir` path or TopModel) for `chip` (a name such as "npu1" or
     "edge16", or a YAML path) in `quantize` mode (INT8, F16, BF16, F32).
@@ -223,7 +223,9 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None, calib
     that the next Add reads) is written on a 16-bit grid by its conv or Add, other readers taking
     it through a cast to 8 bits, the FLOPs staying INT8 (`tftpu.quant.links`); False keeps every
     activation on 8 bits; "tables": a conv that only smooth activation tables read (SiLU,
-    HardSwish, GELU, ...) as well, each table interpolating 513 knots from 16 bits. `float_tail` (INT8): a detector's decode tail (the scores, a DFL
+    HardSwish, GELU, ...) as well, each table interpolating 513 knots from 16 bits; "auto" (the
+    default): links, and given a test input the program is built with the tables too, the
+    better kept (`deploy`). `float_tail` (INT8): a detector's decode tail (the scores, a DFL
     softmax-expectation and the box arithmetic after its last feature layers:
     `tftpu.transforms.lowering.decode_tail`) runs in float by design, its head convs writing
     16-bit logits into it; False lowers it in INT8 too. `log` (a callable taking a
@@ -315,13 +317,16 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None, calib
         say(f"    mixed precision: {search.summary}")
         for note in search.notes:
             say(f"    ({note})")
+    if deployed.tables:
+        say(f"    ({deployed.tables})")
     if s2d.get("applied"):              # the same precision choices, without the rewrite
         names = {op.loc for op in top_model.ops}
         qtable = deployed.search.qtable if deployed.search is not None else quantize_table
         if isinstance(qtable, dict):
             qtable = {k: v for k, v in qtable.items() if k in names}
         plain = deploy(top_model, quantize=mode, chip=chip, calibration_table=table, asymmetric=asymmetric,
-                       quantize_table=qtable, mixed_precision=None, wide_links=wide_links, float_tail=float_tail)
+                       quantize_table=qtable, mixed_precision=None, wide_links=deployed.wide_links,
+                       float_tail=float_tail)
         extra["latency_us_without_s2d"] = round(plain.profile.latency_us, 3)
     extra["seconds"] = round(time.perf_counter() - t_all, 3)
     compiled = CompiledModel(deployed, top_model, stages, extra)

@@ -68,10 +68,10 @@ flags.DEFINE_bool("wide_links", True, "INT8: a tensor that INT8 Add/Sub/PReLU op
                   "a conv before its PReLU, a block's output) is written on a 16-bit grid by its conv or Add "
                   "(other readers take it through a cast to 8 bits), the FLOPs staying INT8; --nowide_links "
                   "keeps every activation on 8 bits")
-flags.DEFINE_bool("wide_tables", False, "INT8, with --wide_links: a conv that only smooth activation tables read "
-                  "(SiLU, HardSwish, GELU, ...) writes 16 bits too, each table interpolating 513 knots (a fused "
-                  "conv + activation); off by default: it lifts pure INT8 but can cost the mixed-precision "
-                  "search's float ops their gain")
+flags.DEFINE_enum("wide_tables", "auto", ["auto", "on", "off"],
+                  "INT8, with --wide_links: 'on': a conv that only smooth activation tables read (SiLU, "
+                  "HardSwish, GELU, ...) writes 16 bits too, each table interpolating 513 knots (a fused conv + "
+                  "activation); 'auto': with --test_input, the program is built both ways and the better kept")
 flags.DEFINE_bool("float_tail", True, "INT8: a detector's decode tail (its scores, a DFL softmax-expectation and "
                   "box arithmetic after the last feature layers) runs in float by design, the head convs "
                   "writing 16-bit logits into it; --nofloat_tail lowers it in INT8 too")
@@ -103,10 +103,12 @@ def main(args):
                     space_to_depth=FLAGS.space_to_depth, model=FLAGS.model, trace=FLAGS.trace,
                     bias_correction=FLAGS.bias_correction, weight_rounding=FLAGS.weight_rounding,
                     weight_refit=FLAGS.weight_refit, float_tail=FLAGS.float_tail,
-                    wide_links="tables" if FLAGS.wide_links and FLAGS.wide_tables else FLAGS.wide_links)
+                    wide_links=FLAGS.wide_links and {"auto": "auto", "on": "tables", "off": True}[FLAGS.wide_tables])
     print(result.lowering)
     if result.search is not None:
         print(result.search)
+    if result.tables:
+        print(f"wide links: {result.tables}")
     if result.weight_rounding is not None:
         print(f"weight rounding: {result.weight_rounding}")
     if result.bias_correction is not None:

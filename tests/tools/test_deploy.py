@@ -282,7 +282,8 @@ def test_the_last_float_ops_go_back_to_int8_where_the_lowered_weights_allow(cnn_
                                       (0.9, 10.0), 1, 0.0, 9)
 
     monkeypatch.setattr(S, "search_mixed_precision", search)
-    kw = dict(quantize="INT8", chip="npu1", calibration_table=table, test_input=samples[0], samples=samples[1:])
+    kw = dict(quantize="INT8", chip="npu1", calibration_table=table, test_input=samples[0], samples=samples[1:],
+              wide_links=True)                         # no interpolated tables' trial after the trim
     judge = _Judge(model, [samples[0]] + samples[1:])
     whole, less = (judge(deploy(model, mixed_precision="none", quantize_table={n: "F16" for n in names},
                                 bias_correction=True, **kw).model) for names in (order, order[:3]))
@@ -684,3 +685,51 @@ def test_the_float_check_judges_as_the_correction_guard():
     # better pooled, worse on the test input (below the target): all INT8, on the figures that decided
     assert _float_ops_fail((14.0, 15.1), (13.0, 16.7), 20.0) == (15.1, 16.7)
     assert _float_ops_fail((14.0, 21.0), (13.0, 22.0), 20.0) is None          # still at the target
+
+
+def silu_net(seed: int):
+    """conv -> SiLU -> conv -> SiLU -> conv -> HardSwish -> conv: activations that read convs."""
+    rng = np.random.default_rng(seed)
+    b = TopBuilder("silu")
+    x = b.input("x", (1, 4, 8, 8))
+    for i, act in enumerate(("SiLU", "SiLU", "HardSwish")):
+        x = b.op("Conv", [x, b.weight(f"w{i}", rng.normal(size=(8 if i < 2 else 6, 4 if i == 0 else 8, 3, 3))
+                                      .astype(np.float32) * 0.3),
+                          b.weight(f"b{i}", rng.normal(size=(8 if i < 2 else 6,)).astype(np.float32) * 0.2)],
+                 {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}, f"c{i}")
+        x = b.op(act, [x], {}, f"a{i}")
+    return b.finish([b.op("Conv", [x, b.weight("wo", rng.normal(size=(3, 6, 1, 1)).astype(np.float32) * 0.4),
+                                   b.none()], {"kernel_shape": [1, 1]}, "out")])
+
+
+def test_auto_links_keep_the_interpolated_tables_where_they_do_better(tmp_path):
+    """Under wide_links="auto" (the default), given a test input, the program is built once more
+    with its activation tables interpolated from 16-bit conv outputs (wide_links="tables"), and
+    the one deploy's judge rates better is kept, saying so; without a test input nothing is
+    judged, and the links are as wide_links=True makes them."""
+    from tftpu.pipelines.deploy import _Judge
+
+    verdicts = []
+    for seed in (0, 1, 2):
+        model = silu_net(seed)
+        samples = samples_for(model, seed=seed)
+        table = quant.calibrate(model, samples, "mse")
+        kw = dict(quantize="INT8", chip="npu1", calibration_table=table, test_input=samples[0], samples=samples[1:],
+                  mixed_precision="none")
+        judge = _Judge(model, samples)
+        each = {w: deploy(model, wide_links=w, **kw) for w in (True, "tables")}
+        assert each[True].tables is None and each["tables"].tables is None      # only auto tries both
+        assert each[True].wide_links is True and each["tables"].wide_links == "tables"
+        figures = {w: min(judge(d.model)) for w, d in each.items()}
+        best = "tables" if figures["tables"] > figures[True] else True
+        auto = deploy(model, report=tmp_path / f"r{seed}.json", **kw)
+        assert auto.wide_links == best and min(judge(auto.model)) == pytest.approx(figures[best], abs=1e-9)
+        assert auto.tables.endswith("not taken") == (best is True) and auto.passed
+        data = json.loads((tmp_path / f"r{seed}.json").read_text())
+        assert data["interpolated_tables"] == auto.tables and data["wide_links"] == best
+        verdicts.append(best)
+        blind = deploy(model, quantize="INT8", chip="npu1", calibration_table=table)
+        assert blind.tables is None and blind.wide_links is True
+    assert "tables" in verdicts                   # the 8-bit conv outputs cost these nets accuracy
+    with pytest.raises(errors.UsageError, match="wide_links"):
+        deploy(model, quantize="INT8", chip="npu1", calibration_table=table, wide_links="wide")

@@ -65,6 +65,8 @@ class DeployResult:
     trace: Path | None = None
     bias_correction: object | None = None       # tftpu.quant.bias_correction.BiasCorrection, when one ran
     weight_rounding: object | None = None       # tftpu.quant.weight_rounding.WeightRounding, when one ran
+    tables: str | None = None                   # wide_links="auto": the interpolated tables' trial, and its verdict
+    wide_links: bool | str = True               # the links the program was lowered with (True, False, "tables")
 
     @property
     def checked(self) -> bool:
@@ -187,7 +189,7 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
            mixed_precision_latency: float | None = LATENCY_BUDGET,
            space_to_depth: bool = False, model=None,
            trace=None, bias_correction: bool = False, weight_rounding: bool = False,
-           wide_links: bool | str = True, float_tail: bool = True, weight_refit: bool = False) -> DeployResult:
+           wide_links: bool | str = "auto", float_tail: bool = True, weight_refit: bool = False) -> DeployResult:
     """Lower the TOP model `mlir` (a path or TopModel) for `chip` in `quantize` mode.
 
     `test_input` (a dict of arrays or an .npz path) checks the TPU model against TOP, and
@@ -221,11 +223,14 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     (`search.rival` says which); where a refit or bias correction changes the weights after the
     search, the last quarter of its float ops is tried back in INT8 and left there where the
     judge holds (`search.trimmed`).
-    `wide_links` (INT8, on by default): a tensor that INT8 Add / Sub / PReLU ops read is
+    `wide_links` (INT8, "auto" by default): a tensor that INT8 Add / Sub / PReLU ops read is
     written on a 16-bit grid by the conv or Add that makes it, other readers taking it through a
     cast to 8 bits (`tftpu.quant.links`); "tables": a conv that only smooth activation tables
-    read (SiLU, HardSwish, GELU, ...) as well, each table interpolating 513 knots from 16 bits.
-    `float_tail` (INT8, on by default): a detector's decode
+    read (SiLU, HardSwish, GELU, ...) as well, each table interpolating 513 knots from 16 bits;
+    "auto": links (True) for the search and its builds, then, given a test input, the program
+    chosen is built once more with the tables and the better kept, judged as the search judges
+    (`result.tables` says; measured: the tables lift pure INT8, but the search's float ops, chosen
+    without them, can lose their gain). `float_tail` (INT8, on by default): a detector's decode
     tail (`tftpu.transforms.lowering.decode_tail`) runs in float by design. `weight_refit`
     (INT8; in place of `weight_rounding`, and with `bias_correction` for the other ops): the
     bias-correction copy's 2-D convs get weights and biases refit to the simulated INT8 inputs they
@@ -240,8 +245,9 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     t0 = time.perf_counter()
     seconds = {}
     mode = quantize.upper()
-    if wide_links not in (True, False, "tables"):
-        raise errors.UsageError(f"wide_links={wide_links!r}: expected True, False or 'tables'")
+    if wide_links not in (True, False, "tables", "auto"):
+        raise errors.UsageError(f"wide_links={wide_links!r}: expected True, False, 'tables' or 'auto'")
+    links = True if wide_links == "auto" else wide_links      # what the search and the builds use
     if mode not in DEFAULT_TOLERANCE:
         raise errors.UsageError(f"--quantize={quantize}: expected one of {', '.join(DEFAULT_TOLERANCE)}")
     tol = parse_tolerance(tolerance) if tolerance is not None else DEFAULT_TOLERANCE[mode]
@@ -296,7 +302,7 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
         def search_by(ranking: str):
             return search_mixed_precision(top_model, the_chip, table, pool, mixed_precision, asymmetric=asymmetric,
                                           qtable=qtable, ranking=ranking, weights_from=rounded,
-                                          float_budget=mixed_precision_budget, wide_links=wide_links,
+                                          float_budget=mixed_precision_budget, wide_links=links,
                                           float_tail=float_tail,
                                           latency_budget=mixed_precision_latency,
                                           latency=lambda m: _profile(m, the_chip).latency_us,
@@ -313,10 +319,11 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     judge = None
     target = parse_target(mixed_precision or AUTO_TARGET)[1]
     correcting = (bias_correction or refitting) and fitting
-    if inputs is not None and (rounded is not None or correcting or search is not None and search.kept):
+    trying_tables = wide_links == "auto" and mode == "INT8" and table is not None and _interpolated(top_model, qtable)
+    if inputs is not None and (rounded is not None or correcting or search is not None and search.kept or trying_tables):
         judge = _Judge(top_model, [inputs] + [x for x in (samples or []) if x is not inputs])  # what verify judges
 
-    def build(q, notes_of_rounding):
+    def build(q, notes_of_rounding, links=links):
         """(TPU model, lowering, weights lowered, bias-correction report) for quantize table `q`:
         the rounded and bias-corrected (or refit) weights, kept only where the outputs verify
         judges do not lose; a refit gives way to plain bias correction where that does better."""
@@ -337,13 +344,13 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
                 t1 = time.perf_counter()
                 lowered, corrected = correct_biases(lowered, table, samples or [inputs], asymmetric=asymmetric,
                                                     float_ops=float_ops, fixed=fixed,
-                                                    wide_links=wide_links, refit=refit_now,
+                                                    wide_links=links, refit=refit_now,
                                                     input_budget=REFIT_INPUTS if refit_now else INPUT_BUDGET)
                 what = "weight refit" if refit_now else "bias correction"
                 seconds[what] = seconds.get(what, 0.0) + time.perf_counter() - t1
             t1 = time.perf_counter()
             tpu_model, lowering = lower(lowered, the_chip, mode, table, qtable=q, asymmetric=asymmetric,
-                                        wide_links=wide_links, float_tail=float_tail)
+                                        wide_links=links, float_tail=float_tail)
             tpu_model.verify()
             seconds["lower"] = seconds.get("lower", 0.0) + time.perf_counter() - t1
             reports = [r for r in (notes_of_rounding, corrected) if r is not None]
@@ -351,7 +358,7 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
                 t1 = time.perf_counter()
                 if not plain:
                     plain.append(lower(top_model, the_chip, mode, table, qtable=q, asymmetric=asymmetric,
-                                       wide_links=wide_links, float_tail=float_tail))
+                                       wide_links=links, float_tail=float_tail))
                 if not _keep_correction(judge, tpu_model, plain[0][0], reports, target):
                     (tpu_model, lowering), lowered = plain[0], top_model
                     tpu_model.verify()
@@ -366,11 +373,11 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
                 built = other
         return built
 
-    def trial(q):
+    def trial(q, links=links):
         """build(q) with its own copy of the rounding report (which the guard writes its verdict
         on), for a float set weighed against the one built"""
         notes = dataclasses.replace(rounding) if rounding is not None else None
-        return build(q, notes), notes
+        return build(q, notes, links), notes
 
     tpu_model, lowering, lowered, corrected = build(qtable, rounding)
     if rival is not None:                        # judge is set: the search kept ops, given a test input
@@ -413,6 +420,21 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
             qtable = search.qtable
         pure = pure[:2]
         seconds["float check"] = time.perf_counter() - t1
+    tables = None                                # the interpolated tables' trial, under "auto"
+    if trying_tables and judge is not None:
+        # a fused conv + activation (`wide_links="tables"`) lowers pure INT8's noise, but the float
+        # ops were chosen without it: the program is built with it too, and the better kept
+        t1 = time.perf_counter()
+        other, other_rounding = trial(qtable, "tables")
+        mine, theirs = judge(tpu_model), judge(other[0])
+        taken = min(theirs) > min(mine)
+        tables = (f"activation tables interpolated from 16-bit conv outputs: judged {min(theirs):.2f} dB on the "
+                  f"weights lowered against {min(mine):.2f} dB, " + ("taken" if taken else "not taken"))
+        if taken:
+            tpu_model, lowering, lowered, corrected = other
+            rounding, links = other_rounding, "tables"
+            pure = None                          # the all-INT8 program below is lowered with them too
+        seconds["tables check"] = time.perf_counter() - t1
     if search is not None and judge is not None:
         search.lowered = judge(tpu_model)
     t1 = time.perf_counter()
@@ -423,7 +445,7 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     all_int8_us = None
     if search is not None and search.kept:       # what the float ops cost: the program all in INT8
         pure = pure or lower(top_model, the_chip, mode, table, qtable=given_qtable, asymmetric=asymmetric,
-                             wide_links=wide_links, float_tail=float_tail)
+                             wide_links=links, float_tail=float_tail)
         all_int8_us = _profile(pure[0], the_chip).latency_us
     program = generate(tpu_model, the_chip)
     annotate(program)                 # addresses and group_info into the module's text
@@ -451,7 +473,8 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     if all_int8_us is not None:
         search.latency_ratio = prof.latency_us / all_int8_us if all_int8_us > 0 else 1.0
     result = DeployResult(tpu_model, lowering, tol, search=search, memory=memory, cycles=cycles, s2d=stem,
-                          program=program, profile=prof, bias_correction=corrected, weight_rounding=rounding)
+                          program=program, profile=prof, bias_correction=corrected, weight_rounding=rounding,
+                          tables=tables, wide_links=links)
     if inputs is not None:
         t1 = time.perf_counter()
         pool = [inputs] + [s for s in (samples or []) if s is not inputs]
@@ -479,6 +502,18 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
         from tftpu.pipelines.deploy_report import write_report
         write_report(report, result)
     return result
+
+
+def _interpolated(top_model, qtable) -> bool:
+    """Whether an INT8 smooth activation table reads a conv (what `wide_links="tables"` changes)."""
+    from tftpu.ir import top
+    from tftpu.quant.links import INTERPOLATED
+    for op in top_model.ops:
+        if op.name in INTERPOLATED and (qtable or {}).get(op.loc, "INT8") == "INT8":
+            src = op.operands[0].owner
+            if isinstance(src, top.Conv):
+                return True
+    return False
 
 
 def _float_ops(top_model, qtable, float_tail: bool = True) -> set:

@@ -17,6 +17,11 @@ from tftpu.utils.files import write_text
 __all__ = ["report_data", "write_report", "html_page", "svg"]
 
 
+
+def _tables_line(data: dict) -> str:
+    """The interpolated tables' trial (`wide_links="auto"`), where one ran."""
+    return f"<p>{html.escape(data['interpolated_tables'])}</p>" if data.get("interpolated_tables") else ""
+
 def _num(v):
     return None if v is None or (isinstance(v, float) and not math.isfinite(v)) else float(v)
 
@@ -63,6 +68,9 @@ def report_data(result) -> dict:
     }
     if result.search is not None:
         data["mixed_precision"] = result.search.as_dict()
+    data["wide_links"] = result.wide_links
+    if result.tables:
+        data["interpolated_tables"] = result.tables
     if result.memory is not None:
         data["memory"] = result.memory.as_dict()
     if result.profile is not None:
@@ -212,7 +220,7 @@ Ops per mode: {html.escape(modes)}. {data['flops']:,} FLOPs.{_memory_line(data)}
 <h2>Outputs</h2>{_table(data['outputs'], sim_cols)}{parts}
 <h2>Every tensor against TOP</h2>{_plot(data['tensors']) if data['tensors'] else '<p>No test input was given.</p>'}
 <h3>Worst tensors</h3>{_table(worst, sim_cols + [('mode', 'mode')])}
-{search}
+{search}{_tables_line(data)}
 <h2>Ops not in {html.escape(data['mode'])}, and why</h2>{_table(kept, [('name', 'op'), ('type', 'type'), ('mode', 'mode'), ('reason', 'reason')]) if kept else '<p>None.</p>'}
 <h2>Time per stage</h2>{_table([{'stage': k, 'seconds': v} for k, v in data['seconds'].items()], [('stage', 'stage'), ('seconds', 'seconds')])}
 </body></html>
