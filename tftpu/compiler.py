@@ -317,7 +317,7 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None, calib
         say(f"    mixed precision: {search.summary}")
         for note in search.notes:
             say(f"    ({note})")
-    if deployed.tables:
+    elif deployed.tables:                   # (the search's notes hold it too)
         say(f"    ({deployed.tables})")
     if s2d.get("applied"):              # the same precision choices, without the rewrite
         names = {op.loc for op in top_model.ops}

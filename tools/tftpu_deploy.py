@@ -107,7 +107,7 @@ def main(args):
     print(result.lowering)
     if result.search is not None:
         print(result.search)
-    if result.tables:
+    if result.tables and result.search is None:      # (str(search) holds it too)
         print(f"wide links: {result.tables}")
     if result.weight_rounding is not None:
         print(f"weight rounding: {result.weight_rounding}")

@@ -733,3 +733,39 @@ def test_auto_links_keep_the_interpolated_tables_where_they_do_better(tmp_path):
     assert "tables" in verdicts                   # the 8-bit conv outputs cost these nets accuracy
     with pytest.raises(errors.UsageError, match="wide_links"):
         deploy(model, quantize="INT8", chip="npu1", calibration_table=table, wide_links="wide")
+
+
+def test_all_int8_with_interpolated_tables_may_replace_the_float_ops(monkeypatch):
+    """Under wide_links="auto", where the search kept float ops, the program all in INT8 with
+    interpolated tables is built as well, and replaces the float ops where it does as the
+    float-op check asks (better on the worse of pooled and the test input alone)."""
+    import tftpu.transforms.lowering.search as S
+    from tftpu.pipelines.deploy import AUTO_TARGET, _float_ops_fail, _Judge
+    from tftpu.transforms.lowering.search import parse_target
+
+    chosen = {"a1": "F16"}
+
+    def search(*args, **kwargs):
+        return S.MixedPrecisionResult(dict(chosen), [(n, m, 0.0) for n, m in chosen.items()], (0.99, 20.0),
+                                      (1.0, 100.0), (0.9, 10.0), 1, 0.0, 2)
+
+    monkeypatch.setattr(S, "search_mixed_precision", search)
+    undone = []
+    for seed in (0, 1, 2):
+        model = silu_net(seed)
+        samples = samples_for(model, seed=seed)
+        table = quant.calibrate(model, samples, "mse")
+        kw = dict(quantize="INT8", chip="npu1", calibration_table=table, test_input=samples[0], samples=samples[1:])
+        judge = _Judge(model, samples)
+        floated = {w: judge(deploy(model, quantize_table=chosen, mixed_precision="none", wide_links=w, **kw).model)
+                   for w in (True, "tables")}
+        best = floated["tables"] if min(floated["tables"]) > min(floated[True]) else floated[True]
+        int8 = judge(deploy(model, mixed_precision="none", wide_links="tables", **kw).model)
+        replaced = _float_ops_fail(best, int8, parse_target(AUTO_TARGET)[1]) is not None
+        auto = deploy(model, mixed_precision="auto", **kw)
+        assert judge(auto.model) == pytest.approx(int8 if replaced else best, abs=1e-9)
+        assert (not auto.search.kept) == replaced and (auto.search.undone is not None) == replaced
+        assert auto.tables.endswith("all INT8 with them: " + f"{min(int8):.2f} dB, taken") == replaced
+        assert (auto.wide_links == "tables") == (replaced or best is floated["tables"])
+        undone.append(replaced)
+    assert any(undone)

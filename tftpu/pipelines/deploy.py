@@ -434,8 +434,18 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
             tpu_model, lowering, lowered, corrected = other
             rounding, links = other_rounding, "tables"
             pure = None                          # the all-INT8 program below is lowered with them too
+        if search is not None and search.kept:   # all INT8 with the tables may beat the float ops
+            other, other_rounding = trial(given_qtable, "tables")
+            undone = _float_ops_fail(judge(tpu_model), judge(other[0]), target)
+            if undone is not None:
+                tpu_model, lowering, lowered, corrected = other
+                rounding, links, pure = other_rounding, "tables", other[:2]
+                search = dataclasses.replace(search, qtable=dict(given_qtable or {}), kept=[], undone=undone)
+                qtable = search.qtable
+                tables += f"; all INT8 with them: {min(judge(tpu_model)):.2f} dB, taken"
         seconds["tables check"] = time.perf_counter() - t1
     if search is not None and judge is not None:
+        search.tables = tables
         search.lowered = judge(tpu_model)
     t1 = time.perf_counter()
     from tftpu.backend import s2d_stem

@@ -88,6 +88,7 @@ class MixedPrecisionResult:
                                          # (pooled, or on the test input alone where that decided)
     rival: str | None = None             # deploy's choice between two rankings' float sets, and why
     trimmed: str | None = None           # deploy's trial of the last float ops back in INT8, and its verdict
+    tables: str | None = None            # deploy's trial of interpolated activation tables, and its verdict
     lowered: tuple | None = None         # worst SQNR of the program deploy lowered (pooled, test input
                                          # alone): on its final weights, which the search did not see
 
@@ -98,7 +99,7 @@ class MixedPrecisionResult:
     @property
     def notes(self) -> list[str]:
         """What deploy did with the search's float set after it, and what the program lowered reaches."""
-        return [note for note in (self.rival, self.trimmed, self.lowered_note) if note is not None]
+        return [note for note in (self.rival, self.trimmed, self.tables, self.lowered_note) if note is not None]
 
     @property
     def met(self) -> bool:
