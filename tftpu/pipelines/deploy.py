@@ -319,8 +319,10 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     judge = None
     target = parse_target(mixed_precision or AUTO_TARGET)[1]
     correcting = (bias_correction or refitting) and fitting
+    # under "auto", the program is also built with interpolated tables (where a smooth table reads a conv)
     trying_tables = wide_links == "auto" and mode == "INT8" and table is not None and _interpolated(top_model, qtable)
-    if inputs is not None and (rounded is not None or correcting or search is not None and search.kept or trying_tables):
+    if inputs is not None and (rounded is not None or correcting or search is not None and search.kept
+                               or trying_tables):
         judge = _Judge(top_model, [inputs] + [x for x in (samples or []) if x is not inputs])  # what verify judges
 
     def build(q, notes_of_rounding, links=links):
