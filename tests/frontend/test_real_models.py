@@ -273,11 +273,17 @@ def test_a_crnn_recognizer_reads_the_same_in_int8():
     assert compiled.deployed.lowering.flop_shares()["INT8"] > 0.99
     assert all(r["bit_exact"] for r in compiled.deployed.simulator["outputs"])
     name = compiled.top_model.output_names[0]
+
+    def reading(scores) -> list[int]:
+        """CTC's greedy reading: the best class per step, repeats merged, blanks (0) dropped."""
+        best = np.asarray(scores).argmax(-1).ravel()
+        return [int(c) for k, c in enumerate(best) if c != 0 and (k == 0 or c != best[k - 1])]
+
     for text in ("abc123", "HELLO", "7x4k2"):
         feeds = {"input1": rendered_text(text)}
-        want = run(compiled.top_model, feeds)[name].argmax(-1)
-        got = TpuInterpreter(compiled.deployed.model).run(feeds)[name].argmax(-1)
-        assert np.count_nonzero(want) >= 4 and np.array_equal(got, want), text
+        want = reading(run(compiled.top_model, feeds)[name])
+        got = reading(TpuInterpreter(compiled.deployed.model).run(feeds)[name])
+        assert len(want) >= 4 and got == want, text
 
 
 def test_keras_file_savedmodel_and_tf_function(tmp_path):

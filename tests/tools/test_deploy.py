@@ -103,7 +103,8 @@ def test_files_reports_and_reload(cnn_case, tmp_path):
     b = TpuInterpreter(again).run(samples[1])
     assert all(np.array_equal(a[k], b[k]) for k in a)
     first = mlir.read_bytes(), res.weights.read_bytes()
-    deploy(model, quantize="INT8", chip="npu1", calibration_table=table, tpu_mlir=mlir)
+    deploy(model, quantize="INT8", chip="npu1", calibration_table=table, test_input=samples[0], tpu_mlir=mlir,
+           report=tmp_path / "r.json")
     assert (mlir.read_bytes(), res.weights.read_bytes()) == first          # deterministic
 
 
