@@ -770,3 +770,45 @@ def test_all_int8_with_interpolated_tables_may_replace_the_float_ops(monkeypatch
         assert (auto.wide_links == "tables") == (replaced or best is floated["tables"])
         undone.append(replaced)
     assert any(undone)
+
+
+def gate_net(seed: int, also_out: bool = False):
+    """Two convs added, then a Sigmoid (an LSTM-style gate: the table reads an Add, not a conv)
+    times a third conv; `also_out`: a conv -> Sigmoid whose conv is itself a model output."""
+    rng = np.random.default_rng(seed)
+    b = TopBuilder("gate")
+    x = b.input("x", (1, 4, 8, 8))
+
+    def conv(name, src, cin=4):
+        return b.op("Conv", [src, b.weight(f"w{name}", rng.normal(size=(6, cin, 3, 3)).astype(np.float32) * 0.3),
+                             b.weight(f"b{name}", rng.normal(size=(6,)).astype(np.float32) * 0.2)],
+                    {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}, name)
+
+    if also_out:
+        c = conv("c", x)
+        return b.finish([c, b.op("Sigmoid", [c], {}, "s")])
+    gate = b.op("Sigmoid", [b.op("Add", [conv("a", x), conv("b", x)], {}, "add")], {}, "s")
+    return b.finish([conv("out", b.op("Mul", [gate, conv("c", x)], {}, "mul"), cin=6)])
+
+
+def test_tables_are_tried_exactly_where_they_change_a_grid():
+    """Under wide_links="auto", the interpolated tables' trial runs where they change a grid of the
+    program: a table reading a conv or an Add (an LSTM-style gate), not one whose conv is itself
+    a model output (an output keeps its 8-bit grid)."""
+    from tftpu.pipelines.deploy import _interpolated
+    from tftpu.quant.links import wide_grids
+
+    for make, changes in ((silu_net, True), (gate_net, True), (lambda s: gate_net(s, also_out=True), False)):
+        model = make(0)
+        samples = samples_for(model, seed=0)
+        table = quant.calibrate(model, samples, "mse")
+        assert _interpolated(model, table, {}, False) is changes
+        if make is gate_net:                    # the Add writes 16 bits only for the interpolated table
+            grids = [wide_grids(model, table, False, lambda name: True, tables=t) for t in (False, True)]
+            assert "add" not in grids[0] and grids[1]["add"].storage == "i16"
+            assert not _interpolated(model, table, {"s": "F16"}, False)   # the Sigmoid in float reads 16 bits anyway
+        auto = deploy(model, quantize="INT8", chip="npu1", calibration_table=table, test_input=samples[0],
+                      samples=samples[1:], mixed_precision="none")
+        assert (auto.tables is not None) == changes and auto.passed
+        if changes:
+            assert "judged" in auto.tables and auto.wide_links in (True, "tables")

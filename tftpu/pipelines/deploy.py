@@ -319,8 +319,15 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     judge = None
     target = parse_target(mixed_precision or AUTO_TARGET)[1]
     correcting = (bias_correction or refitting) and fitting
-    # under "auto", the program is also built with interpolated tables (where a smooth table reads a conv)
-    trying_tables = wide_links == "auto" and mode == "INT8" and table is not None and _interpolated(top_model, qtable)
+
+    def interpolates(q) -> bool:
+        """Whether the interpolated tables change a grid of the program lowered with quantize table `q`."""
+        return _interpolated(top_model, table, q, asymmetric, float_tail)
+
+    # under "auto", the program is also built with interpolated tables where they change a grid (of
+    # the float set chosen, or of all INT8 where the search kept float ops)
+    trying_tables = wide_links == "auto" and mode == "INT8" and table is not None and (
+        interpolates(qtable) or search is not None and bool(search.kept) and interpolates(given_qtable))
     if inputs is not None and (rounded is not None or correcting or search is not None and search.kept
                                or trying_tables):
         judge = _Judge(top_model, [inputs] + [x for x in (samples or []) if x is not inputs])  # what verify judges
@@ -427,16 +434,20 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
         # a fused conv + activation (`wide_links="tables"`) lowers pure INT8's noise, but the float
         # ops were chosen without it: the program is built with it too, and the better kept
         t1 = time.perf_counter()
-        other, other_rounding = trial(qtable, "tables")
-        mine, theirs = judge(tpu_model), judge(other[0])
-        taken = min(theirs) > min(mine)
-        tables = (f"activation tables interpolated from 16-bit conv outputs: judged {min(theirs):.2f} dB on the "
-                  f"weights lowered against {min(mine):.2f} dB, " + ("taken" if taken else "not taken"))
+        taken, tables = False, "activation tables interpolated from 16-bit conv outputs"
+        if interpolates(qtable):
+            other, other_rounding = trial(qtable, "tables")
+            mine, theirs = judge(tpu_model), judge(other[0])
+            taken = min(theirs) > min(mine)
+            tables += (f": judged {min(theirs):.2f} dB on the weights lowered against {min(mine):.2f} dB, "
+                       + ("taken" if taken else "not taken"))
+        else:
+            tables += ": they change no grid of the float set kept"
         if taken:
             tpu_model, lowering, lowered, corrected = other
             rounding, links = other_rounding, "tables"
             pure = None                          # the all-INT8 program below is lowered with them too
-        if search is not None and search.kept:   # all INT8 with the tables may beat the float ops
+        if search is not None and search.kept and interpolates(given_qtable):   # all INT8 with them may beat the float ops
             other, other_rounding = trial(given_qtable, "tables")
             undone = _float_ops_fail(judge(tpu_model), judge(other[0]), target)
             if undone is not None:
@@ -516,16 +527,14 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     return result
 
 
-def _interpolated(top_model, qtable) -> bool:
-    """Whether an INT8 smooth activation table reads a conv (what `wide_links="tables"` changes)."""
-    from tftpu.ir import top
-    from tftpu.quant.links import INTERPOLATED
-    for op in top_model.ops:
-        if op.name in INTERPOLATED and (qtable or {}).get(op.loc, "INT8") == "INT8":
-            src = op.operands[0].owner
-            if isinstance(src, top.Conv):
-                return True
-    return False
+def _interpolated(top_model, table, qtable, asymmetric, float_tail: bool = True) -> bool:
+    """Whether `wide_links="tables"` changes a grid of `top_model` lowered with `qtable`: an INT8
+    smooth activation table then reads a conv, Add, Mul, ... (an LSTM's gate) on 16 bits."""
+    from tftpu.quant.links import wide_grids
+    float_ops = _float_ops(top_model, qtable, float_tail)
+    grids = [wide_grids(top_model, table, asymmetric, lambda name: name not in float_ops, tables=tables)
+             for tables in (False, True)]
+    return grids[0] != grids[1]
 
 
 def _float_ops(top_model, qtable, float_tail: bool = True) -> set:
