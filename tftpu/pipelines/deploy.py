@@ -447,7 +447,8 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
             tpu_model, lowering, lowered, corrected = other
             rounding, links = other_rounding, "tables"
             pure = None                          # the all-INT8 program below is lowered with them too
-        if search is not None and search.kept and interpolates(given_qtable):   # all INT8 with them may beat the float ops
+        if search is not None and search.kept and interpolates(given_qtable):
+            # all INT8 with the tables may beat the float ops
             other, other_rounding = trial(given_qtable, "tables")
             undone = _float_ops_fail(judge(tpu_model), judge(other[0]), target)
             if undone is not None:
