@@ -195,6 +195,7 @@ def _equalize(top_model, table, samples, check, chip, asymmetric, method: str, e
     is True, or "auto" and its all-INT8 program judged better than the plain one's (by
     `EQUALIZE_MARGIN`)."""
     from tftpu import quant
+    from tftpu.interp.similarity import max_relative_difference
     from tftpu.interp.top_interpreter import TopInterpreter
     from tftpu.pipelines.deploy import _Judge
     from tftpu.quant.equalize import equalize_depthwise
@@ -210,9 +211,8 @@ def _equalize(top_model, table, samples, check, chip, asymmetric, method: str, e
     entries = dict(table.entries)
     entries.update({name: fresh.entries[name] for name in eq.products.values()})
     eq_table = dataclasses.replace(table, entries=entries)
-    ref, got = TopInterpreter(top_model).run(check), TopInterpreter(eq.model).run(check)
-    diff = max((float(np.max(np.abs(got[n] - r))) / max(float(np.max(np.abs(r))), 1e-30) for n, r in ref.items()),
-               default=0.0)
+    diff = max_relative_difference(TopInterpreter(top_model).run(check), TopInterpreter(eq.model).run(check),
+                                   top_model.output_names)
     check_line = f"{eq}; equalized TOP vs TOP: max relative difference {diff:.1e}"
     passed = diff <= 1e-4
     keep = passed
@@ -321,6 +321,7 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None, calib
                 stages.append(stage)
                 extra["equalize"] = stage.check
                 say(f"[{len(stages)}] {stage}")
+    shown = len(stages)                     # the stages said so far
     t0 = time.perf_counter()
     deployed = deploy(top_model, quantize=mode, chip=chip, calibration_table=table, asymmetric=asymmetric,
                       quantize_table=quantize_table, test_input=check, tolerance=tolerance,
@@ -366,7 +367,7 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None, calib
                             "simulator vs TPU inference: " + ("bit-exact" if exact else "max difference "
                                                               + format(max(r["max_abs_diff"] for r in sim["outputs"]), ".3g")),
                             sim["passed"]))
-    for s in stages[2 + any(s.name == "equalize" for s in stages) if mode == "INT8" else 1:]:
+    for s in stages[shown:]:
         say(f"[{stages.index(s) + 1}] {s}")
     search = deployed.search
     if search is not None and (search.kept or not search.met):

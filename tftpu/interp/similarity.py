@@ -79,6 +79,13 @@ def sqnr(ref, test) -> float:
     return 10.0 * math.log10(var_raw / var_noise)
 
 
+def max_relative_difference(want: Mapping[str, np.ndarray], got: Mapping[str, np.ndarray], names) -> float:
+    """The largest |got - want| over each named tensor's largest |want| (how far a float rewrite
+    moved a model's outputs; 0 for no names)."""
+    return max((float(np.max(np.abs(_f64(want[n]) - _f64(got[n])))) / (float(np.max(np.abs(_f64(want[n])))) + 1e-30)
+                for n in names), default=0.0)
+
+
 def noise_floor(tensors) -> float:
     """`NOISE_ULPS` epsilons (float32's unless all are float64) of the largest |value| in `tensors`."""
     scale, eps = 0.0, 0.0

@@ -18,7 +18,8 @@ import numpy as np
 
 from tftpu import chip as chips
 from tftpu import errors
-from tftpu.interp.similarity import Comparison, compare_arrays, compare_tensors, noise_floor, parse_tolerance
+from tftpu.interp.similarity import (Comparison, compare_arrays, compare_tensors, max_relative_difference,
+                                     noise_floor, parse_tolerance)
 from tftpu.interp.top_interpreter import TopInterpreter
 from tftpu.interp.tpu import TpuInterpreter
 from tftpu.ir import top
@@ -489,11 +490,9 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
             if stem["after"] is not None and issued.get("issued_macs_after"):
                 stem["before"] = round(stem["after"] * issued["issued_macs_before"] / issued["issued_macs_after"])
             if inputs is not None:                     # the rewritten TOP against the original
-                want = TopInterpreter(original).run(inputs)
-                got = TopInterpreter(top_model).run(inputs)
-                diffs = [float(np.max(np.abs(want[n].astype(np.float64) - got[n]) / (np.max(np.abs(want[n])) + 1e-30)))
-                         for n in original.output_names]
-                stem["max_rel_diff"] = max(diffs, default=0.0)
+                stem["max_rel_diff"] = max_relative_difference(TopInterpreter(original).run(inputs),
+                                                               TopInterpreter(top_model).run(inputs),
+                                                               original.output_names)
     if all_int8_us is not None:
         search.latency_ratio = prof.latency_us / all_int8_us if all_int8_us > 0 else 1.0
     result = DeployResult(tpu_model, lowering, tol, search=search, memory=memory, cycles=cycles, s2d=stem,
