@@ -39,8 +39,9 @@ cli.define_dataset_flags(20, "calibration")
 flags.DEFINE_enum("calibration_method", "mse",
                   ["minmax", "percentile", "kl", "mse", "aciq_gauss", "aciq_laplace", "auto"],
                   "threshold method (mse by default: kl broke mtcnn O-Net, see README; auto picks per tensor)")
-flags.DEFINE_bool("asymmetric", False, "also calibrate each tensor's [min, max] for INT8 asymmetric mode "
-                  "(written in the min/max columns; the header says so)")
+flags.DEFINE_bool("asymmetric", True, "also calibrate each tensor's [min, max] for INT8 asymmetric mode "
+                  "(written in the min/max columns; the header says so), which tftpu-deploy then reads for the "
+                  "activations whose range is one-sided, as tftpu.compile does; --noasymmetric: the observed min/max")
 flags.DEFINE_integer("tune_num", 5, "inputs auto judges its candidates on (the first ones)", lower_bound=1)
 flags.DEFINE_string("o", None, "output calibration table")
 flags.DEFINE_bool("simulate", True, "then run the calibration inputs with simulated INT8 and print how close "

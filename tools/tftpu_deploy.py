@@ -22,13 +22,21 @@ from absl import flags
 from tftpu import cli
 from tftpu.transforms.lowering.search import FLOAT_BUDGET, LATENCY_BUDGET
 
+SAMPLES = 8         # as many as tftpu.compile hands deploy
+
 flags.DEFINE_string("mlir", None, "TOP .mlir to deploy")
 flags.DEFINE_enum("quantize", "F32", ["F32", "BF16", "F16", "INT8"], "arithmetic of the TPU model")
 flags.DEFINE_string("chip", None, "chip name (tftpu/configs/chips/NAME.yaml, e.g. npu1, edge16) or a YAML path")
 flags.DEFINE_string("calibration_table", None, "calibration table from tftpu-calibrate (needed for INT8)")
 flags.DEFINE_string("quantize_table", None, "per-op mode overrides: one 'op_name MODE' per line")
-flags.DEFINE_bool("asymmetric", False, "INT8 with zero points (activations over their calibrated min..max)")
+flags.DEFINE_bool("asymmetric", None, "INT8 with zero points on every activation (over its calibrated min..max); "
+                  "--noasymmetric on none; by default on the activations whose range is one-sided (ReLU, sigmoid, "
+                  "SiLU outputs) where the calibration table holds asymmetric ranges (tftpu-calibrate's default)")
 flags.DEFINE_string("test_input", None, ".npz input to verify with (keys: input names, or in input order)")
+flags.DEFINE_string("samples", None, "INT8: inputs besides --test_input that the weight refit, bias correction and "
+                    "mixed-precision search fit and judge on, as tftpu.compile does with its calibration data: a "
+                    "directory, a glob (quoted) or a TFRecord file of .npz/.npy inputs or images (fed as pixels); the "
+                    f"first {SAMPLES}")
 flags.DEFINE_string("test_reference", None, ".npz of reference outputs (default: TOP's own outputs)")
 flags.DEFINE_string("tolerance", None, "minimum cosine,euclidean similarity of the outputs (default per mode)")
 flags.DEFINE_string("mixed_precision", "auto", "INT8 with --test_input: 'auto' keeps pure INT8 where the outputs "
@@ -53,17 +61,19 @@ flags.DEFINE_float("mixed_precision_latency", LATENCY_BUDGET, "the most the floa
                    "target needs more, the search keeps what fits and reports the target missed", lower_bound=1.0)
 flags.DEFINE_bool("space_to_depth", False, "rewrite the first strided conv on the image to its space-to-depth "
                   "form first, where the chip's matrix unit gains (the image is rearranged in the module)")
-flags.DEFINE_bool("bias_correction", False, "INT8: lower a copy whose conv/matmul/deconv biases absorb the mean "
+flags.DEFINE_bool("bias_correction", None, "INT8: lower a copy whose conv/matmul/deconv biases absorb the mean "
                   "per-channel INT8 error measured on --test_input, kept only where its outputs get no further "
-                  "from TOP; every check still compares against the TOP model given")
-flags.DEFINE_bool("weight_rounding", False, "INT8: round the INT8 conv/matmul weights by per-layer reconstruction "
+                  "from TOP; every check still compares against the TOP model given (on by default with --samples)")
+flags.DEFINE_bool("weight_rounding", None, "INT8: round the INT8 conv/matmul weights by per-layer reconstruction "
                   "on --test_input (each rounding error taken back by the weights not rounded yet, through "
                   "the layer's input statistics: GPTQ) instead of to nearest, before the mixed-precision "
-                  "search; kept only where the outputs get no further from TOP")
-flags.DEFINE_bool("weight_refit", False, "INT8 (instead of --weight_rounding): refit each 2-D conv's weights and "
+                  "search; kept only where the outputs get no further from TOP (on by default with --samples)")
+flags.DEFINE_bool("weight_refit", None, "INT8 (instead of --weight_rounding): refit each 2-D conv's weights and "
                   "bias to the simulated INT8 inputs it gets on --test_input with the float ops chosen (ridge least "
                   "squares towards the float weights: AdaQuant's layer-wise fit in closed form), the other "
-                  "biases corrected as --bias_correction does; kept only where the outputs get no further from TOP")
+                  "biases corrected as --bias_correction does; kept only where the outputs get no further from TOP "
+                  "(on by default with --samples: fitted to --test_input alone, it would be judged on what it "
+                  "was fitted to)")
 flags.DEFINE_bool("wide_links", True, "INT8: a tensor that INT8 Add/Sub/PReLU ops read (a residual branch, "
                   "a conv before its PReLU, a block's output) is written on a 16-bit grid by its conv or Add "
                   "(other readers take it through a cast to 8 bits), the FLOPs staying INT8; --nowide_links "
@@ -84,6 +94,17 @@ flags.DEFINE_string("trace", None, "output timeline of the program (Chrome trace
 FLAGS = flags.FLAGS
 
 
+def _samples() -> list[dict] | None:
+    """The first `SAMPLES` inputs --samples names (None without it)."""
+    if not FLAGS.samples:
+        return None
+    from tftpu.ir.module import load
+    from tftpu.quant.dataset import iter_samples
+
+    found = list(iter_samples(load(FLAGS.mlir), FLAGS.samples, SAMPLES, what="--samples"))
+    return found or None
+
+
 def main(args):
     from tftpu import errors
     from tftpu.pipelines.deploy import deploy
@@ -93,6 +114,9 @@ def main(args):
             raise errors.UsageError(f"--{flag} is required")
     if not (FLAGS.tpu_mlir or FLAGS.test_input or FLAGS.report or FLAGS.model or FLAGS.trace):
         raise errors.UsageError("nothing to do: give --model, --tpu_mlir, --test_input, --report or --trace")
+    samples = _samples()
+    fitting = {name: samples is not None if getattr(FLAGS, name) is None else getattr(FLAGS, name)
+               for name in ("bias_correction", "weight_rounding", "weight_refit")}
     result = deploy(FLAGS.mlir, quantize=FLAGS.quantize, chip=FLAGS.chip,
                     calibration_table=FLAGS.calibration_table, quantize_table=FLAGS.quantize_table,
                     asymmetric=FLAGS.asymmetric, test_input=FLAGS.test_input, test_reference=FLAGS.test_reference,
@@ -101,8 +125,7 @@ def main(args):
                     mixed_precision_budget=FLAGS.mixed_precision_budget,
                     mixed_precision_latency=FLAGS.mixed_precision_latency,
                     space_to_depth=FLAGS.space_to_depth, model=FLAGS.model, trace=FLAGS.trace,
-                    bias_correction=FLAGS.bias_correction, weight_rounding=FLAGS.weight_rounding,
-                    weight_refit=FLAGS.weight_refit, float_tail=FLAGS.float_tail,
+                    samples=samples, float_tail=FLAGS.float_tail, **fitting,
                     wide_links=FLAGS.wide_links and {"auto": "auto", "on": "tables", "off": True}[FLAGS.wide_tables])
     print(result.lowering)
     if result.search is not None:

@@ -38,6 +38,7 @@ def test_writes_a_table(work):
     assert "2 inputs" in r.stdout and "SQNR" in r.stdout
     table = quant.read_table(out)
     assert table.method == "mse" and table.samples == 2 and len(table.entries) > 20
+    assert table.asymmetric and "asymmetric ranges" in r.stdout     # by default, as tftpu.compile calibrates
 
 
 @pytest.mark.parametrize("args,needle", [
@@ -64,11 +65,11 @@ def test_bad_input_is_one_line_exit_2(work, args, needle):
 def test_auto_and_asymmetric(work):
     out = work / "auto.txt"
     r = _run(f"--mlir={work / 'r.top.mlir'}", f"--dataset={work / 'data'}", "--calibration_method=auto",
-             "--asymmetric", "--tune_num=1", "--nosimulate", f"-o={out}")
+             "--noasymmetric", "--tune_num=1", "--nosimulate", f"-o={out}")
     assert r.returncode == 0, r.stderr
-    assert "auto chose:" in r.stdout and "asymmetric ranges" in r.stdout
+    assert "auto chose:" in r.stdout and "asymmetric ranges" not in r.stdout
     table = quant.read_table(out)
-    assert table.method == "auto" and table.asymmetric and table.samples == 3
+    assert table.method == "auto" and not table.asymmetric and table.samples == 3
 
 
 def test_bad_tune_num_is_one_line_exit_2(work):

@@ -387,6 +387,41 @@ def test_tools_end_to_end(cnn_case, tmp_path):
     assert not (tmp_path / "x.tpu.mlir").exists()
 
 
+def test_zero_points_follow_the_table(cnn_case):
+    """By default an asymmetric table's one-sided ranges get zero points (as tftpu.compile lowers),
+    a symmetric table's none; an explicit choice stands."""
+    model, table, samples = cnn_case
+    asym = quant.calibrate(model, samples, "mse", asymmetric=True)
+
+    def text(t, **k):
+        return deploy(model, quantize="INT8", chip="npu1", calibration_table=t, mixed_precision="none",
+                      wide_links=True, **k).model.text()
+
+    assert text(asym) == text(asym, asymmetric="auto") != text(asym, asymmetric=False)
+    assert text(table) == text(table, asymmetric=False)
+
+
+def test_the_tool_fits_the_weights_on_samples(cnn_case, tmp_path):
+    """tftpu-deploy --samples refits the weights on them by default (as tftpu.compile does on its
+    calibration data); without it nothing is fitted to the test input it is judged on."""
+    model, table, samples = cnn_case
+    top_path, _ = model.save(tmp_path / "cnn.top.mlir")
+    table.save(tmp_path / "cali")
+    np.savez(tmp_path / "in.npz", **samples[0])
+    (tmp_path / "more").mkdir()
+    for i, s in enumerate(samples[1:]):
+        np.savez(tmp_path / "more" / f"{i}.npz", **s)
+    base = [f"--mlir={top_path}", "--quantize=INT8", "--chip=npu1", f"--calibration_table={tmp_path / 'cali'}",
+            f"--test_input={tmp_path / 'in.npz'}", "--mixed_precision=none"]
+    fitted = _tool("deploy", *base, f"--samples={tmp_path / 'more'}")
+    assert fitted.returncode == 0, fitted.stderr
+    assert "weight refit: " in fitted.stdout and "over 5 samples" in fitted.stdout
+    plain = _tool("deploy", *base)
+    assert plain.returncode == 0 and "weight refit" not in plain.stdout and "bias correction" not in plain.stdout
+    bad = _tool("deploy", *base, f"--samples={tmp_path / 'missing'}")
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "missing" in bad.stderr
+
+
 def test_space_to_depth_at_deployment(cnn_case):
     """The stem (3x3, stride 2, 3 channels) becomes its S2D form on npu1: fewer cycles, the same
     outputs within INT8's tolerance, and the caller's TOP model untouched."""

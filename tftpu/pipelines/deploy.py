@@ -183,7 +183,8 @@ def _pooled_row(name: str, shape: tuple, refs: list, gots: list, tol, floor: flo
     return dataclasses.replace(row, shape=shape, note="; ".join(filter(None, [row.note, note])))
 
 
-def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=None, asymmetric: bool = False,
+def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=None,
+           asymmetric: bool | str | None = None,
            test_input=None, test_reference=None, tolerance=None, tpu_mlir=None, report=None,
            mixed_precision: str | None = "auto", samples: list[dict] | None = None,
            mixed_precision_ranking: str = "auto", mixed_precision_budget: float | None = FLOAT_BUDGET,
@@ -193,6 +194,9 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
            wide_links: bool | str = "auto", float_tail: bool = True, weight_refit: bool = False) -> DeployResult:
     """Lower the TOP model `mlir` (a path or TopModel) for `chip` in `quantize` mode.
 
+    `asymmetric` (INT8): True gives every activation a zero point, False none, "auto" those whose
+    range is one-sided; None (the default) "auto" where the calibration table holds asymmetric
+    ranges (`tftpu.quant.calibrate(..., asymmetric=True)`, tftpu-calibrate's default), else False.
     `test_input` (a dict of arrays or an .npz path) checks the TPU model against TOP, and
     `test_reference` (outputs) against a reference of your own. `mixed_precision`: in INT8
     with a test input, "auto" (the default) keeps pure INT8 where its outputs (and each part of
@@ -258,6 +262,8 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
         raise errors.ModelFileError(mlir, "is already a TPU module: tftpu-deploy takes a TOP .mlir")
     table = read_table(calibration_table) if isinstance(calibration_table, (str, Path)) else calibration_table
     qtable = read_qtable(quantize_table) if isinstance(quantize_table, (str, Path)) else quantize_table
+    if asymmetric is None:          # the table's: its calibrated asymmetric ranges, where it holds them
+        asymmetric = "auto" if mode == "INT8" and table is not None and table.asymmetric else False
     inputs = _inputs(top_model, test_input)
     reference = _reference(top_model, test_reference)
     if reference is not None and inputs is None:
