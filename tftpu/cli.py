@@ -121,9 +121,7 @@ def define_dataset_flags(input_num: int, what: str) -> None:
                         ".npz/.npy inputs, read lazily")
     flags.DEFINE_integer("input_num", input_num, f"number of {what} inputs (the first, by file name); 0 for all",
                          lower_bound=0)
-    flags.DEFINE_list("mean", ["0"], "per-channel mean subtracted from image pixels (one value or one per channel)")
-    flags.DEFINE_list("scale", ["1"], "per-channel scale applied after the mean (one value or one per channel)")
-    flags.DEFINE_enum("pixel_format", "rgb", ["rgb", "bgr", "gray"], "channel order images are fed in")
+    define_image_flags()
     flags.DEFINE_bool("skip_unreadable", False, "skip (with a warning) files that cannot be read, instead of "
                       "stopping at the first")
     flags.DEFINE_bool("progress", None, "a progress bar (images/s, time left) on stderr; by default only when "
@@ -133,6 +131,13 @@ def define_dataset_flags(input_num: int, what: str) -> None:
                          lower_bound=1)
     flags.DEFINE_bool("tf_config", False, "run as one worker of the tf.distribute cluster the TF_CONFIG environment "
                       "variable describes (the same command on every machine); the chief, worker 0, writes the outputs")
+
+
+def define_image_flags() -> None:
+    """How images become inputs (--mean, --scale, --pixel_format), for every tool that reads them."""
+    flags.DEFINE_list("mean", ["0"], "per-channel mean subtracted from image pixels (one value or one per channel)")
+    flags.DEFINE_list("scale", ["1"], "per-channel scale applied after the mean (one value or one per channel)")
+    flags.DEFINE_enum("pixel_format", "rgb", ["rgb", "bgr", "gray"], "channel order images are fed in")
 
 
 def cluster():

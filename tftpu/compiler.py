@@ -182,49 +182,14 @@ def _check_import(stage: Stage, proto, top_model, sample: dict) -> None:
     stage.seconds += time.perf_counter() - t0
 
 
-EQUALIZE = (False, True, "auto")
-# under "auto", the equalized all-INT8 program must beat the plain one by this much (dB) on the
-# judge: a smaller gain there did not carry over to the program finally lowered (measured: the
-# pose detector judged +0.4 dB, then lost 1.6 dB on its held-out photo after the search)
-EQUALIZE_MARGIN = 1.0
-
-
 def _equalize(top_model, table, samples, check, chip, asymmetric, method: str, equalize) -> tuple:
-    """(TOP model, calibration table, stage or None): `top_model` with its depthwise conv inputs
-    equalized (`tftpu.quant.equalize`), its new tensors calibrated on `samples`, where `equalize`
-    is True, or "auto" and its all-INT8 program judged better than the plain one's (by
-    `EQUALIZE_MARGIN`)."""
-    from tftpu import quant
-    from tftpu.interp.similarity import max_relative_difference
-    from tftpu.interp.top_interpreter import TopInterpreter
-    from tftpu.pipelines.deploy import _Judge
-    from tftpu.quant.equalize import equalize_depthwise
-    from tftpu.transforms.lowering import lower
+    """(TOP model, calibration table, stage or None): `tftpu.pipelines.equalization` on `samples`."""
+    from tftpu.pipelines.equalization import equalize_step
 
-    if equalize not in EQUALIZE:
-        raise errors.UsageError(f"equalize={equalize!r}: expected True, False or 'auto'")
-    t0 = time.perf_counter()
-    eq = equalize_depthwise(top_model, samples)
-    if not eq.factors:
+    done = equalize_step(top_model, table, samples, check, chip, asymmetric, method, equalize)
+    if done is None:
         return top_model, table, None
-    fresh = quant.calibrate(eq.model, samples, method, asymmetric=bool(asymmetric))
-    entries = dict(table.entries)
-    entries.update({name: fresh.entries[name] for name in eq.products.values()})
-    eq_table = dataclasses.replace(table, entries=entries)
-    diff = max_relative_difference(TopInterpreter(top_model).run(check), TopInterpreter(eq.model).run(check),
-                                   top_model.output_names)
-    check_line = f"{eq}; equalized TOP vs TOP: max relative difference {diff:.1e}"
-    passed = diff <= 1e-4
-    keep = passed
-    if equalize == "auto" and passed:
-        judge = _Judge(top_model, [check] + [x for x in samples if x is not check][:8])
-        plain = min(judge(lower(top_model, chip, "INT8", table, asymmetric=asymmetric)[0]))
-        mine = min(judge(lower(eq.model, chip, "INT8", eq_table, asymmetric=asymmetric)[0]))
-        keep = mine > plain + EQUALIZE_MARGIN
-        check_line += (f"; all INT8 judged {mine:.2f} dB against {plain:.2f} dB on {judge.where}, "
-                       + ("kept" if keep else "not kept"))
-    stage = Stage("equalize", time.perf_counter() - t0, check_line, passed)
-    return (eq.model, eq_table, stage) if keep else (top_model, table, stage)
+    return done.model, done.table, Stage("equalize", done.seconds, done.line, done.passed)
 
 
 def compile(model, *, chip, quantize: str = "INT8", calibration_data=None, calibration_method: str = "mse",

@@ -35,8 +35,9 @@ flags.DEFINE_bool("asymmetric", None, "INT8 with zero points on every activation
 flags.DEFINE_string("test_input", None, ".npz input to verify with (keys: input names, or in input order)")
 flags.DEFINE_string("samples", None, "INT8: inputs besides --test_input that the weight refit, bias correction and "
                     "mixed-precision search fit and judge on, as tftpu.compile does with its calibration data: a "
-                    "directory, a glob (quoted) or a TFRecord file of .npz/.npy inputs or images (fed as pixels); the "
-                    f"first {SAMPLES}")
+                    "directory, a glob (quoted) or a TFRecord file of .npz/.npy inputs or images (as --mean, --scale "
+                    f"and --pixel_format say); the first {SAMPLES}")
+cli.define_image_flags()
 flags.DEFINE_string("test_reference", None, ".npz of reference outputs (default: TOP's own outputs)")
 flags.DEFINE_string("tolerance", None, "minimum cosine,euclidean similarity of the outputs (default per mode)")
 flags.DEFINE_string("mixed_precision", "auto", "INT8 with --test_input: 'auto' keeps pure INT8 where the outputs "
@@ -85,6 +86,10 @@ flags.DEFINE_enum("wide_tables", "auto", ["auto", "on", "off"],
 flags.DEFINE_bool("float_tail", True, "INT8: a detector's decode tail (its scores, a DFL softmax-expectation and "
                   "box arithmetic after the last feature layers) runs in float by design, the head convs "
                   "writing 16-bit logits into it; --nofloat_tail lowers it in INT8 too")
+flags.DEFINE_enum("equalize", "auto", ["auto", "on", "off"],
+                  "INT8, with --samples: scale each depthwise conv's input per channel nearer its widest channel "
+                  "(the conv's weights take the factors back; the float program unchanged), as tftpu.compile does; "
+                  "'auto' keeps it where the all-INT8 programs judge it 1 dB better")
 flags.DEFINE_string("tpu_mlir", None, "output TPU module (.tpu.mlir; its weights .npz go beside it)")
 flags.DEFINE_string("report", None, "report file: .json for data, .html (any other suffix) for a page")
 flags.DEFINE_string("model", None, "output model file (.tpumodel): the compiled program for the simulator "
@@ -101,7 +106,8 @@ def _samples() -> list[dict] | None:
     from tftpu.ir.module import load
     from tftpu.quant.dataset import iter_samples
 
-    found = list(iter_samples(load(FLAGS.mlir), FLAGS.samples, SAMPLES, what="--samples"))
+    found = list(iter_samples(load(FLAGS.mlir), FLAGS.samples, SAMPLES, cli.floats(FLAGS.mean, "mean"),
+                              cli.floats(FLAGS.scale, "scale"), FLAGS.pixel_format, what="--samples"))
     return found or None
 
 
@@ -126,7 +132,10 @@ def main(args):
                     mixed_precision_latency=FLAGS.mixed_precision_latency,
                     space_to_depth=FLAGS.space_to_depth, model=FLAGS.model, trace=FLAGS.trace,
                     samples=samples, float_tail=FLAGS.float_tail, **fitting,
+                    equalize={"auto": "auto", "on": True, "off": False}[FLAGS.equalize],
                     wide_links=FLAGS.wide_links and {"auto": "auto", "on": "tables", "off": True}[FLAGS.wide_tables])
+    if result.equalize:
+        print(f"equalize: {result.equalize}")
     print(result.lowering)
     if result.search is not None:
         print(result.search)

@@ -142,3 +142,26 @@ def test_int8_does_better_equalized_and_compile_keeps_it():
                            {"kernel_shape": [1, 1]}, "c")])
     c = tftpu.compile(plain, chip="npu1", calibration_data=samples_for(plain, 4), mixed_precision="none")
     assert not [s for s in c.stages if s.name == "equalize"]
+
+
+def test_deploy_equalizes_on_its_samples():
+    """deploy (tftpu-deploy --samples) runs the same step on its samples: the model lowered is the
+    equalized one, checked against the TOP model given, the line in its result and JSON report;
+    without samples, or with equalize=False, nothing changes."""
+    from tftpu import quant
+    from tftpu.pipelines.deploy import deploy
+    from tftpu.pipelines.deploy_report import report_data
+
+    model = quiet_channels_net(1, producer="Conv")
+    samples = samples_for(model, 8)
+    table = quant.calibrate(model, samples, "mse", asymmetric=True)
+    kw = dict(quantize="INT8", chip="npu1", calibration_table=table, mixed_precision="none",
+              test_input=samples_for(model, 1, seed=99)[0])
+    done = deploy(model, samples=samples, equalize="auto", **kw)
+    assert done.passed and done.equalize.endswith(", kept") and "equalized TOP vs TOP" in done.equalize
+    assert any("equalized" in op.loc for op in done.model.ops) and done.seconds["equalize"] > 0
+    assert report_data(done)["equalize"] == done.equalize
+    for plain in (deploy(model, samples=samples, equalize=False, **kw), deploy(model, equalize=True, **kw)):
+        assert plain.equalize is None and not any("equalized" in op.loc for op in plain.model.ops)
+    with pytest.raises(errors.UsageError, match="equalize"):
+        deploy(model, samples=samples, equalize="yes", **kw)

@@ -68,6 +68,7 @@ class DeployResult:
     weight_rounding: object | None = None       # tftpu.quant.weight_rounding.WeightRounding, when one ran
     tables: str | None = None                   # wide_links="auto": the interpolated tables' trial, and its verdict
     wide_links: bool | str = True               # the links the program was lowered with (True, False, "tables")
+    equalize: str | None = None                 # depthwise input equalization: what it did, and its verdict
 
     @property
     def checked(self) -> bool:
@@ -191,7 +192,8 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
            mixed_precision_latency: float | None = LATENCY_BUDGET,
            space_to_depth: bool = False, model=None,
            trace=None, bias_correction: bool = False, weight_rounding: bool = False,
-           wide_links: bool | str = "auto", float_tail: bool = True, weight_refit: bool = False) -> DeployResult:
+           wide_links: bool | str = "auto", float_tail: bool = True, weight_refit: bool = False,
+           equalize: bool | str = False) -> DeployResult:
     """Lower the TOP model `mlir` (a path or TopModel) for `chip` in `quantize` mode.
 
     `asymmetric` (INT8): True gives every activation a zero point, False none, "auto" those whose
@@ -239,7 +241,11 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     tail (`tftpu.transforms.lowering.decode_tail`) runs in float by design. `weight_refit`
     (INT8; in place of `weight_rounding`, and with `bias_correction` for the other ops): the
     bias-correction copy's 2-D convs get weights and biases refit to the simulated INT8 inputs they
-    get with the float ops chosen (`tftpu.quant.refit`), kept on the same condition."""
+    get with the float ops chosen (`tftpu.quant.refit`), kept on the same condition. `equalize`
+    (INT8, with `samples`): each depthwise conv's input scaled per channel nearer its widest
+    channel on `samples`, the conv's weights taking the factors back
+    (`tftpu.pipelines.equalization`); "auto" keeps it where the all-INT8 programs judge it 1 dB
+    better; the model lowered and checked is then the equalized one (the same in float)."""
     from tftpu.backend import estimate
     from tftpu.ir.module import TopModel, TpuModel, load
     from tftpu.quant.qtable import read_qtable
@@ -265,6 +271,18 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     if asymmetric is None:          # the table's: its calibrated asymmetric ranges, where it holds them
         asymmetric = "auto" if mode == "INT8" and table is not None and table.asymmetric else False
     inputs = _inputs(top_model, test_input)
+    equalized = None
+    if equalize and mode == "INT8" and table is not None and samples:
+        from tftpu.pipelines.equalization import equalize_step
+        from tftpu.quant.calibrate import CALIBRATION_METHODS
+        method = table.method if table.method in CALIBRATION_METHODS else "mse"
+        equalized = equalize_step(top_model, table, samples, inputs if inputs is not None else samples[0], the_chip,
+                                  asymmetric, method, equalize)
+        if equalized is not None:
+            top_model, table = equalized.model, equalized.table
+            seconds["equalize"] = equalized.seconds
+    elif equalize not in (False, True, "auto"):
+        raise errors.UsageError(f"equalize={equalize!r}: expected True, False or 'auto'")
     reference = _reference(top_model, test_reference)
     if reference is not None and inputs is None:
         raise errors.UsageError("--test_reference needs --test_input")
@@ -503,7 +521,8 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
         search.latency_ratio = prof.latency_us / all_int8_us if all_int8_us > 0 else 1.0
     result = DeployResult(tpu_model, lowering, tol, search=search, memory=memory, cycles=cycles, s2d=stem,
                           program=program, profile=prof, bias_correction=corrected, weight_rounding=rounding,
-                          tables=tables, wide_links=links)
+                          tables=tables, wide_links=links,
+                          equalize=equalized.line if equalized is not None else None)
     if inputs is not None:
         t1 = time.perf_counter()
         pool = [inputs] + [s for s in (samples or []) if s is not inputs]

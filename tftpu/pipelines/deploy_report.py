@@ -71,6 +71,8 @@ def report_data(result) -> dict:
     data["wide_links"] = result.wide_links
     if result.tables:
         data["interpolated_tables"] = result.tables
+    if result.equalize:
+        data["equalize"] = result.equalize
     if result.memory is not None:
         data["memory"] = result.memory.as_dict()
     if result.profile is not None:
