@@ -26,8 +26,8 @@ from tftpu.ir import top
 from tftpu.ir.base import value_name
 from tftpu.quant.refit import INPUT_BUDGET as REFIT_INPUTS
 from tftpu.transforms.lowering.decode_tail import decode_tail
-from tftpu.transforms.lowering.search import (FLOAT_BUDGET, LATENCY_BUDGET, judge_runs, output_pairs, output_parts,
-                                              parse_target, part_slices, worst_figures)
+from tftpu.pipelines.judge import Judge as _Judge
+from tftpu.transforms.lowering.search import FLOAT_BUDGET, LATENCY_BUDGET, output_parts, parse_target, part_slices
 
 __all__ = ["deploy", "DeployResult", "DEFAULT_TOLERANCE", "verify", "output_parts"]
 
@@ -569,37 +569,6 @@ def _float_ops(top_model, qtable, float_tail: bool = True) -> set:
     tail = decode_tail(top_model) if float_tail else {}
     return {name for name, m in qtable.items() if str(m).upper() != "INT8"} | \
         {name for name in tail if name not in qtable}
-
-
-class _Judge:
-    """The mixed-precision search's measure of TPU models against TOP on `held` (the test input
-    first, then the samples verify judges on): (worst output or part SQNR over them pooled, an
-    image whose output is zero up to rounding weighing by its energy; the same on the test input
-    alone). TOP runs once."""
-
-    def __init__(self, top_model, held: list[dict]):
-        self.model, self.held = top_model, held
-        self.parts = [spec for specs in output_parts(top_model).values() for spec in specs]
-        needed = set(top_model.output_names) | {spec[0] for spec in self.parts}
-        top_run = TopInterpreter(top_model)
-        self.refs = [{k: v for k, v in top_run.run(x, dump_all=bool(self.parts)).items() if k in needed}
-                     for x in held]
-        self.floor = noise_floor(v for ref in self.refs for v in ref.values())
-        self.seen: dict[int, tuple] = {}        # id -> (the model, kept alive so the id stays its, figures)
-
-    def __call__(self, tpu) -> tuple[float, float]:
-        if id(tpu) not in self.seen:
-            run = TpuInterpreter(tpu, exact_rows=False)
-            runs = [output_pairs(self.model, self.parts, ref, run.run(x, dump_all=bool(self.parts), dequantize=True))
-                    for x, ref in zip(self.held, self.refs)]
-            figures = (worst_figures(judge_runs(runs, self.floor))[1], worst_figures(judge_runs(runs[:1], self.floor))[1])
-            self.seen[id(tpu)] = (tpu, tuple(-math.inf if math.isnan(v) else v for v in figures))
-        return self.seen[id(tpu)][1]
-
-    @property
-    def where(self) -> str:
-        n = len(self.held) - 1
-        return "the test input" + (f" and {n} sample{'s' if n > 1 else ''}" if n else "")
 
 
 def _keep_correction(judge: _Judge, corrected_tpu, plain_tpu, reports, target: float = math.inf) -> bool:

@@ -40,7 +40,7 @@ def equalize_step(top_model, table, samples, check, chip, asymmetric, method: st
     from tftpu import quant
     from tftpu.interp.similarity import max_relative_difference
     from tftpu.interp.top_interpreter import TopInterpreter
-    from tftpu.pipelines.deploy import _Judge
+    from tftpu.pipelines.judge import Judge
     from tftpu.quant.equalize import equalize_depthwise
     from tftpu.transforms.lowering import lower
 
@@ -60,7 +60,7 @@ def equalize_step(top_model, table, samples, check, chip, asymmetric, method: st
     passed = diff <= SAME_FLOAT
     keep = passed
     if equalize == "auto" and passed:
-        judge = _Judge(top_model, [check] + [x for x in samples if x is not check][:8])
+        judge = Judge(top_model, [check] + [x for x in samples if x is not check][:8])
         plain = min(judge(lower(top_model, chip, "INT8", table, asymmetric=asymmetric)[0]))
         mine = min(judge(lower(eq.model, chip, "INT8", eq_table, asymmetric=asymmetric)[0]))
         keep = mine > plain + EQUALIZE_MARGIN

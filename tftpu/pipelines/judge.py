@@ -1,0 +1,44 @@
+"""How deploy's mixed-precision search, its corrections and the equalization step judge a TPU
+model: its outputs (and each part of a concatenated output) against TOP's on a few inputs."""
+
+from __future__ import annotations
+
+import math
+
+from tftpu.interp.similarity import noise_floor
+from tftpu.interp.top_interpreter import TopInterpreter
+from tftpu.interp.tpu import TpuInterpreter
+from tftpu.transforms.lowering.search import judge_runs, output_pairs, output_parts, worst_figures
+
+__all__ = ["Judge"]
+
+
+class Judge:
+    """The mixed-precision search's measure of TPU models against TOP on `held` (the test input
+    first, then the samples verify judges on): (worst output or part SQNR over them pooled, an
+    image whose output is zero up to rounding weighing by its energy; the same on the test input
+    alone). TOP runs once."""
+
+    def __init__(self, top_model, held: list[dict]):
+        self.model, self.held = top_model, held
+        self.parts = [spec for specs in output_parts(top_model).values() for spec in specs]
+        needed = set(top_model.output_names) | {spec[0] for spec in self.parts}
+        top_run = TopInterpreter(top_model)
+        self.refs = [{k: v for k, v in top_run.run(x, dump_all=bool(self.parts)).items() if k in needed}
+                     for x in held]
+        self.floor = noise_floor(v for ref in self.refs for v in ref.values())
+        self.seen: dict[int, tuple] = {}        # id -> (the model, kept alive so the id stays its, figures)
+
+    def __call__(self, tpu) -> tuple[float, float]:
+        if id(tpu) not in self.seen:
+            run = TpuInterpreter(tpu, exact_rows=False)
+            runs = [output_pairs(self.model, self.parts, ref, run.run(x, dump_all=bool(self.parts), dequantize=True))
+                    for x, ref in zip(self.held, self.refs)]
+            figures = (worst_figures(judge_runs(runs, self.floor))[1], worst_figures(judge_runs(runs[:1], self.floor))[1])
+            self.seen[id(tpu)] = (tpu, tuple(-math.inf if math.isnan(v) else v for v in figures))
+        return self.seen[id(tpu)][1]
+
+    @property
+    def where(self) -> str:
+        n = len(self.held) - 1
+        return "the test input" + (f" and {n} sample{'s' if n > 1 else ''}" if n else "")
