@@ -99,16 +99,20 @@ flags.DEFINE_string("trace", None, "output timeline of the program (Chrome trace
 FLAGS = flags.FLAGS
 
 
-def _samples() -> list[dict] | None:
-    """The first `SAMPLES` inputs --samples names (None without it)."""
+def _model_and_samples():
+    """The model to deploy (loaded once where --samples needs it, else its path) and the first
+    `SAMPLES` inputs --samples names (None without it)."""
     if not FLAGS.samples:
-        return None
-    from tftpu.ir.module import load
+        return FLAGS.mlir, None
+    from tftpu.ir.module import TpuModel, load
     from tftpu.quant.dataset import iter_samples
 
-    found = list(iter_samples(load(FLAGS.mlir), FLAGS.samples, SAMPLES, cli.floats(FLAGS.mean, "mean"),
+    model = load(FLAGS.mlir)
+    if isinstance(model, TpuModel):             # deploy refuses it, naming the file
+        return FLAGS.mlir, None
+    found = list(iter_samples(model, FLAGS.samples, SAMPLES, cli.floats(FLAGS.mean, "mean"),
                               cli.floats(FLAGS.scale, "scale"), FLAGS.pixel_format, what="--samples"))
-    return found or None
+    return model, found or None
 
 
 def main(args):
@@ -120,10 +124,10 @@ def main(args):
             raise errors.UsageError(f"--{flag} is required")
     if not (FLAGS.tpu_mlir or FLAGS.test_input or FLAGS.report or FLAGS.model or FLAGS.trace):
         raise errors.UsageError("nothing to do: give --model, --tpu_mlir, --test_input, --report or --trace")
-    samples = _samples()
+    model, samples = _model_and_samples()
     fitting = {name: samples is not None if getattr(FLAGS, name) is None else getattr(FLAGS, name)
                for name in ("bias_correction", "weight_rounding", "weight_refit")}
-    result = deploy(FLAGS.mlir, quantize=FLAGS.quantize, chip=FLAGS.chip,
+    result = deploy(model, quantize=FLAGS.quantize, chip=FLAGS.chip,
                     calibration_table=FLAGS.calibration_table, quantize_table=FLAGS.quantize_table,
                     asymmetric=FLAGS.asymmetric, test_input=FLAGS.test_input, test_reference=FLAGS.test_reference,
                     tolerance=FLAGS.tolerance, tpu_mlir=FLAGS.tpu_mlir, report=FLAGS.report,

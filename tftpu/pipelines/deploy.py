@@ -26,6 +26,7 @@ from tftpu.ir import top
 from tftpu.ir.base import value_name
 from tftpu.quant.refit import INPUT_BUDGET as REFIT_INPUTS
 from tftpu.transforms.lowering.decode_tail import decode_tail
+from tftpu.pipelines.equalization import check_equalize, equalize_step
 from tftpu.pipelines.judge import Judge as _Judge
 from tftpu.transforms.lowering.search import FLOAT_BUDGET, LATENCY_BUDGET, output_parts, parse_target, part_slices
 
@@ -271,9 +272,9 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     if asymmetric is None:          # the table's: its calibrated asymmetric ranges, where it holds them
         asymmetric = "auto" if mode == "INT8" and table is not None and table.asymmetric else False
     inputs = _inputs(top_model, test_input)
+    check_equalize(equalize)
     equalized = None
     if equalize and mode == "INT8" and table is not None and samples:
-        from tftpu.pipelines.equalization import equalize_step
         from tftpu.quant.calibrate import CALIBRATION_METHODS
         method = table.method if table.method in CALIBRATION_METHODS else "mse"
         equalized = equalize_step(top_model, table, samples, inputs if inputs is not None else samples[0], the_chip,
@@ -281,8 +282,6 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
         if equalized is not None:
             top_model, table = equalized.model, equalized.table
             seconds["equalize"] = equalized.seconds
-    elif equalize not in (False, True, "auto"):
-        raise errors.UsageError(f"equalize={equalize!r}: expected True, False or 'auto'")
     reference = _reference(top_model, test_reference)
     if reference is not None and inputs is None:
         raise errors.UsageError("--test_reference needs --test_input")

@@ -9,7 +9,7 @@ import time
 
 from tftpu import errors
 
-__all__ = ["equalize_step", "Equalized", "EQUALIZE", "EQUALIZE_MARGIN", "SAME_FLOAT"]
+__all__ = ["equalize_step", "check_equalize", "Equalized", "EQUALIZE", "EQUALIZE_MARGIN", "SAME_FLOAT"]
 
 EQUALIZE = (False, True, "auto")
 # under "auto", the equalized all-INT8 program must beat the plain one by this much (dB) on the
@@ -28,8 +28,13 @@ class Equalized:
     table: object
     line: str                  # what was equalized, the float check and the verdict
     passed: bool               # the float program unchanged
-    kept: bool
     seconds: float
+
+
+def check_equalize(equalize) -> None:
+    """A UsageError unless `equalize` is one of `EQUALIZE`."""
+    if equalize not in EQUALIZE:
+        raise errors.UsageError(f"equalize={equalize!r}: expected True, False or 'auto'")
 
 
 def equalize_step(top_model, table, samples, check, chip, asymmetric, method: str, equalize) -> Equalized | None:
@@ -44,8 +49,7 @@ def equalize_step(top_model, table, samples, check, chip, asymmetric, method: st
     from tftpu.quant.equalize import equalize_depthwise
     from tftpu.transforms.lowering import lower
 
-    if equalize not in EQUALIZE:
-        raise errors.UsageError(f"equalize={equalize!r}: expected True, False or 'auto'")
+    check_equalize(equalize)
     t0 = time.perf_counter()
     eq = equalize_depthwise(top_model, samples)
     if not eq.factors:
@@ -68,5 +72,5 @@ def equalize_step(top_model, table, samples, check, chip, asymmetric, method: st
             ("kept" if keep else "not kept")
     seconds = time.perf_counter() - t0
     if keep:
-        return Equalized(eq.model, eq_table, line, passed, True, seconds)
-    return Equalized(top_model, table, line, passed, False, seconds)
+        return Equalized(eq.model, eq_table, line, passed, seconds)
+    return Equalized(top_model, table, line, passed, seconds)
