@@ -301,6 +301,8 @@ def test_the_last_float_ops_go_back_to_int8_where_the_lowered_weights_allow(cnn_
     # what the program lowered reaches, which the search's own figures (before the correction) are not
     assert res.search.lowered == judge(res.model) and html.escape(res.search.lowered_note) in page
     assert res.search.as_dict()["lowered_sqnr_db"] == [round(v, 3) for v in judge(res.model)]
+    verdict = "target is met" if min(judge(res.model)) >= 20.0 else "below the 20 dB target"
+    assert res.search.lowered_note.endswith(verdict) and "on the weights it searched with" in res.search.summary
     # nothing changes the weights after the search: its float set stands as it is
     plain = deploy(model, mixed_precision="auto", bias_correction=False, **kw)
     assert plain.search.trimmed is None and len(plain.search.kept) == 4

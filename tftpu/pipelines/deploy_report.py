@@ -206,7 +206,7 @@ def html_page(data: dict) -> str:
     search = ""
     if "mixed_precision" in data:
         mp = data["mixed_precision"]
-        lowered = mp.get("lowered_sqnr_db") and lowered_text(mp["lowered_sqnr_db"])
+        lowered = mp.get("lowered_sqnr_db") and lowered_text(mp["lowered_sqnr_db"], mp["target"][1])
         notes = "".join(f"<p>{html.escape(n)}</p>" for n in (mp.get("rival"), mp.get("trimmed"), lowered) if n)
         search = (f"<h2>Mixed precision search</h2><p>{html.escape(mp['summary'])}</p>{notes}"
                   + _table(mp["kept"], [("name", "op"), ("mode", "mode"), KEPT_FIGURES.get(mp.get("ranking"), KEPT_FIGURES["isolated"])]))

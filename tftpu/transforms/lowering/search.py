@@ -94,7 +94,7 @@ class MixedPrecisionResult:
 
     @property
     def lowered_note(self) -> str | None:
-        return None if self.lowered is None else lowered_text(self.lowered)
+        return None if self.lowered is None else lowered_text(self.lowered, self.target[1])
 
     @property
     def notes(self) -> list[str]:
@@ -134,8 +134,10 @@ class MixedPrecisionResult:
             return (note + f"pure INT8 does NOT reach the target {self.target[0]},{self.target[1]} dB and no op "
                     f"fits in float{budget}: cosine {c8:.5f}, SQNR {s8:.1f} dB")
         status = "reaches" if self.met else "does NOT reach"
+        # deploy lowers on weights refit for the float set: the search's figures are not the program's
+        seen = " on the weights it searched with" if self.lowered is not None else ""
         return note + (f"keeping {len(self.kept)} of {self.candidates} INT8 ops in float {status} the target "
-                f"{self.target[0]},{self.target[1]} dB{budget}: cosine {c:.5f}, SQNR {s:.1f} dB "
+                f"{self.target[0]},{self.target[1]} dB{budget}{seen}: cosine {c:.5f}, SQNR {s:.1f} dB "
                 f"(pure INT8: {c8:.5f}, {s8:.1f} dB; {self.evaluations} trial lowerings, {self.seconds:.1f} s)")
 
     def __str__(self) -> str:
@@ -169,10 +171,13 @@ class MixedPrecisionResult:
                 "kept": [{"name": n, "mode": m, KEPT_FIGURES[self.ranking][0]: round(d, 3)} for n, m, d in self.kept]}
 
 
-def lowered_text(figures) -> str:
-    """What deploy's program reached on its final weights, (pooled, test input alone) SQNR, in words."""
+def lowered_text(figures, target_db: float | None = None) -> str:
+    """What deploy's program reached on its final weights, (pooled, test input alone) SQNR, in
+    words; against `target_db` where given (both must reach it)."""
+    verdict = "" if target_db is None else \
+        (f": the {target_db:g} dB target is met" if min(figures) >= target_db else f": below the {target_db:g} dB target")
     return (f"as lowered, on the final weights: worst SQNR {figures[0]:.1f} dB pooled, "
-            f"{figures[1]:.1f} dB on the test input alone")
+            f"{figures[1]:.1f} dB on the test input alone{verdict}")
 
 
 # the figure each ranking gives a float op: its key in `as_dict` and what it is (the HTML report's column)
