@@ -171,11 +171,11 @@ class MixedPrecisionResult:
                 "kept": [{"name": n, "mode": m, KEPT_FIGURES[self.ranking][0]: round(d, 3)} for n, m, d in self.kept]}
 
 
-def lowered_text(figures, target_db: float | None = None) -> str:
+def lowered_text(figures, target_db: float) -> str:
     """What deploy's program reached on its final weights, (pooled, test input alone) SQNR, in
-    words; against `target_db` where given (both must reach it)."""
-    verdict = "" if target_db is None else \
-        (f": the {target_db:g} dB target is met" if min(figures) >= target_db else f": below the {target_db:g} dB target")
+    words, against the SQNR target `target_db` (both must reach it)."""
+    met = min(figures) >= target_db
+    verdict = f": the {target_db:g} dB target is met" if met else f": below the {target_db:g} dB target"
     return (f"as lowered, on the final weights: worst SQNR {figures[0]:.1f} dB pooled, "
             f"{figures[1]:.1f} dB on the test input alone{verdict}")
 
