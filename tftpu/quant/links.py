@@ -79,8 +79,22 @@ def int8_reads_wide(reader, v, tables: bool = False) -> bool:
     Sub, Mul or PReLU's data, or with `tables` a smooth activation's input."""
     if tables and reader.name in INTERPOLATED:
         return True
+    if reader.name == "top.Conv" and reader.operands[0] is v and is_depthwise(reader):
+        return True
     return reader.name in WIDE_READERS and (reader.name != "top.PRelu" or
                                             reader.operands[0] is v and reader.operands[1] is not v)
+
+
+def is_depthwise(op) -> bool:
+    """Whether the TOP conv `op` is depthwise (one input channel a group, small kernel): as INT8
+    it reads a 16-bit link in two passes (high and low byte), its int32 sums still exact."""
+    a = op.attrs()
+    shape = op.operands[0].type.get_shape()
+    g = int(a.get("group", 1) or 1)
+    axis = 1 if a.get("layout", "NCHW") == "NCHW" else len(shape) - 1
+    kernel = op.operands[1].type.get_shape()
+    taps = math.prod(kernel[2:] if a.get("kernel_layout", "OIHW") == "OIHW" else kernel[:-2])
+    return len(shape) == 4 and g > 1 and g == shape[axis] and taps <= 49
 
 
 def _passes(reader, v) -> bool:
