@@ -302,6 +302,25 @@ def _make_native_conv(w, b, attrs, info):
     return run
 
 
+def _two_passes(x, zp: int, w, attrs: dict, nhwc: bool) -> np.ndarray | None:
+    """Exact int64 sums of a grouped conv of 16-bit data `x` (zero point `zp`) as the chip runs
+    it: two INT8 passes, over the signed high byte and the unsigned low byte (`256 hi + lo`),
+    each exact in float32 (`conv_f32`); None where a pass is not."""
+    xn = np.ascontiguousarray(x.transpose(0, 3, 1, 2)) if nhwc else x
+    wn = WEIGHTS.get(w, ("oihw",), lambda: np.ascontiguousarray(w.transpose(3, 2, 0, 1))) \
+        if attrs["kernel_layout"] == "HWIO" else w
+    xi = xn.astype(np.int32)
+    hi = (xi >> 8).astype(np.int8)                   # floor(x / 256): -128..127
+    lo = ((xi & 0xFF) - 128).astype(np.int8)         # x mod 256, on int8 with zero point -128
+    # zero point: 256 hi + lo - zp = 256 (hi - zp_hi) + (lo - zp_lo) with zp = 256 zp_hi + zp_lo
+    zp_hi, zp_lo = zp >> 8, (zp & 0xFF) - 128
+    t_hi, t_lo = conv_f32(hi, zp_hi, wn, None, attrs), conv_f32(lo, zp_lo, wn, None, attrs)
+    if t_hi is None or t_lo is None:
+        return None
+    acc = np.rint(t_hi).astype(np.int64) * 256 + np.rint(t_lo).astype(np.int64)
+    return acc.transpose(0, 2, 3, 1) if nhwc else acc
+
+
 @int8("tpu.Conv")
 def conv(operands, attrs, info):
     x, w, b = operands
@@ -313,6 +332,12 @@ def conv(operands, attrs, info):
         y = fast(x)
         if y is not None:
             return [y]
+    if x.ndim == 4 and info.ins[0].dtype == "i16" and attrs["group"] > 1 and w.dtype == np.int8:
+        acc = _two_passes(x, info.ins[0].zp, w, attrs, nhwc)
+        if acc is not None:
+            if b is not None:
+                acc += _per_channel(b, acc.ndim, axis)
+            return [_requant(acc, attrs, info.outs[0], axis)]
     if x.ndim == 4 and info.ins[0].dtype == "i8" and w.dtype == np.int8:
         xn = np.ascontiguousarray(x.transpose(0, 3, 1, 2)) if nhwc else x
         wn = WEIGHTS.get(w, ("oihw",), lambda: np.ascontiguousarray(w.transpose(3, 2, 0, 1))) \
