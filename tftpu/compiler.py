@@ -230,8 +230,8 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None, calib
     fits and reports the target missed. `mixed_precision_latency`: the most the float ops may
     slow the program, as a multiple of its estimated all-INT8 latency (1.15 by default; None: no
     limit), the same way. `wide_links` (INT8): a tensor that
-    INT8 Add / Sub / PReLU ops read (a residual branch, a conv before its PReLU, a block's output
-    that the next Add reads) is written on a 16-bit grid by its conv or Add, other readers taking
+    INT8 Add / Sub / PReLU ops or depthwise convs read (a residual branch, a conv before its PReLU,
+    a block's output that the next Add reads; a depthwise conv reads it in two INT8 passes) is written on a 16-bit grid by its conv or Add, other readers taking
     it through a cast to 8 bits, the FLOPs staying INT8 (`tftpu.quant.links`); False keeps every
     activation on 8 bits; "tables": a conv that only smooth activation tables read (SiLU,
     HardSwish, GELU, ...) as well, each table interpolating 513 knots from 16 bits; "auto" (the

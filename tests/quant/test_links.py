@@ -21,16 +21,21 @@ from tftpu.quant.links import HEADROOM, I16_MAX, wide_grids
 from tftpu.transforms.lowering import lower
 
 
-def residual_stack(blocks: int = 3, c: int = 4, seed: int = 0, tail_conv: bool = False):
+def residual_stack(blocks: int = 3, c: int = 4, seed: int = 0, tail_conv: bool = False, depthwise: bool = True):
     """x -> [dw conv -> 1x1 conv -> + x -> PReLU] * blocks, the blocks of a BlazeFace-style
-    detector; names: c{i} (1x1 conv), a{i} (add), p{i} (PReLU)."""
+    detector; names: d{i} (the 3x3 conv, a dense one unless `depthwise`), c{i} (1x1 conv), a{i}
+    (add), p{i} (PReLU)."""
     rng = np.random.default_rng(seed)
 
     def body(b, xs):
         x = xs[0]
         for i in range(blocks):
-            d = b.op("Conv", [x, b.weight(f"dw{i}", W(rng, c, 1, 3, 3, scale=0.5)), b.none()],
-                     {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "group": c}, f"d{i}")
+            if depthwise:
+                w, attrs = W(rng, c, 1, 3, 3, scale=0.5), {"group": c}
+            else:
+                w, attrs = W(rng, c, c, 3, 3, scale=0.5 / c ** 0.5), {}
+            d = b.op("Conv", [x, b.weight(f"dw{i}", w), b.none()],
+                     {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], **attrs}, f"d{i}")
             y = b.op("Conv", [d, b.weight(f"w{i}", W(rng, c, c, 1, 1)), b.weight(f"b{i}", W(rng, c, scale=0.1))],
                      {"kernel_shape": [1, 1]}, f"c{i}")
             s = b.op("Add", [y, x], {}, f"a{i}")
@@ -52,11 +57,20 @@ def test_links_are_the_tensors_only_elementwise_int8_ops_read():
     model = residual_stack()
     inputs = feeds({"x": (1, 4, 6, 6)}, 1)
     table = table_for(model, inputs)
+    # each 1x1 conv feeds only its Add, each Add only its PReLU, each PReLU output (but the last,
+    # the model output) the next Add and the next depthwise conv, which reads 16 bits in two
+    # passes; the depthwise outputs feed 1x1 convs, which read 8 bits
+    links = wide_grids(model, table, False, lambda name: True, split=False)
+    assert sorted(links) == sorted([f"c{i}" for i in range(3)] + [f"a{i}" for i in range(3)] + ["p0", "p1"])
+    assert wide_grids(model, table, False, lambda name: True) == links
+    assert "p0" in wide_grids(model, table, False, lambda name: name != "a1", split=False)  # a float reader
+    # with dense 3x3 convs in place of the depthwise ones, a PReLU output is read beside a conv
+    # that reads 8 bits: a split link
+    model = residual_stack(depthwise=False)
+    table = table_for(model, inputs)
     whole = wide_grids(model, table, False, lambda name: True, split=False)
-    # each 1x1 conv feeds only its Add, each Add only its PReLU; the depthwise outputs feed convs,
-    # the PReLU outputs feed a conv and an Add, the last one is the model output
     assert sorted(whole) == sorted([f"c{i}" for i in range(3)] + [f"a{i}" for i in range(3)])
-    # split links too: a PReLU output that the next Add reads beside the next depthwise conv
+    # split links too: a PReLU output that the next Add reads beside the next 3x3 conv
     grids = wide_grids(model, table, False, lambda name: True)
     assert sorted(grids) == sorted(whole) + ["p0", "p1"]
     assert all(grids[n] == whole[n] for n in whole)
@@ -91,20 +105,25 @@ def test_int8_over_links_is_bit_exact(data):
     blocks = d(st.integers(1, 3), "blocks")
     asym = d(st.sampled_from([False, True, "auto"]), "asymmetric")
     seed = d(st.integers(0, 2 ** 16), "seed")
-    model = residual_stack(blocks, c, seed, tail_conv=d(st.booleans(), "tail conv"))
+    depthwise = d(st.booleans(), "depthwise")
+    model = residual_stack(blocks, c, seed, tail_conv=d(st.booleans(), "tail conv"), depthwise=depthwise)
     inputs = feeds({"x": (1, c, 6, 6)}, seed)
     table = table_for(model, inputs, seed)
     tm, _ = lower(model, "npu1", "INT8", table, asymmetric=asym)
     tm.verify()
     types = _types(tm)
     # each block's conv and Add write 16 bits, and so does each PReLU that the next block's Add
-    # reads (its depthwise conv reads it through one cast to 8 bits)
+    # reads: its depthwise conv reads the 16 bits too (two passes), a dense conv through one cast
+    # to 8 bits
     assert sum("i16" in t for t in types.values()) == 3 * blocks - 1
     casts = [op for op in tm.ops if op.name == "tpu.Cast" and "i16" in str(op.operands[0].type)]
-    assert len(casts) == blocks - 1 and all("i8" in str(op.results[0].type) for op in casts)
+    assert len(casts) == (0 if depthwise else blocks - 1) and all("i8" in str(op.results[0].type) for op in casts)
+    wide_convs = [op for op in tm.ops if op.name == "tpu.Conv" and "i16" in str(op.operands[0].type)]
+    assert len(wide_convs) == (blocks - 1 if depthwise else 0)
     dump = TpuInterpreter(tm).run(inputs, dump_all=True)
     seen = R.check_model(tm, dump)
     assert seen.get("tpu.Add", 0) == blocks and seen.get("tpu.PRelu", 0) == blocks
+    assert seen.get("tpu.Conv", 0) == 2 * blocks + ("tail" in types)
     # the Add's multiplier for its 16-bit input is exact: m / 2**rshift is the ratio of the scales
     for op in tm.ops:
         if op.name == "tpu.Add":
@@ -119,9 +138,9 @@ def _sqnr(ref, got) -> float:
     return float(10 * np.log10(np.sum(ref ** 2) / max(np.sum((ref - got) ** 2), 1e-30)))
 
 
-@pytest.mark.parametrize("blocks,c,seed", [(6, 8, 3), (6, 16, 1)])
-def test_links_lower_the_int8_error_of_a_residual_stack(blocks, c, seed):
-    model = residual_stack(blocks, c, seed)
+@pytest.mark.parametrize("blocks,c,seed,depthwise", [(6, 8, 3, False), (6, 16, 1, False), (6, 8, 3, True)])
+def test_links_lower_the_int8_error_of_a_residual_stack(blocks, c, seed, depthwise):
+    model = residual_stack(blocks, c, seed, depthwise=depthwise)
     samples = [feeds({"x": (1, c, 6, 6)}, s) for s in range(4)]
     refs = [TopInterpreter(model).run(x, dump_all=True) for x in samples]
     entries = {}                                   # min / max calibration over the samples
@@ -137,9 +156,12 @@ def test_links_lower_the_int8_error_of_a_residual_stack(blocks, c, seed):
         run = TpuInterpreter(tm)
         got[wide, split] = np.mean([_sqnr(r[out], run.run(x, dequantize=True)[out]) for x, r in zip(samples, refs)])
     # half the rounding points of each block are gone: about 2-3 dB here; split links keep the
-    # residual path off 8 bits altogether
+    # residual path off 8 bits altogether (where a depthwise conv reads it, it is a whole link)
     assert got[True, False] > got[False, False] + 1.5, got
-    assert got[True, True] > got[True, False], got
+    if depthwise:
+        assert got[True, True] == got[True, False], got
+    else:
+        assert got[True, True] > got[True, False], got
 
 
 @pytest.mark.parametrize("wide", [True, False])
@@ -206,8 +228,8 @@ def test_isolated_errors_read_16_bit_links_on_their_grid():
 
 
 def hardswish_stack(c: int = 4, seed: int = 0):
-    """x -> 1x1 conv -> HardSwish h0 -> + x -> 1x1 conv -> HardSwish h1 -> 3x3 dw conv d1 ->
-    1x1 conv: an activation table read by an Add (h0) and by a depthwise conv (h1)."""
+    """x -> 1x1 conv -> HardSwish h0 -> + x -> 1x1 conv -> HardSwish h1 -> 3x3 conv d1 ->
+    1x1 conv: an activation table read by an Add (h0) and by a dense conv (h1), which reads 8 bits."""
     rng = np.random.default_rng(seed)
 
     def body(b, xs):
@@ -218,8 +240,8 @@ def hardswish_stack(c: int = 4, seed: int = 0):
         s = b.op("Add", [h, x], {}, "a0")
         y = b.op("Conv", [s, b.weight("w1", W(rng, c, c, 1, 1)), b.none()], {"kernel_shape": [1, 1]}, "c1")
         h = b.op("HardSwish", [y], {}, "h1")
-        d = b.op("Conv", [h, b.weight("dw", W(rng, c, 1, 3, 3, scale=0.5)), b.none()],
-                 {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "group": c}, "d1")
+        d = b.op("Conv", [h, b.weight("dw", W(rng, c, c, 3, 3, scale=0.5 / c ** 0.5)), b.none()],
+                 {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}, "d1")
         return b.op("Conv", [d, b.weight("w2", W(rng, c, c, 1, 1)), b.none()], {"kernel_shape": [1, 1]}, "c2")
 
     return make_model({"x": (1, c, 6, 6)}, body)
@@ -228,8 +250,8 @@ def hardswish_stack(c: int = 4, seed: int = 0):
 @pytest.mark.parametrize("seed", [0, 1])
 def test_an_activation_table_writes_a_link(tmp_path, seed):
     """An activation's lookup table holds 16-bit entries: read only by an INT8 Add (h0), or by
-    an op kept in float (h1 before the depthwise conv d1 in F16), it writes a 16-bit link; an
-    INT8 conv reader (h1 before an INT8 d1) keeps it on 8 bits. Bit-exact against the integer
+    an op kept in float (h1 before the conv d1 in F16), it writes a 16-bit link; an INT8 dense
+    conv reader (h1 before an INT8 d1) keeps it on 8 bits. Bit-exact against the integer
     reference and the simulator. With wide_links="tables", the convs before them (c0, c1) write
     16 bits too, which the tables interpolate."""
     from tftpu.pipelines.deploy import deploy
@@ -258,14 +280,14 @@ def test_an_activation_table_writes_a_link(tmp_path, seed):
 
 
 def test_bias_correction_reads_a_split_link_on_8_bits_where_the_lowering_does(monkeypatch):
-    """A depthwise conv that reads a split link (the PReLU p0, which the Add a1 reads on 16 bits)
+    """A dense conv that reads a split link (the PReLU p0, which the Add a1 reads on 16 bits)
     reads it through a cast to 8 bits: bias correction simulates that reading, so its correction
     of d1 is (but for the cast's double rounding) the one it makes where p0 is not a link at all,
     and not the one it would make reading 16 bits."""
     import functools
 
     from tftpu.quant import bias_correction as bc
-    model = residual_stack(3, 8, seed=7)
+    model = residual_stack(3, 8, seed=7, depthwise=False)
     samples = [feeds({"x": (1, 8, 6, 6)}, s) for s in range(3)]
     table = table_for(model, samples[0], 7, spread=(1.0, 1.0))
     split, report = bc.correct_biases(model, table, samples, "auto")
@@ -536,3 +558,53 @@ def test_a_step_function_or_a_steep_one_reads_8_bits(name):
     tm, _ = lower(model, "npu1", "INT8", table, asymmetric="auto", wide_links="tables")
     lut = next(op for op in tm.ops if op.name == "tpu.Lut")
     assert "i16" not in _types(tm)["c0"] and tuple(lut.operands[1].type.get_shape()) == (256,)
+
+
+@FEW
+@given(st.data())
+def test_a_depthwise_conv_reads_a_16_bit_link_in_two_passes_bit_exactly(data):
+    """conv -> activation -> depthwise conv -> 1x1 conv, over kernels, strides, dilations,
+    channel multipliers, layouts and zero points: a depthwise conv up to 7x7 reads the tensor
+    before it on a 16-bit link (no cast), a larger one on 8 bits; INT8 inference equals the
+    integer reference, and the lowering report names the convs read so."""
+    from tftpu.transforms.lowering.lower import TWO_PASSES
+    d = data.draw
+    c, mult = d(st.integers(1, 5), "channels"), d(st.sampled_from([1, 2]), "multiplier")
+    k, stride, dil = d(st.sampled_from([1, 3, 5, 7, 9]), "kernel"), d(st.sampled_from([1, 2]), "stride"), \
+        d(st.sampled_from([1, 2]), "dilation")
+    nhwc = d(st.booleans(), "nhwc")
+    act = d(st.sampled_from([None, "Relu", "HardSwish", "PRelu"]), "activation")
+    asym = d(st.sampled_from([False, True, "auto"]), "asymmetric")
+    seed = d(st.integers(0, 2 ** 16), "seed")
+    rng = np.random.default_rng(seed)
+    layout = {"layout": "NHWC"} if nhwc else {}
+    side = 6 + k
+    shape = (1, side, side, c) if nhwc else (1, c, side, side)
+
+    def body(b, xs):
+        y = b.op("Conv", [xs[0], b.weight("w0", W(rng, c, c, 1, 1)), b.weight("b0", W(rng, c, scale=0.1))],
+                 {"kernel_shape": [1, 1], **layout}, "c0")
+        if act == "PRelu":
+            slope = rng.uniform(0.05, 0.5, (1, 1, 1, c) if nhwc else (1, c, 1, 1)).astype(np.float32)
+            y = b.op("PRelu", [y, b.weight("s", slope)], {}, "a")
+        elif act is not None:
+            y = b.op(act, [y], {}, "a")
+        pad = dil * (k // 2)
+        z = b.op("Conv", [y, b.weight("wd", W(rng, c * mult, 1, k, k, scale=1.0 / k)), b.weight("bd", W(rng, c * mult))],
+                 {"kernel_shape": [k, k], "pads": [pad] * 4, "strides": [stride] * 2, "dilations": [dil] * 2,
+                  "group": c, **layout}, "dw")
+        return b.op("Conv", [z, b.weight("w2", W(rng, 2, c * mult, 1, 1)), b.none()],
+                    {"kernel_shape": [1, 1], **layout}, "out")
+
+    model = make_model({"x": shape}, body)
+    inputs = feeds({"x": shape}, seed)
+    table = table_for(model, inputs, seed)
+    tm, report = lower(model, "npu1", "INT8", table, asymmetric=asym)
+    tm.verify()
+    conv = next(op for op in tm.ops if op.name == "tpu.Conv" and "dw" in op.loc)
+    wide = k * k <= links_module.MAX_TAPS and c > 1
+    assert ("i16" in str(conv.operands[0].type)) == wide
+    assert not [op for op in tm.ops if op.name == "tpu.Cast" and "i16" in str(op.operands[0].type)]
+    assert [x.name for x in report.decisions if x.reason == TWO_PASSES] == (["dw"] if wide else [])
+    seen = R.check_model(tm, TpuInterpreter(tm).run(inputs, dump_all=True))
+    assert seen.get("tpu.Conv", 0) == 3

@@ -231,8 +231,8 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     (`search.rival` says which); where a refit or bias correction changes the weights after the
     search, the last quarter of its float ops is tried back in INT8 and left there where the
     judge holds (`search.trimmed`).
-    `wide_links` (INT8, "auto" by default): a tensor that INT8 Add / Sub / PReLU ops read is
-    written on a 16-bit grid by the conv or Add that makes it, other readers taking it through a
+    `wide_links` (INT8, "auto" by default): a tensor that INT8 Add / Sub / PReLU ops or depthwise
+    convs (in two passes) read is written on a 16-bit grid by the conv or Add that makes it, other readers taking it through a
     cast to 8 bits (`tftpu.quant.links`); "tables": a conv that only smooth activation tables
     read (SiLU, HardSwish, GELU, ...) as well, each table interpolating 513 knots from 16 bits;
     "auto": links (True) for the search and its builds, then, given a test input, the program

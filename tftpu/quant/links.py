@@ -10,7 +10,10 @@ fused conv + add + activation kernel, and the FLOPs stay INT8: only the link bet
 is wider. On detectors built of residual blocks this is a large share of the INT8 noise
 (`benchmarks/detectors.py`). A link passes through the INT8 ops that only move values
 (`PASS_THROUGH`: an FPN's upsampling Resize, a max pool, a channel Pad), which keep its grid, to
-the element-wise ops behind them.
+the element-wise ops behind them. A depthwise conv reads a 16-bit link too (`is_depthwise`): its
+INT8 kernel runs two passes, over the link's signed high byte and its unsigned low byte, and adds
+them (256 high + low) exactly in int32; its input is where the 8-bit rounding of detectors built of
+depthwise blocks costs most (a quiet channel on its tensor's grid, a large folded kernel after it).
 
 The 16-bit grid is symmetric (zero point 0) over twice the tensor's calibrated range. Where the
 reader is an Add or Sub, its scale is the reader's output scale over a power of two, so that the
@@ -30,7 +33,7 @@ from tftpu.ir import top
 from tftpu.ir.base import value_name
 from tftpu.quant import params as P
 
-__all__ = ["wide_grids", "reads_wide", "int8_reads_wide", "reads_link", "WIDE_PRODUCERS", "WIDE_READERS",
+__all__ = ["wide_grids", "reads_wide", "int8_reads_wide", "reads_link", "is_depthwise", "WIDE_PRODUCERS", "WIDE_READERS",
            "INTERPOLATED", "PASS_THROUGH", "LOOKUP_TABLES", "I16_MAX", "HEADROOM"]
 
 # activations whose INT8 form is a 256-entry lookup table (the lowering registers these)
@@ -56,6 +59,9 @@ I16_MAX = 32767
 # 1/8192 of the range), and an image beyond the calibration photos is not clipped there
 HEADROOM = 2.0
 _ADD_LIKE = ("top.Add", "top.Sub")
+# a depthwise conv reads a 16-bit link up to this many taps (7x7): its sums of 16-bit values by
+# 8-bit weights, 2**22 * 49 at most, stay far inside int32 with the bias beside them
+MAX_TAPS = 49
 
 
 def _range(entry) -> float:
@@ -76,7 +82,8 @@ def reads_wide(reader, v, in_int8, tables: bool = False) -> bool:
 
 def int8_reads_wide(reader, v, tables: bool = False) -> bool:
     """Whether `reader`, run in INT8, reads `v` as a 16-bit operand (others read 8 bits): an Add,
-    Sub, Mul or PReLU's data, or with `tables` a smooth activation's input."""
+    Sub, Mul or PReLU's data, a depthwise conv's data (in two passes), or with `tables` a smooth
+    activation's input."""
     if tables and reader.name in INTERPOLATED:
         return True
     if reader.name == "top.Conv" and reader.operands[0] is v and is_depthwise(reader):
@@ -86,15 +93,15 @@ def int8_reads_wide(reader, v, tables: bool = False) -> bool:
 
 
 def is_depthwise(op) -> bool:
-    """Whether the TOP conv `op` is depthwise (one input channel a group, small kernel): as INT8
-    it reads a 16-bit link in two passes (high and low byte), its int32 sums still exact."""
+    """Whether the TOP conv `op` is depthwise (one input channel a group, at most `MAX_TAPS` taps):
+    in INT8 it reads a 16-bit link in two passes (high and low byte), its int32 sums exact."""
     a = op.attrs()
     shape = op.operands[0].type.get_shape()
     g = int(a.get("group", 1) or 1)
     axis = 1 if a.get("layout", "NCHW") == "NCHW" else len(shape) - 1
     kernel = op.operands[1].type.get_shape()
     taps = math.prod(kernel[2:] if a.get("kernel_layout", "OIHW") == "OIHW" else kernel[:-2])
-    return len(shape) == 4 and g > 1 and g == shape[axis] and taps <= 49
+    return len(shape) == 4 and g > 1 and g == shape[axis] and taps <= MAX_TAPS
 
 
 def _passes(reader, v) -> bool:
@@ -119,7 +126,8 @@ def wide_grids(model, table, asymmetric: bool | str, in_int8: Callable[[str], bo
                split: bool = True, tables: bool = False) -> dict[str, P.QParams]:
     """Tensor name -> 16-bit grid, for each tensor made by an INT8 conv / Add / Sub / Mul / PReLU / table
     (`in_int8` of the op's name) or by an op kept in float, that is not a model output and whose
-    every reader is an INT8 Add, Sub, Mul or PReLU reading it as data, or an op kept in float (a
+    every reader is an INT8 Add, Sub, Mul or PReLU reading it as data or an INT8 depthwise conv
+    (`is_depthwise`), or an op kept in float (a
     mixed-precision island: the cast from 16 bits spares it a rounding; and an island's output
     that such INT8 ops read is cast to 16 bits, not rounded to 8 on its way back).
 

@@ -19,14 +19,17 @@ from tftpu.errors import UsageError
 from tftpu.ir import attrs as A
 from tftpu.ir import top, tpu
 from tftpu.ir.base import set_loc, loc_names, value_name
-from tftpu.quant.links import wide_grids
+from tftpu.quant.links import is_depthwise, wide_grids
 from tftpu.transforms.lowering import int8_conv, int8_elementwise, int8_movement, int8_pool, int8_resize  # noqa: F401
 from tftpu.transforms.lowering.context import Decision, Lowering, float_dtype
 from tftpu.transforms.lowering.decode_tail import decode_tail, tail_mode
 from tftpu.transforms.lowering.float_ops import lower_float
 from tftpu.transforms.lowering.registry import INT8
 
-__all__ = ["lower", "LoweringReport", "float_mode_of"]
+__all__ = ["lower", "LoweringReport", "float_mode_of", "TWO_PASSES"]
+
+# the note on an INT8 depthwise conv that reads a 16-bit link (`tftpu.quant.links`)
+TWO_PASSES = "16-bit input, two INT8 passes"
 
 # cheap ops that follow their input's mode rather than cast it back to INT8
 _FOLLOWERS = set(int8_movement.MOVEMENT) | {"top.Pad", "top.Gather", "top.MaxPool", "top.GlobalMaxPool",
@@ -80,6 +83,10 @@ class LoweringReport:
         lines = [f"lowered for {self.chip} in {self.mode}: {counts}{flops}"]
         for d in self.fallbacks:
             lines.append(f"  {d.name} ({d.op}): {d.mode}: {d.reason}")
+        two = [d.name for d in self.decisions if d.mode == "INT8" and d.reason == TWO_PASSES]
+        if two:
+            shown = ", ".join(two[:4]) + (f" and {len(two) - 4} more" if len(two) > 4 else "")
+            lines.append(f"  {len(two)} depthwise conv(s) read a 16-bit link in two INT8 passes: {shown}")
         return "\n".join(lines)
 
 
@@ -94,8 +101,8 @@ def lower(model, chip, mode: str, table=None, qtable: dict | None = None, asymme
     each must run in (TPU-MLIR's quantize table). `asymmetric`: activations with zero points
     (True), symmetric (False), or "auto": a zero point where the range is one-sided (best with a
     table calibrated `asymmetric=True`, whose min/max are the clipped asymmetric ranges).
-    `wide_links`: a tensor that only INT8 Add / Sub / PReLU ops read is written on a 16-bit grid
-    by its INT8 conv or Add (`tftpu.quant.links`); False keeps every activation on 8 bits;
+    `wide_links`: a tensor that only INT8 Add / Sub / PReLU ops or depthwise convs (two INT8
+    passes, high and low byte) read is written on a 16-bit grid by its INT8 conv or Add (`tftpu.quant.links`); False keeps every activation on 8 bits;
     "tables": a conv that only smooth activations read (SiLU, HardSwish, GELU, ...) too, their
     tables then interpolated from 16 bits.
     `split_links`: so is one they read beside other ops (which read it through a cast to 8 bits).
@@ -168,6 +175,11 @@ def lower(model, chip, mode: str, table=None, qtable: dict | None = None, asymme
     return tpu_model, report
 
 
+def _reads_link_in_two_passes(ctx, op) -> bool:
+    """Whether the INT8 `op` is a depthwise conv reading its data on a 16-bit link."""
+    return op.name == "top.Conv" and value_name(op.operands[0]) in ctx.wide and is_depthwise(op)
+
+
 def _rename(value, new: str) -> None:
     names = loc_names(value.owner) or [value_name(value)]
     names = list(names) + [f"{names[0]}_{i}" for i in range(len(names), len(value.owner.results))]
@@ -193,7 +205,7 @@ def _lower_op(ctx, op, want: str, fallback: str, why: str) -> None:
             finally:
                 ctx.reading = None
         if reason is None:
-            ctx.record(op, "INT8")
+            ctx.record(op, "INT8", TWO_PASSES if _reads_link_in_two_passes(ctx, op) else "")
             return
         mode = _input_float_mode(ctx, op) if follows_float else fallback
         if mode not in ctx.chip.modes:                    # a model input is f32; edge16 has no F32
