@@ -240,7 +240,7 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None, calib
     softmax-expectation and the box arithmetic after its last feature layers:
     `tftpu.transforms.lowering.decode_tail`) runs in float by design, its head convs writing
     16-bit logits into it; False lowers it in INT8 too. `equalize` (INT8): each depthwise conv's
-    input scaled per channel nearer its widest channel, the conv's weights taking the factors
+    input (kernels over 7x7; smaller ones read it on a 16-bit link) scaled per channel nearer its widest channel, the conv's weights taking the factors
     back (`tftpu.quant.equalize`); "auto" (the default) keeps it where the all-INT8 programs with
     and without it, judged on the test input and samples, say it does better by 1 dB or more.
     `log` (a callable taking a line) reports progress; by default the `tftpu.compile` logger."""

@@ -87,7 +87,8 @@ flags.DEFINE_bool("float_tail", True, "INT8: a detector's decode tail (its score
                   "box arithmetic after the last feature layers) runs in float by design, the head convs "
                   "writing 16-bit logits into it; --nofloat_tail lowers it in INT8 too")
 flags.DEFINE_enum("equalize", "auto", ["auto", "on", "off"],
-                  "INT8, with --samples: scale each depthwise conv's input per channel nearer its widest channel "
+                  "INT8, with --samples: scale each depthwise conv's input (kernels over 7x7; smaller ones read it "
+                  "on a 16-bit link) per channel nearer its widest channel "
                   "(the conv's weights take the factors back; the float program unchanged), as tftpu.compile does; "
                   "'auto' keeps it where the all-INT8 programs judge it 1 dB better")
 flags.DEFINE_string("tpu_mlir", None, "output TPU module (.tpu.mlir; its weights .npz go beside it)")

@@ -243,7 +243,8 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     (INT8; in place of `weight_rounding`, and with `bias_correction` for the other ops): the
     bias-correction copy's 2-D convs get weights and biases refit to the simulated INT8 inputs they
     get with the float ops chosen (`tftpu.quant.refit`), kept on the same condition. `equalize`
-    (INT8, with `samples`): each depthwise conv's input scaled per channel nearer its widest
+    (INT8, with `samples`): each depthwise conv's input (kernels over 7x7: smaller ones read it
+    on a 16-bit link) scaled per channel nearer its widest
     channel on `samples`, the conv's weights taking the factors back
     (`tftpu.pipelines.equalization`); "auto" keeps it where the all-INT8 programs judge it 1 dB
     better; the model lowered and checked is then the equalized one (the same in float)."""
