@@ -452,7 +452,14 @@ def test_depthwise(data):
     # at least one output row and column
     h = max(draw(st.integers(1, 12)), dilations[0] * (kh - 1) + 1 - pads[0] - pads[2])
     wd = max(draw(st.integers(1, 12)), dilations[1] * (kw - 1) + 1 - pads[1] - pads[3])
-    x, zx = draw_input(draw, rng, (n, c, h, wd))
+    # a 16-bit link (zero point 0), whose two INT8 passes the kernel sums as one
+    link = draw(st.sampled_from([False, False, True]))
+    if link:
+        x, zx = rng.integers(-32768, 32768, (n, c, h, wd)).astype(np.int16), 0
+        if draw(st.booleans()):
+            x.reshape(-1)[: x.size // 3] = draw(st.sampled_from([-32768, 32767]))
+    else:
+        x, zx = draw_input(draw, rng, (n, c, h, wd))
     w = rng.integers(-128, 128, (c, 1, kh, kw)).astype(np.int8)
     if draw(st.booleans()):
         w.reshape(-1)[rng.integers(0, w.size, max(1, w.size // 4))] = draw(st.sampled_from([-128, 127, 0]))
@@ -460,9 +467,12 @@ def test_depthwise(data):
     attrs = {"strides": strides, "pads": pads, "dilations": dilations, "group": c}
     sums = ref_conv_sums(x, w, bias, zx, strides, pads, dilations, c)
     rq, params = draw_requant_for(draw, rng, sums, c)
-    conv = native.Conv(rq, w, bias, zx, attrs)
+    conv = native.Conv(rq, w, bias, zx, attrs, link=link)
     assert conv.kind == "depthwise"
-    check_conv(conv, x, w, bias, zx, attrs, params, "depthwise")
+    check_conv(conv, x, w, bias, zx, attrs, params, "depthwise link" if link else "depthwise")
+    if link:        # a link's zero point is 0: another one, or 8-bit data given to it, is declined
+        assert native.Conv(rq, w, bias, 5, attrs, link=True).kind is None
+        assert native.Conv(rq, w, bias, 0, attrs)(x) is None
 
 
 def test_depthwise_explicit(build):

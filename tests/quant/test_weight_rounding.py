@@ -150,14 +150,16 @@ def _worst(model, tpu, held):
 
 def test_deploy_lowers_the_reconstruction_and_judges_against_the_model(net):
     model, samples, table = net
+    # on 8-bit activations: where the depthwise conv reads a 16-bit link, the re-rounding does not
+    # gain on this net (judged 33.4 -> 32.9 dB) and is not kept
     res = deploy(model, quantize="INT8", chip="npu1", calibration_table=table, test_input=samples[0],
-                 samples=samples[1:], mixed_precision="none", weight_rounding=True)
+                 samples=samples[1:], mixed_precision="none", weight_rounding=True, wide_links=False)
     assert res.weight_rounding is not None and res.weight_rounding.kept
     assert "kept: worst output SQNR on the test input and 5 samples" in str(res.weight_rounding)
     rounded, _ = W.reconstruct_rounding(model, samples[1:])
-    want, _ = lower(rounded, "npu1", "INT8", table)
+    want, _ = lower(rounded, "npu1", "INT8", table, wide_links=False)
     assert all(np.array_equal(want.weights[k], v) for k, v in res.model.weights.items())
-    plain, _ = lower(model, "npu1", "INT8", table)
+    plain, _ = lower(model, "npu1", "INT8", table, wide_links=False)
     assert _worst(model, res.model, samples) >= _worst(model, plain, samples)
     assert res.outputs and res.reference == "TOP"
 

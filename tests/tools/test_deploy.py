@@ -266,12 +266,12 @@ def test_auto_ranking_keeps_the_float_set_that_does_better_lowered(cnn_case):
     assert auto.search.as_dict()["rival"] == auto.search.rival and auto.search.rival in str(auto.search)
 
 
-@pytest.mark.parametrize("order, taken", [(("s", "a", "m", "c1"), True), (("c1", "g", "o", "c2"), False)])
+@pytest.mark.parametrize("order, taken", [(("s", "a", "m", "c1"), True), (("c2", "g", "o", "c1"), False)])
 def test_the_last_float_ops_go_back_to_int8_where_the_lowered_weights_allow(cnn_case, monkeypatch, tmp_path, order,
                                                                            taken):
     """After the bias correction (or refit), the last quarter of the search's float ops in its
-    ranking is tried back in INT8 and left there where deploy's judge holds (on this model, with
-    the others named in float, floating c1 as well costs 9 dB, floating c2 gains 9)."""
+    ranking is tried back in INT8 and left there where deploy's judge holds (on this model,
+    floating c1 as well costs 9 dB beside s, a and m, and gains 4 dB beside c2, g and o)."""
     import tftpu.transforms.lowering.search as S
     from tftpu.pipelines.deploy import _Judge
 
@@ -417,7 +417,8 @@ def test_the_tool_fits_the_weights_on_samples(cnn_case, tmp_path):
             f"--test_input={tmp_path / 'in.npz'}", "--mixed_precision=none"]
     fitted = _tool("deploy", *base, f"--samples={tmp_path / 'more'}")
     assert fitted.returncode == 0, fitted.stderr
-    assert "weight refit: " in fitted.stdout and "over 5 samples" in fitted.stdout
+    # the refit's line, or plain bias correction's where that did better, naming the refit's figures
+    assert "weight refit" in fitted.stdout and "over 5 samples" in fitted.stdout
     plain = _tool("deploy", *base)
     assert plain.returncode == 0 and "weight refit" not in plain.stdout and "bias correction" not in plain.stdout
     bad = _tool("deploy", *base, f"--samples={tmp_path / 'missing'}")

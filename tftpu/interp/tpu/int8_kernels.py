@@ -278,12 +278,13 @@ def _native_conv(w, b, attrs, info):
 
 def _make_native_conv(w, b, attrs, info):
     fused = _native_plan(attrs, info.outs[0])
-    if fused is None or info.ins[0].dtype not in ("i8", "u8") or w.dtype != np.int8 or w.ndim != 4:
+    link = info.ins[0].dtype == "i16"           # a depthwise conv's 16-bit link
+    if fused is None or info.ins[0].dtype not in ("i8", "u8", "i16") or w.dtype != np.int8 or w.ndim != 4:
         return None
     nhwc = attrs["layout"] == "NHWC"
     wn = np.ascontiguousarray(w.transpose(3, 2, 0, 1)) if attrs["kernel_layout"] == "HWIO" else w
     zx = info.ins[0].zp
-    prepared = native.Conv(fused, wn, b, zx, attrs)
+    prepared = native.Conv(fused, wn, b, zx, attrs, link=link)
     if prepared.kind is None and (attrs["group"] != 1 or info.ins[0].dtype != "i8"):
         return None
     bias = b if prepared.b32 is None else prepared.b32

@@ -374,7 +374,9 @@ TFTPU_INLINE void requant_impl(const Acc* acc, Out* out, const int64_t* p, const
 }
 
 // A depthwise conv (one filter per channel) of the planes of channels [c0, c1), each plane in one
-// long vectorisable loop per tap. The plane is copied once, centred (x - zx) and zero-padded, into
+// long vectorisable loop per tap, over 8-bit data or a 16-bit link (int16 with zero point 0, the
+// chip's two passes over its high and low byte summed: the same int32 sums, which the caller
+// bounds). The plane is copied once, centred (x - zx) and zero-padded, into
 // sh * sw phase planes (phase (a, b) holds padded rows a, a + sh, ... and columns b, b + sw, ...:
 // the polyphase split of a strided conv), each Wq = ceil(Wp / sw) wide. Output (oy, ox) then reads
 // tap (ky, kx) from phase ((ky*dh) % sh, (kx*dw) % sw) at flat index oy*Wq + ox + constant: every
@@ -385,8 +387,9 @@ constexpr int64_t kVector = 32, kBlock = 512;
 // The fast form (sums plus bias in int32, one-byte outputs): two taps at a time by vpmaddwd,
 // which multiplies int16 pairs and adds each pair into an int32 lane: the inputs of taps k and
 // k + 1 interleaved (vpunpck{l,h}wd) against the weight pair (w[k], w[k + 1]) in every lane.
-// Exact: x - zx lies in [-255, 255] and w in [-128, 127], so a pair sums to at most
-// 2 * 255 * 128 in magnitude (vpmaddwd saturates nothing but -32768 * -32768 twice), and the
+// Exact: x - zx lies in [-255, 255] (a 16-bit link's x, zero point 0, in [-32768, 32767]) and w
+// in [-128, 127], so a pair sums to at most 2 * 32768 * 128 in magnitude (vpmaddwd saturates
+// nothing but -32768 * -32768 twice, which an 8-bit weight never is), and the
 // int32 lane additions wrap, so the final sum plus bias, which the caller proved lies in int32,
 // is exact. The unpacks interleave within 128-bit halves, so the two accumulators hold pixels
 // {0-3, 8-11, ...} and {4-7, 12-15, ...}; one permute per vector restores the order before the
@@ -1315,7 +1318,9 @@ int tftpu_depthwise(const void* x, int in_kind, const int8_t* w, void* out, int 
                     int parts) {
   const Tables t{bias, mult, rshift};
   int status = 0;
-  status |= with_in(in_kind, [&](auto* in_tag) {
+  // a 16-bit link (zero point 0: its values are already centred int16) as well as 8-bit data
+  if (in_kind == 2 && params[4] != 0) return 1;
+  status |= with_add_in(in_kind, [&](auto* in_tag) {
     using In = std::remove_pointer_t<decltype(in_tag)>;
     status |= with_out(out_kind, [&](auto* out_tag) {
       using Out = std::remove_pointer_t<decltype(out_tag)>;

@@ -158,13 +158,14 @@ class Conv:
     stride, padding and dilation) whole, or an ungrouped conv as a GEMM over its input channels
     (1x1, stride 1, unpadded) or its im2col rows (any other kernel), in the library it was
     prepared with (its weights packed for that build's GEMM).
-    Input NCHW INT8/UINT8 with zero point `zx`, weight OIHW INT8, bias INT32 per output channel.
+    Input NCHW INT8/UINT8 with zero point `zx` (or, `link`, a depthwise conv's 16-bit link: INT16
+    with zero point 0), weight OIHW INT8, bias INT32 per output channel.
     `kind` is None where neither applies. Sums accumulate in int32 (each term is at most
-    255 * 128 and the taps are bounded here); `exact32` holds where every sum plus its bias fits
-    int32 (255 * sum|w| + |b| per channel), the kernels' fast form."""
+    255 * 128, or 32768 * 128 from a link, and the taps are bounded here); `exact32` holds where
+    every sum plus its bias fits int32 (255 or 32768 * sum|w| + |b| per channel), the kernels' fast form."""
 
-    def __init__(self, rq: Requantizer, w: np.ndarray, bias, zx: int, attrs: dict):
-        self.rq, self.w, self.bias, self.zx = rq, w, bias, int(zx)
+    def __init__(self, rq: Requantizer, w: np.ndarray, bias, zx: int, attrs: dict, link: bool = False):
+        self.rq, self.w, self.bias, self.zx, self.link = rq, w, bias, int(zx), link
         self.strides, self.pads, self.dilations = list(attrs["strides"]), list(attrs["pads"]), list(attrs["dilations"])
         o, cg, kh, kw = w.shape
         b = np.zeros(o, np.int64) if bias is None else np.asarray(bias, np.int64).reshape(-1)
@@ -173,11 +174,14 @@ class Conv:
         if self.lib is None or w.dtype != np.int8 or rq.dtype not in OUT_KINDS or b.size != o or \
                 (rq.per_channel and rq.mult.size != o) or (b.size and np.abs(b).max() >= 1 << 31):
             return
-        self.exact32 = requant.sum_bound(w, b) < 1 << 31
+        span = 32768 if link else 255
+        self.exact32 = requant.sum_bound(w, b, span) < 1 << 31
         self.b32 = np.ascontiguousarray(b, np.int32)
         self._shape, self._params = None, None
-        if attrs["group"] == o and cg == 1 and kh * kw * 255 * 128 < 1 << 31:
+        if attrs["group"] == o and cg == 1 and kh * kw * span * 128 < 1 << 31 and not (link and self.zx):
             self.kind = "depthwise"
+        elif link:
+            return
         elif attrs["group"] == 1 and cg * kh * kw * 255 * 128 < 1 << 31 and self.lib.tftpu_has_gemm():
             self.kind = "gemm"
             self.wpack, wsum = pack_gemm(w, self.lib)
@@ -187,7 +191,7 @@ class Conv:
 
     def __call__(self, x: np.ndarray):
         """The requantized output of NCHW `x`, or None where the kernels do not take it."""
-        ikind = IN_KINDS.get(x.dtype)
+        ikind = (ADD_KINDS if self.link else IN_KINDS).get(x.dtype)
         if self.kind is None or ikind is None or x.ndim != 4 or x.shape[1] != self.w.shape[1] * (
                 self.w.shape[0] if self.kind == "depthwise" else 1):
             return None

@@ -153,11 +153,11 @@ def _range(dtype: np.dtype) -> tuple[int, int]:
     return int(info.min), int(info.max)
 
 
-def sum_bound(w: np.ndarray, bias=None) -> int:
+def sum_bound(w: np.ndarray, bias=None, span: int = 255) -> int:
     """The largest |sum| + |bias| of any output channel (axis 0 of `w`) of a conv or matmul by
-    INT8 data: with |x - zp| <= 255 it is 255 * sum|w| + |bias|, at its largest. Below 2**31
-    int32 arithmetic is exact (nothing saturates); below 2**24, float32's is."""
-    return 255 * int(np.abs(w.astype(np.int64)).reshape(w.shape[0], -1).sum(axis=1).max(initial=0)) + \
+    INT8 data: with |x - zp| <= `span` (255; 32768 for a 16-bit link) it is span * sum|w| + |bias|,
+    at its largest. Below 2**31 int32 arithmetic is exact (nothing saturates); below 2**24, float32's is."""
+    return span * int(np.abs(w.astype(np.int64)).reshape(w.shape[0], -1).sum(axis=1).max(initial=0)) + \
         bias_bound(bias)
 
 
