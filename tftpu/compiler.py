@@ -231,8 +231,9 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None, calib
     slow the program, as a multiple of its estimated all-INT8 latency (1.15 by default; None: no
     limit), the same way. `wide_links` (INT8): a tensor that
     INT8 Add / Sub / PReLU ops or depthwise convs read (a residual branch, a conv before its PReLU,
-    a block's output that the next Add reads; a depthwise conv reads it in two INT8 passes) is written on a 16-bit grid by its conv or Add, other readers taking
-    it through a cast to 8 bits, the FLOPs staying INT8 (`tftpu.quant.links`); False keeps every
+    a block's output that the next Add reads; a depthwise conv reads it in two INT8 passes) is
+    written on a 16-bit grid by its conv or Add, other readers taking it through a cast to 8 bits,
+    the FLOPs staying INT8 (`tftpu.quant.links`); False keeps every
     activation on 8 bits; "tables": a conv that only smooth activation tables read (SiLU,
     HardSwish, GELU, ...) as well, each table interpolating 513 knots from 16 bits; "auto" (the
     default): links, and given a test input the program is built with the tables too, the
@@ -240,8 +241,9 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None, calib
     softmax-expectation and the box arithmetic after its last feature layers:
     `tftpu.transforms.lowering.decode_tail`) runs in float by design, its head convs writing
     16-bit logits into it; False lowers it in INT8 too. `equalize` (INT8): each depthwise conv's
-    input (kernels over 7x7; smaller ones read it on a 16-bit link) scaled per channel nearer its widest channel, the conv's weights taking the factors
-    back (`tftpu.quant.equalize`); "auto" (the default) keeps it where the all-INT8 programs with
+    input (kernels over 7x7; smaller ones read it on a 16-bit link) scaled per channel nearer its
+    widest channel, the conv's weights taking the factors back (`tftpu.quant.equalize`); "auto"
+    (the default) keeps it where the all-INT8 programs with
     and without it, judged on the test input and samples, say it does better by 1 dB or more.
     `log` (a callable taking a line) reports progress; by default the `tftpu.compile` logger."""
     from tftpu.pipelines.deploy import deploy

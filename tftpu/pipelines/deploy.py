@@ -232,8 +232,9 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     search, the last quarter of its float ops is tried back in INT8 and left there where the
     judge holds (`search.trimmed`).
     `wide_links` (INT8, "auto" by default): a tensor that INT8 Add / Sub / PReLU ops or depthwise
-    convs (in two passes) read is written on a 16-bit grid by the conv or Add that makes it, other readers taking it through a
-    cast to 8 bits (`tftpu.quant.links`); "tables": a conv that only smooth activation tables
+    convs (in two passes) read is written on a 16-bit grid by the conv or Add that makes it, other
+    readers taking it through a cast to 8 bits (`tftpu.quant.links`); "tables": a conv that only
+    smooth activation tables
     read (SiLU, HardSwish, GELU, ...) as well, each table interpolating 513 knots from 16 bits;
     "auto": links (True) for the search and its builds, then, given a test input, the program
     chosen is built once more with the tables and the better kept, judged as the search judges

@@ -33,8 +33,8 @@ from tftpu.ir import top
 from tftpu.ir.base import value_name
 from tftpu.quant import params as P
 
-__all__ = ["wide_grids", "reads_wide", "int8_reads_wide", "reads_link", "is_depthwise", "WIDE_PRODUCERS", "WIDE_READERS",
-           "INTERPOLATED", "PASS_THROUGH", "LOOKUP_TABLES", "I16_MAX", "HEADROOM"]
+__all__ = ["wide_grids", "reads_wide", "int8_reads_wide", "reads_link", "is_depthwise", "WIDE_PRODUCERS",
+           "WIDE_READERS", "INTERPOLATED", "MAX_TAPS", "PASS_THROUGH", "LOOKUP_TABLES", "I16_MAX", "HEADROOM"]
 
 # activations whose INT8 form is a 256-entry lookup table (the lowering registers these)
 LOOKUP_TABLES = top.LOOKUP_TABLES

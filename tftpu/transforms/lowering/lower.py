@@ -102,7 +102,8 @@ def lower(model, chip, mode: str, table=None, qtable: dict | None = None, asymme
     (True), symmetric (False), or "auto": a zero point where the range is one-sided (best with a
     table calibrated `asymmetric=True`, whose min/max are the clipped asymmetric ranges).
     `wide_links`: a tensor that only INT8 Add / Sub / PReLU ops or depthwise convs (two INT8
-    passes, high and low byte) read is written on a 16-bit grid by its INT8 conv or Add (`tftpu.quant.links`); False keeps every activation on 8 bits;
+    passes, high and low byte) read is written on a 16-bit grid by its INT8 conv or Add
+    (`tftpu.quant.links`); False keeps every activation on 8 bits;
     "tables": a conv that only smooth activations read (SiLU, HardSwish, GELU, ...) too, their
     tables then interpolated from 16 bits.
     `split_links`: so is one they read beside other ops (which read it through a cast to 8 bits).
