@@ -235,9 +235,11 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None, calib
     written on a 16-bit grid by its conv or Add, other readers taking it through a cast to 8 bits,
     the FLOPs staying INT8 (`tftpu.quant.links`); False keeps every
     activation on 8 bits; "tables": a conv that only smooth activation tables read (SiLU,
-    HardSwish, GELU, ...) as well, each table interpolating 513 knots from 16 bits; "auto" (the
-    default): links, and given a test input the program is built with the tables too, the
-    better kept (`deploy`). `float_tail` (INT8): a detector's decode tail (the scores, a DFL
+    HardSwish, GELU, ...) as well, each table interpolating 513 knots from 16 bits; "convs": with
+    the tables, every conv reads 16 bits (W8A16, two INT8 passes); "auto" (the default): "convs"
+    where the chip affords it (the all-INT8 program's estimated latency within 1.10x), else links,
+    and given a test input the program is built with the tables too, the better kept (`deploy`).
+    `float_tail` (INT8): a detector's decode tail (the scores, a DFL
     softmax-expectation and the box arithmetic after its last feature layers:
     `tftpu.transforms.lowering.decode_tail`) runs in float by design, its head convs writing
     16-bit logits into it; False lowers it in INT8 too. `equalize` (INT8): each depthwise conv's
@@ -343,6 +345,9 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None, calib
             say(f"    ({note})")
     elif deployed.tables:                   # (the search's notes hold it too)
         say(f"    ({deployed.tables})")
+    if deployed.conv_links:
+        say(f"    ({deployed.conv_links})")
+        extra["conv_links"] = deployed.conv_links
     if s2d.get("applied"):              # the same precision choices, without the rewrite
         names = {op.loc for op in top_model.ops}
         qtable = deployed.search.qtable if deployed.search is not None else quantize_table

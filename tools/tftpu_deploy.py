@@ -83,6 +83,10 @@ flags.DEFINE_enum("wide_tables", "auto", ["auto", "on", "off"],
                   "INT8, with --wide_links: 'on': a conv that only smooth activation tables read (SiLU, "
                   "HardSwish, GELU, ...) writes 16 bits too, each table interpolating 513 knots (a fused conv + "
                   "activation); 'auto': with --test_input, the program is built both ways and the better kept")
+flags.DEFINE_bool("conv_links", True, "INT8, with --wide_links and --wide_tables=auto: every conv reads its input "
+                  "on 16 bits (two INT8 passes over the high and low byte; the tables interpolated) where the "
+                  "all-INT8 program's estimated latency grows at most 1.10x; --noconv_links keeps dense convs' "
+                  "inputs on 8 bits")
 flags.DEFINE_bool("float_tail", True, "INT8: a detector's decode tail (its scores, a DFL softmax-expectation and "
                   "box arithmetic after the last feature layers) runs in float by design, the head convs "
                   "writing 16-bit logits into it; --nofloat_tail lowers it in INT8 too")
@@ -138,12 +142,15 @@ def main(args):
                     space_to_depth=FLAGS.space_to_depth, model=FLAGS.model, trace=FLAGS.trace,
                     samples=samples, float_tail=FLAGS.float_tail, **fitting,
                     equalize={"auto": "auto", "on": True, "off": False}[FLAGS.equalize],
-                    wide_links=FLAGS.wide_links and {"auto": "auto", "on": "tables", "off": True}[FLAGS.wide_tables])
+                    wide_links=FLAGS.wide_links and {"auto": "auto", "on": "tables", "off": True}[FLAGS.wide_tables],
+                    conv_links=FLAGS.conv_links)
     if result.equalize:
         print(f"equalize: {result.equalize}")
     print(result.lowering)
     if result.search is not None:
         print(result.search)
+    if result.conv_links:
+        print(f"wide links: {result.conv_links}")
     if result.tables and result.search is None:      # (str(search) holds it too)
         print(f"wide links: {result.tables}")
     if result.weight_rounding is not None:

@@ -188,6 +188,6 @@ def test_a_depthwise_conv_up_to_7x7_reads_its_link_and_is_not_equalized():
         figures[links] = min(sqnr(np.asarray(ref[n], np.float64), np.asarray(got[n], np.float64)) for n in ref)
         two = sorted(d.name for d in c.deployed.lowering.decisions if d.reason == TWO_PASSES)
         assert two == (["dw0", "dw1"] if links else [])
-        assert ("2 depthwise conv(s) read a 16-bit link in two INT8 passes: dw0, dw1" in str(c.deployed.lowering)) \
+        assert ("2 conv(s) read a 16-bit link in two INT8 passes: dw0, dw1" in str(c.deployed.lowering)) \
             == links
     assert figures[True] > figures[False] + 6, figures

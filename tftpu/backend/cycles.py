@@ -89,14 +89,16 @@ _INTEGER = {"u8": "i8"}
 
 
 def _dtype(op) -> str:
-    """The dtype an op computes in: a float op's type; an INT8 conv / matmul multiplies its
-    8-bit data whatever width it writes (a 16-bit link), other integer ops work at the width of
-    their widest tensor."""
+    """The dtype an op computes in: a float op's type; an INT8 conv / matmul multiplies its data
+    at the data's width whatever width it writes (a 16-bit link out costs nothing more; one in
+    is two INT8 passes: i16, half the rate), other integer ops work at the width of their widest
+    tensor."""
     out = A.dtype_name(op.results[0].type.element_type)
     if not tpu.is_quantized(op.results[0]):
         return out
     if op.name in _MATRIX and tpu.is_quantized(op.operands[0]):
-        return _INTEGER.get(A.dtype_name(op.operands[0].type.element_type), "i8")
+        data = A.dtype_name(op.operands[0].type.element_type)
+        return _INTEGER.get(data, data)
     widths = [A.dtype_name(v.type.element_type) for v in (*op.operands, *op.results)
               if isinstance(v.type, TensorType) and tpu.is_quantized(v)]
     return max((_INTEGER.get(w, w) for w in widths), key=lambda w: A.numpy_dtype(w).itemsize)

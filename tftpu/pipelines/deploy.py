@@ -34,6 +34,8 @@ __all__ = ["deploy", "DeployResult", "DEFAULT_TOLERANCE", "verify", "output_part
 
 # TPU-MLIR's default (cosine, euclidean) tolerances of a TPU model against TOP, per mode
 DEFAULT_TOLERANCE = {"F32": (0.99, 0.99), "F16": (0.95, 0.85), "BF16": (0.95, 0.80), "INT8": (0.8, 0.5)}
+# under wide_links="auto", every conv reads 16-bit links where that costs at most this much latency
+CONV_LINKS_LATENCY = 1.10
 AUTO_TARGET = "0.99,20"      # what INT8 must reach before `mixed_precision="auto"` keeps ops in float
 # after the refit, the last quarter of the search's float ops (in its ranking) is tried back in
 # INT8 (one more build). Measured on the detectors (benchmarks/detectors.py, see quantize.md):
@@ -68,7 +70,9 @@ class DeployResult:
     bias_correction: object | None = None       # tftpu.quant.bias_correction.BiasCorrection, when one ran
     weight_rounding: object | None = None       # tftpu.quant.weight_rounding.WeightRounding, when one ran
     tables: str | None = None                   # wide_links="auto": the interpolated tables' trial, and its verdict
-    wide_links: bool | str = True               # the links the program was lowered with (True, False, "tables")
+    conv_links: str | None = None               # wide_links="auto": the dense convs reading 16 bits, and their price
+    int8_latency_us: float | None = None        # where priced: the all-INT8 program's with 8-bit conv inputs
+    wide_links: bool | str = True               # the links the program was lowered with (WIDE_LINKS)
     equalize: str | None = None                 # depthwise input equalization: what it did, and its verdict
 
     @property
@@ -194,6 +198,7 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
            space_to_depth: bool = False, model=None,
            trace=None, bias_correction: bool = False, weight_rounding: bool = False,
            wide_links: bool | str = "auto", float_tail: bool = True, weight_refit: bool = False,
+           conv_links: bool = True,
            equalize: bool | str = False) -> DeployResult:
     """Lower the TOP model `mlir` (a path or TopModel) for `chip` in `quantize` mode.
 
@@ -236,7 +241,13 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     readers taking it through a cast to 8 bits (`tftpu.quant.links`); "tables": a conv that only
     smooth activation tables
     read (SiLU, HardSwish, GELU, ...) as well, each table interpolating 513 knots from 16 bits;
-    "auto": links (True) for the search and its builds, then, given a test input, the program
+    "convs": with the tables, every conv reads its data on 16 bits (W8A16, two INT8 passes);
+    "auto": the dense convs reading 16 bits too, the cheapest first, as many as keep the all-INT8
+    program's estimated latency within `CONV_LINKS_LATENCY` (or `mixed_precision_latency`, if
+    lower) of the one with 8-bit conv inputs (`result.conv_links` says; `conv_links=False`:
+    none), the float ops then held to what is left of `mixed_precision_latency` (their ratio and
+    `result.int8_latency_us` are against the program with 8-bit conv inputs); where none fits,
+    links (True) for the search and its builds, then, given a test input, the program
     chosen is built once more with the tables and the better kept, judged as the search judges
     (`result.tables` says; measured: the tables lift pure INT8, but the search's float ops, chosen
     without them, can lose their gain). `float_tail` (INT8, on by default): a detector's decode
@@ -259,8 +270,9 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     t0 = time.perf_counter()
     seconds = {}
     mode = quantize.upper()
-    if wide_links not in (True, False, "tables", "auto"):
-        raise errors.UsageError(f"wide_links={wide_links!r}: expected True, False, 'tables' or 'auto'")
+    if wide_links not in (True, False, "tables", "convs", "auto") and not isinstance(wide_links, (set, frozenset)):
+        raise errors.UsageError(f"wide_links={wide_links!r}: expected True, False, 'tables', 'convs', 'auto' "
+                                "or a set of conv names")
     links = True if wide_links == "auto" else wide_links      # what the search and the builds use
     if mode not in DEFAULT_TOLERANCE:
         raise errors.UsageError(f"--quantize={quantize}: expected one of {', '.join(DEFAULT_TOLERANCE)}")
@@ -312,6 +324,17 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
         rounded, rounding = reconstruct_rounding(top_model, samples or [inputs],
                                                  float_ops=_float_ops(top_model, qtable, float_tail))
         seconds["weight rounding"] = time.perf_counter() - t1
+    priced = int8_us = None                      # dense convs on 16 bits: their price; the 8-bit program's latency
+    float_latency = mixed_precision_latency      # what the search's float ops may cost on top of the links
+    if wide_links == "auto" and conv_links and mode == "INT8" and table is not None:
+        t1 = time.perf_counter()
+        limit = min(CONV_LINKS_LATENCY, mixed_precision_latency or CONV_LINKS_LATENCY)
+        probe = inputs if inputs is not None else (samples or [None])[0]
+        links, priced, int8_us, links_us = _conv_links(top_model, the_chip, table, qtable, asymmetric, float_tail,
+                                                        limit, probe)
+        if float_latency is not None and links_us:
+            float_latency = max(1.0, float_latency * int8_us / links_us)
+        seconds["conv links"] = time.perf_counter() - t1
     search = None
     rival = None                                 # the isolated ranking's result, built and judged below
     if mixed_precision in (None, "none", "") or mode != "INT8":
@@ -330,7 +353,7 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
                                           qtable=qtable, ranking=ranking, weights_from=rounded,
                                           float_budget=mixed_precision_budget, wide_links=links,
                                           float_tail=float_tail,
-                                          latency_budget=mixed_precision_latency,
+                                          latency_budget=float_latency,
                                           latency=lambda m: _profile(m, the_chip).latency_us,
                                           judge_first=inputs is not None)
         search = search_by(mixed_precision_ranking)
@@ -352,7 +375,7 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
 
     # under "auto", the program is also built with interpolated tables where they change a grid (of
     # the float set chosen, or of all INT8 where the search kept float ops)
-    trying_tables = wide_links == "auto" and mode == "INT8" and table is not None and (
+    trying_tables = wide_links == "auto" and links is True and mode == "INT8" and table is not None and (
         interpolates(qtable) or search is not None and bool(search.kept) and interpolates(given_qtable))
     if inputs is not None and (rounded is not None or correcting or search is not None and search.kept
                                or trying_tables):
@@ -492,8 +515,8 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     from tftpu.backend.codegen import annotate, generate
     from tftpu.backend.profile import profile
     cycles = estimate(tpu_model, the_chip)
-    all_int8_us = None
-    if search is not None and search.kept:       # what the float ops cost: the program all in INT8
+    all_int8_us = int8_us                        # (the links' price counts against the float ops' budget)
+    if search is not None and search.kept and all_int8_us is None:   # what the float ops cost: all in INT8
         pure = pure or lower(top_model, the_chip, mode, table, qtable=given_qtable, asymmetric=asymmetric,
                              wide_links=links, float_tail=float_tail)
         all_int8_us = _profile(pure[0], the_chip).latency_us
@@ -518,11 +541,11 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
                 stem["max_rel_diff"] = max_relative_difference(TopInterpreter(original).run(inputs),
                                                                TopInterpreter(top_model).run(inputs),
                                                                original.output_names)
-    if all_int8_us is not None:
+    if all_int8_us is not None and search is not None:
         search.latency_ratio = prof.latency_us / all_int8_us if all_int8_us > 0 else 1.0
     result = DeployResult(tpu_model, lowering, tol, search=search, memory=memory, cycles=cycles, s2d=stem,
                           program=program, profile=prof, bias_correction=corrected, weight_rounding=rounding,
-                          tables=tables, wide_links=links,
+                          tables=tables, conv_links=priced, wide_links=links, int8_latency_us=int8_us,
                           equalize=equalized.line if equalized is not None else None)
     if inputs is not None:
         t1 = time.perf_counter()
@@ -551,6 +574,60 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
         from tftpu.pipelines.deploy_report import write_report
         write_report(report, result)
     return result
+
+
+def _conv_links(top_model, chip, table, qtable, asymmetric, float_tail: bool, limit: float, sample=None) -> tuple:
+    """(links, note, latency with 8-bit conv inputs, latency with the links): the dense convs that
+    read their data on 16 bits (two INT8 passes; with the interpolated tables), the most noise
+    spared per cycle first (the noise each conv's 8-bit input adds to its output on `sample`,
+    `tftpu.quant.links.input_rounding_noise`, over the conv's own extra cycles in the program with
+    every conv so; the cheapest first without a sample), as many as keep the all-INT8 program's
+    estimated latency within `limit` times the one with the default links (True where none
+    fits). A conv that waits on DDR pays little for it; one that keeps the matrix unit busy runs
+    at half speed."""
+    from tftpu.backend.cycles import estimate
+    from tftpu.quant.links import input_rounding_noise
+    from tftpu.transforms.lowering import lower
+    from tftpu.transforms.lowering.lower import TWO_PASSES
+
+    def build(links):
+        return lower(top_model, chip, "INT8", table, qtable=qtable, asymmetric=asymmetric, wide_links=links,
+                     float_tail=float_tail)
+
+    def two_passes(report) -> set:
+        return {d.name for d in report.decisions if d.reason == TWO_PASSES}
+
+    (base, base_report), (every, every_report) = build(True), build("convs")
+    convs = two_passes(every_report) - two_passes(base_report)
+    if not convs:
+        return True, None, None, None
+    extra: dict[str, int] = dict.fromkeys(convs, 0)
+    before = {o.name: o.cycles for o in estimate(base, chip).ops}
+    for o in estimate(every, chip).ops:        # a conv writing a model output is renamed <name>_<dtype>
+        name = o.name if o.name in extra else o.name.rsplit("_", 1)[0]
+        if name in extra and o.type == "tpu.Conv":
+            extra[name] += o.cycles - before.get(o.name, 0)
+    noise = input_rounding_noise(top_model, table, asymmetric, sample, convs) if sample is not None else {}
+    order = sorted(convs, key=lambda n: (-noise.get(n, 0.0) / max(extra[n], 1), extra[n], n))
+    us = {0: _profile(base, chip).latency_us, len(order): _profile(every, chip).latency_us}
+    most = us[0] * limit
+
+    def latency(k: int) -> float:
+        if k not in us:
+            us[k] = _profile(build(frozenset(order[:k]))[0], chip).latency_us
+        return us[k]
+
+    lo, hi = 0, len(order)                      # the most convs that fit: latency(lo) fits
+    if latency(hi) <= most:
+        lo = hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if latency(mid) <= most else (lo, mid)
+    links = True if lo == 0 else "convs" if lo == len(order) else frozenset(order[:lo])
+    return links, (f"16-bit inputs to {lo} of {len(order)} dense convs (two INT8 passes; "
+                   f"{'the most noise spared per cycle' if noise else 'the cheapest'} first): "
+                   f"estimated latency {us[lo]:,.1f} us against {us[0]:,.1f} us ({us[lo] / max(us[0], 1e-9):.2f}x; "
+                   f"limit {limit:.2f}x)"), us[0], us[lo]
 
 
 def _interpolated(top_model, table, qtable, asymmetric, float_tail: bool = True) -> bool:

@@ -68,9 +68,12 @@ def report_data(result) -> dict:
     }
     if result.search is not None:
         data["mixed_precision"] = result.search.as_dict()
-    data["wide_links"] = result.wide_links
+    links = result.wide_links               # a set of conv names reading 16 bits: listed
+    data["wide_links"] = sorted(links) if isinstance(links, (set, frozenset)) else links
     if result.tables:
         data["interpolated_tables"] = result.tables
+    if result.conv_links:
+        data["conv_links"] = result.conv_links
     if result.equalize:
         data["equalize"] = result.equalize
     if result.memory is not None:

@@ -39,7 +39,7 @@ from tftpu.ir import top
 from tftpu.ir.module import TopModel, parse_module
 from tftpu.ir.quant import STORAGE
 from tftpu.quant import params as P
-from tftpu.quant.links import reads_link, wide_grids
+from tftpu.quant.links import reach, reads_link, wide_grids
 from tftpu.quant.refit import Fit
 from tftpu.utils.names import unique_name
 
@@ -176,8 +176,9 @@ def correct_biases(model: TopModel, table, samples: list[dict], asymmetric: bool
     interp = TopInterpreter(model)
     grids = {name: P.activation(*entry[:3], asymmetric=asymmetric) for name, entry in table.entries.items()}
     narrow: dict[str, P.QParams] = {}       # a 16-bit link's 8-bit grid, for the INT8 ops that read 8 bits
+    tables, convs = reach(wide_links)
     if wide_links:
-        wide = wide_grids(model, table, asymmetric, lambda name: name not in float_ops, tables=wide_links == "tables")
+        wide = wide_grids(model, table, asymmetric, lambda name: name not in float_ops, tables=tables, convs=convs)
         narrow = {name: grids[name] for name in wide}
         grids.update(wide)
     steps_ops = [op for op in model.ops if not isinstance(op, (top.NoneOp, top.Input, top.Weight))]
@@ -222,7 +223,7 @@ def correct_biases(model: TopModel, table, samples: list[dict], asymmetric: bool
         narrowed = [] if op.loc in float_ops else \
             [(i, narrow[interp.names[s]]) for i, (s, v) in enumerate(zip(ins, op.operands))
              if s is not None and interp.names.get(s) in narrow
-             and not reads_link(op, v, narrow, wide_links == "tables")]
+             and not reads_link(op, v, narrow, tables, convs)]
         bias_q = None
         w_used = qweights.get(ins[1]) if correct and not in_float else None   # the weights it computes with
         if correct and refit and _refittable(op, model):

@@ -14,6 +14,8 @@ the element-wise ops behind them. A depthwise conv reads a 16-bit link too (`is_
 INT8 kernel runs two passes, over the link's signed high byte and its unsigned low byte, and adds
 them (256 high + low) exactly in int32; its input is where the 8-bit rounding of detectors built of
 depthwise blocks costs most (a quiet channel on its tensor's grid, a large folded kernel after it).
+With `convs`, a dense conv reads 16 bits the same way (its two passes' int32 sums combined in 64
+bits before requantization), where the chip affords it (`tftpu.pipelines.deploy` prices it).
 
 The 16-bit grid is symmetric (zero point 0) over twice the tensor's calibrated range. Where the
 reader is an Add or Sub, its scale is the reader's output scale over a power of two, so that the
@@ -28,12 +30,14 @@ from __future__ import annotations
 import math
 from typing import Callable
 
+import numpy as np
+
 from tftpu.errors import UsageError
 from tftpu.ir import top
 from tftpu.ir.base import value_name
 from tftpu.quant import params as P
 
-__all__ = ["wide_grids", "reads_wide", "int8_reads_wide", "reads_link", "is_depthwise", "WIDE_PRODUCERS",
+__all__ = ["wide_grids", "reach", "input_rounding_noise", "reads_wide", "int8_reads_wide", "reads_link", "is_depthwise", "WIDE_PRODUCERS",
            "WIDE_READERS", "INTERPOLATED", "MAX_TAPS", "PASS_THROUGH", "LOOKUP_TABLES", "I16_MAX", "HEADROOM"]
 
 # activations whose INT8 form is a 256-entry lookup table (the lowering registers these)
@@ -69,7 +73,16 @@ def _range(entry) -> float:
     return max(abs(float(entry[0])), abs(float(entry[1])), abs(float(entry[2])))
 
 
-def reads_wide(reader, v, in_int8, tables: bool = False) -> bool:
+def reach(wide_links) -> tuple[bool, bool | frozenset]:
+    """(tables, convs) of a lowering's `wide_links`: True the element-wise readers' and depthwise
+    convs' links; "tables" with the interpolated tables too; "convs" with every conv reading 16
+    bits; a set of conv names: the tables, and those convs reading 16 bits."""
+    if isinstance(wide_links, (set, frozenset)):
+        return True, frozenset(wide_links)
+    return wide_links in ("tables", "convs"), wide_links == "convs"
+
+
+def reads_wide(reader, v, in_int8, tables: bool = False, convs: bool | frozenset = False) -> bool:
     """Whether `reader` takes `v` on a 16-bit grid as it is: an INT8 Add / Sub / Mul / PReLU (as its
     data) or, with `tables`, smooth activation, or an op kept in float (its cast from 16 bits is
     as cheap, and finer)."""
@@ -77,16 +90,18 @@ def reads_wide(reader, v, in_int8, tables: bool = False) -> bool:
         return False
     if not in_int8(reader.loc):
         return True
-    return int8_reads_wide(reader, v, tables)
+    return int8_reads_wide(reader, v, tables, convs)
 
 
-def int8_reads_wide(reader, v, tables: bool = False) -> bool:
+def int8_reads_wide(reader, v, tables: bool = False, convs: bool | frozenset = False) -> bool:
     """Whether `reader`, run in INT8, reads `v` as a 16-bit operand (others read 8 bits): an Add,
     Sub, Mul or PReLU's data, a depthwise conv's data (in two passes), or with `tables` a smooth
-    activation's input."""
+    activation's input; with `convs` (True, or a set of conv names), every conv's (those convs')
+    data, dense ones too, in the same two passes."""
     if tables and reader.name in INTERPOLATED:
         return True
-    if reader.name == "top.Conv" and reader.operands[0] is v and is_depthwise(reader):
+    if reader.name == "top.Conv" and reader.operands[0] is v and (
+            convs is True or bool(convs) and reader.loc in convs or is_depthwise(reader)):
         return True
     return reader.name in WIDE_READERS and (reader.name != "top.PRelu" or
                                             reader.operands[0] is v and reader.operands[1] is not v)
@@ -116,14 +131,15 @@ def _size(v) -> int:
     return math.prod(v.type.get_shape())
 
 
-def reads_link(reader, v, wide, tables: bool = False) -> bool:
+def reads_link(reader, v, wide, tables: bool = False, convs: bool | frozenset = False) -> bool:
     """Whether the INT8 op `reader` reads the link `v` on its 16 bits, given the links `wide`
     (names): an Add / Sub / Mul / PReLU as its data, or a pass-through op whose result is a link too."""
-    return int8_reads_wide(reader, v, tables) or (_passes(reader, v) and value_name(reader.results[0]) in wide)
+    return int8_reads_wide(reader, v, tables, convs) or (
+        _passes(reader, v) and value_name(reader.results[0]) in wide)
 
 
 def wide_grids(model, table, asymmetric: bool | str, in_int8: Callable[[str], bool],
-               split: bool = True, tables: bool = False) -> dict[str, P.QParams]:
+               split: bool = True, tables: bool = False, convs: bool | frozenset = False) -> dict[str, P.QParams]:
     """Tensor name -> 16-bit grid, for each tensor made by an INT8 conv / Add / Sub / Mul / PReLU / table
     (`in_int8` of the op's name) or by an op kept in float, that is not a model output and whose
     every reader is an INT8 Add, Sub, Mul or PReLU reading it as data or an INT8 depthwise conv
@@ -139,7 +155,9 @@ def wide_grids(model, table, asymmetric: bool | str, in_int8: Callable[[str], bo
     its calibration entry. `tables`: a smooth activation table (`INTERPOLATED`) reads 16 bits as
     well, interpolating its knots (`tpu.Lut`), so a conv that only such tables read is a link.
     Off by default (`wide_links="tables"` turns it on): on the measured detectors it lifts pure
-    INT8 but can cost the mixed-precision search's float set its gain."""
+    INT8 but can cost the mixed-precision search's float set its gain. `convs` (with `tables`:
+    `wide_links="convs"`): every INT8 conv reads its data on 16 bits, in two INT8 passes (W8A16
+    with INT8 multiplies), so nearly every activation is a link."""
     outputs = set(model.output_names)
 
     def accepted(readers: list, wide: list) -> bool:
@@ -154,7 +172,7 @@ def wide_grids(model, table, asymmetric: bool | str, in_int8: Callable[[str], bo
         """The readers of `v` that read it wide, a pass-through one where its own result is read
         wide in turn (and leaves the model only through such readers)."""
         wide = []
-        direct = any(reads_wide(r, v, in_int8, tables) for r in readers if not _passes(r, v))
+        direct = any(reads_wide(r, v, in_int8, tables, convs) for r in readers if not _passes(r, v))
         for r in readers:
             if _passes(r, v) and in_int8(r.loc):
                 out = r.results[0]
@@ -163,7 +181,7 @@ def wide_grids(model, table, asymmetric: bool | str, in_int8: Callable[[str], bo
                 inner = [u.operation for u in out.uses]
                 if value_name(out) not in outputs and accepted(inner, through(out, inner)):
                     wide.append(r)
-            elif reads_wide(r, v, in_int8, tables):
+            elif reads_wide(r, v, in_int8, tables, convs):
                 wide.append(r)
         return wide
 
@@ -245,3 +263,30 @@ def wide_grids(model, table, asymmetric: bool | str, in_int8: Callable[[str], bo
     for name, source in moved.items():
         grids[name] = grids[source]
     return grids
+
+
+def input_rounding_noise(model, table, asymmetric: bool | str, sample: dict, names) -> dict[str, float]:
+    """Conv name -> the noise its input's 8-bit rounding adds to its output, over that output's
+    power on `sample` (step**2 / 12 times each output channel's sum of squared weights, against
+    the output's mean square), for the TOP convs `names` with a calibrated input and constant
+    weights: where a 16-bit input buys most (a conv whose output is small beside its terms)."""
+    from tftpu.interp.top_interpreter import TopInterpreter
+
+    names = set(names)
+    dumps = TopInterpreter(model).run(sample, dump_all=True)
+    noise: dict[str, float] = {}
+    for op in model.ops:
+        if op.loc not in names or not isinstance(op.operands[1].owner, top.Weight):
+            continue
+        entry = table.entries.get(value_name(op.operands[0]))
+        w = model.weights.get(op.operands[1].owner.key)
+        y = dumps.get(value_name(op.results[0]))
+        if entry is None or w is None or y is None:
+            continue
+        w = np.asarray(w, np.float64)
+        out_axis = 0 if op.attrs().get("kernel_layout", "OIHW") == "OIHW" else w.ndim - 1
+        per_channel = np.moveaxis(w, out_axis, 0).reshape(w.shape[out_axis], -1)
+        step = P.activation(*entry[:3], asymmetric=asymmetric).scale
+        power = float(np.mean(np.square(np.asarray(y, np.float64))))
+        noise[op.loc] = step ** 2 / 12 * float(np.mean(np.sum(per_channel ** 2, axis=1))) / max(power, 1e-30)
+    return noise

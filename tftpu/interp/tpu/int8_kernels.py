@@ -304,9 +304,10 @@ def _make_native_conv(w, b, attrs, info):
 
 
 def _two_passes(x, zp: int, w, attrs: dict, nhwc: bool) -> np.ndarray | None:
-    """Exact int64 sums of a grouped conv of 16-bit data `x` (zero point `zp`) as the chip runs
-    it: two INT8 passes, over the signed high byte and the unsigned low byte (`256 hi + lo`),
-    each exact in float32 (`conv_f32`); None where a pass is not."""
+    """Exact int64 sums of a conv of 16-bit data `x` (zero point `zp`) as the chip runs it: two
+    INT8 passes, over the signed high byte and the unsigned low byte (`256 hi + lo`), each exact
+    (float32 through `conv_f32` for a grouped conv where it is exact: onnxruntime's float kernels
+    are faster there; else int32 through `conv_integer`); None where a pass is not."""
     xn = np.ascontiguousarray(x.transpose(0, 3, 1, 2)) if nhwc else x
     wn = WEIGHTS.get(w, ("oihw",), lambda: np.ascontiguousarray(w.transpose(3, 2, 0, 1))) \
         if attrs["kernel_layout"] == "HWIO" else w
@@ -315,10 +316,16 @@ def _two_passes(x, zp: int, w, attrs: dict, nhwc: bool) -> np.ndarray | None:
     lo = ((xi & 0xFF) - 128).astype(np.int8)         # x mod 256, on int8 with zero point -128
     # zero point: 256 hi + lo - zp = 256 (hi - zp_hi) + (lo - zp_lo) with zp = 256 zp_hi + zp_lo
     zp_hi, zp_lo = zp >> 8, (zp & 0xFF) - 128
-    t_hi, t_lo = conv_f32(hi, zp_hi, wn, None, attrs), conv_f32(lo, zp_lo, wn, None, attrs)
+
+    def one_pass(plane, z):
+        t = conv_f32(plane, z, wn, None, attrs) if attrs["group"] > 1 else None
+        return conv_integer(plane, z, wn, attrs) if t is None else t
+
+    t_hi, t_lo = one_pass(hi, zp_hi), one_pass(lo, zp_lo)
     if t_hi is None or t_lo is None:
         return None
-    acc = np.rint(t_hi).astype(np.int64) * 256 + np.rint(t_lo).astype(np.int64)
+    t_hi, t_lo = (t if t.dtype.kind == "i" else np.rint(t) for t in (t_hi, t_lo))
+    acc = t_hi.astype(np.int64) * 256 + t_lo.astype(np.int64)
     return acc.transpose(0, 2, 3, 1) if nhwc else acc
 
 
@@ -333,7 +340,7 @@ def conv(operands, attrs, info):
         y = fast(x)
         if y is not None:
             return [y]
-    if x.ndim == 4 and info.ins[0].dtype == "i16" and attrs["group"] > 1 and w.dtype == np.int8:
+    if x.ndim == 4 and info.ins[0].dtype == "i16" and w.dtype == np.int8:
         acc = _two_passes(x, info.ins[0].zp, w, attrs, nhwc)
         if acc is not None:
             if b is not None:

@@ -47,10 +47,11 @@ class Lowering:
     """Builds the TPU module of `model` for `chip` in `mode` (see `tftpu.transforms.lowering.lower`)."""
 
     def __init__(self, model, chip, mode: str, table=None, asymmetric: bool | str = False,
-                 wide: dict | None = None, tables: bool = False):
+                 wide: dict | None = None, tables: bool = False, convs: bool | frozenset = False):
         self.src = model
         self.wide = dict(wide or {})        # tensor name -> its 16-bit grid (`tftpu.quant.links`)
         self.tables = tables                # smooth activation tables read links (`wide_links="tables"`)
+        self.convs = convs                  # every conv (True) or those named read links (`links.reach`)
         self.reading = None                 # the TOP op being lowered (which operands it reads wide)
         self.chip = chip
         self.mode = mode
@@ -140,7 +141,7 @@ class Lowering:
         already wrote it on, else its calibration entry's (so no requantization is inserted
         without need); a 16-bit link's 8-bit grid for an op that reads 8 bits only."""
         if self.reading is not None and v.owner is not self.reading and value_name(v) in self.wide and \
-                not reads_link(self.reading, v, self.wide, self.tables):
+                not reads_link(self.reading, v, self.wide, self.tables, self.convs):
             return self._calibrated(v)
         if not isinstance(v.type, NoneType) and not self.is_weight(v) and v in self.values:
             have = self.params_of(self.values[v])

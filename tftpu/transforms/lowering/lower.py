@@ -19,17 +19,20 @@ from tftpu.errors import UsageError
 from tftpu.ir import attrs as A
 from tftpu.ir import top, tpu
 from tftpu.ir.base import set_loc, loc_names, value_name
-from tftpu.quant.links import is_depthwise, wide_grids
+from tftpu.quant.links import int8_reads_wide, reach, wide_grids
 from tftpu.transforms.lowering import int8_conv, int8_elementwise, int8_movement, int8_pool, int8_resize  # noqa: F401
 from tftpu.transforms.lowering.context import Decision, Lowering, float_dtype
 from tftpu.transforms.lowering.decode_tail import decode_tail, tail_mode
 from tftpu.transforms.lowering.float_ops import lower_float
 from tftpu.transforms.lowering.registry import INT8
 
-__all__ = ["lower", "LoweringReport", "float_mode_of", "TWO_PASSES"]
+__all__ = ["lower", "LoweringReport", "float_mode_of", "TWO_PASSES", "WIDE_LINKS"]
 
 # the note on an INT8 depthwise conv that reads a 16-bit link (`tftpu.quant.links`)
 TWO_PASSES = "16-bit input, two INT8 passes"
+# the links a lowering may write (`tftpu.quant.links`): none, the element-wise readers' and
+# depthwise convs', with the interpolated activation tables, with every conv (W8A16)
+WIDE_LINKS = (False, True, "tables", "convs")
 
 # cheap ops that follow their input's mode rather than cast it back to INT8
 _FOLLOWERS = set(int8_movement.MOVEMENT) | {"top.Pad", "top.Gather", "top.MaxPool", "top.GlobalMaxPool",
@@ -86,7 +89,7 @@ class LoweringReport:
         two = [d.name for d in self.decisions if d.mode == "INT8" and d.reason == TWO_PASSES]
         if two:
             shown = ", ".join(two[:4]) + (f" and {len(two) - 4} more" if len(two) > 4 else "")
-            lines.append(f"  {len(two)} depthwise conv(s) read a 16-bit link in two INT8 passes: {shown}")
+            lines.append(f"  {len(two)} conv(s) read a 16-bit link in two INT8 passes: {shown}")
         return "\n".join(lines)
 
 
@@ -105,7 +108,9 @@ def lower(model, chip, mode: str, table=None, qtable: dict | None = None, asymme
     passes, high and low byte) read is written on a 16-bit grid by its INT8 conv or Add
     (`tftpu.quant.links`); False keeps every activation on 8 bits;
     "tables": a conv that only smooth activations read (SiLU, HardSwish, GELU, ...) too, their
-    tables then interpolated from 16 bits.
+    tables then interpolated from 16 bits; "convs": with the tables, every conv reads its data on
+    16 bits (dense ones too: W8A16 in two INT8 passes), so nearly every activation is a link; a
+    set of conv names: the tables, and those convs reading 16 bits.
     `split_links`: so is one they read beside other ops (which read it through a cast to 8 bits).
     `float_tail` (INT8): the decode tail (`decode_tail`: score sigmoids, a DFL softmax and its
     expectation, box arithmetic after the last feature layers) runs in float by design, unless
@@ -136,11 +141,15 @@ def lower(model, chip, mode: str, table=None, qtable: dict | None = None, asymme
     if mode == "INT8" and float_tail:
         by_design = {n: why for n, why in decode_tail(model).items() if n not in qtable}
         qtable.update(dict.fromkeys(by_design, tail_mode(model, by_design, chip, table, fallback)))
+    if wide_links not in WIDE_LINKS and not isinstance(wide_links, (set, frozenset)):
+        raise UsageError(f"wide_links={wide_links!r}: expected one of {', '.join(map(repr, WIDE_LINKS))} "
+                         "or a set of conv names")
     wide = None
+    tables, convs = reach(wide_links)
     if wide_links and table is not None:
         wide = wide_grids(model, table, asymmetric, lambda name: qtable.get(name, mode) == "INT8", split_links,
-                          tables=wide_links == "tables")
-    ctx = Lowering(model, chip, mode, table, asymmetric, wide, tables=wide_links == "tables")
+                          tables=tables, convs=convs)
+    ctx = Lowering(model, chip, mode, table, asymmetric, wide, tables=tables, convs=convs)
     for op in model.ops:
         if isinstance(op, top.NoneOp):
             continue
@@ -177,8 +186,9 @@ def lower(model, chip, mode: str, table=None, qtable: dict | None = None, asymme
 
 
 def _reads_link_in_two_passes(ctx, op) -> bool:
-    """Whether the INT8 `op` is a depthwise conv reading its data on a 16-bit link."""
-    return op.name == "top.Conv" and value_name(op.operands[0]) in ctx.wide and is_depthwise(op)
+    """Whether the INT8 `op` is a conv reading its data on a 16-bit link."""
+    return op.name == "top.Conv" and value_name(op.operands[0]) in ctx.wide and \
+        int8_reads_wide(op, op.operands[0], ctx.tables, ctx.convs)
 
 
 def _rename(value, new: str) -> None:

@@ -614,9 +614,18 @@ def _search(model, chip, table, samples, target, asymmetric, qtable, float_mode,
                 hi, best = mid, reached
             else:
                 lo = mid
+    fits = None
+    if latency_budget is not None:               # fewer float ops can cost more (a cast they spared)
+        cap = latency_budget * cost([])
+
+        def fits(names) -> bool:
+            return cost(names) <= cap
+        while hi < len(ranked) and not fits([n for n, _ in ranked[:hi]]):
+            hi += 1
+            best = evaluate({n: fmode for n, _ in ranked[:hi]})[0]
     kept = [(n, fmode, snr) for n, snr in ranked[:hi]]
     if meets(best):
-        kept, best = _prune(kept, flops, total, fmode, evaluate, meets, best)
+        kept, best = _prune(kept, flops, total, fmode, evaluate, meets, best, fits)
     return MixedPrecisionResult({**base, **{n: m for n, m, _ in kept}}, kept, (cos_t, snr_t), best, int8_reached,
                                 evaluations, time.perf_counter() - t0, len(int8_ops), asked, reached_hi,
                                 ranking=ranking, float_budget=float_budget, budget_limited=limited,
@@ -688,10 +697,11 @@ def _lowered_target(target, all_float) -> tuple[float, float]:
     return (min(target[0], all_float[0] - (1.0 - all_float[0])), min(target[1], all_float[1] - REACH_MARGIN_DB))
 
 
-def _prune(kept, flops, total, fmode, evaluate, meets, best):
+def _prune(kept, flops, total, fmode, evaluate, meets, best, fits=None):
     """Try the float ops holding at least PRUNE_SHARE of the FLOPs back in INT8, the most first,
-    and leave there those the target does without; again after any was left, so that each one
-    still in float is needed there (within PRUNE_TRIALS trials)."""
+    and leave there those the target does without (and, `fits(names)`, the latency budget
+    affords without); again after any was left, so that each one still in float is needed
+    there (within PRUNE_TRIALS trials)."""
     trials, needed = 0, set()
     while trials < PRUNE_TRIALS:
         order = sorted((n for n, _, _ in kept if flops.get(n, 0) >= PRUNE_SHARE * total and n not in needed),
@@ -701,6 +711,9 @@ def _prune(kept, flops, total, fmode, evaluate, meets, best):
         for name in order[:PRUNE_TRIALS - trials]:
             trials += 1
             trial = [k for k in kept if k[0] != name]
+            if fits is not None and not fits([n for n, _, _ in trial]):
+                needed.add(name)
+                continue
             reached, _, _ = evaluate({n: m for n, m, _ in trial})
             if meets(reached):
                 kept, best = trial, reached
@@ -782,7 +795,7 @@ def _grow_and_prune(model, samples, int8_ops, flops, fmode, evaluate, state, mee
         batch *= 2
     kept = [(n, fmode, floated[n]) for n in sorted(floated, key=lambda n: (-flops.get(n, 0), n))]
     if meets(reached):
-        kept, reached = _prune(kept, flops, total, fmode, evaluate, meets, reached)
+        kept, reached = _prune(kept, flops, total, fmode, evaluate, meets, reached, fits)
     elif limited and floated:                  # what the float set that fits reaches on every sample
         reached, _, _ = evaluate({n: fmode for n in floated})
     return kept, reached, all_float, limited and not meets(reached)
