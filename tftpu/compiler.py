@@ -236,8 +236,10 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None, calib
     the FLOPs staying INT8 (`tftpu.quant.links`); False keeps every
     activation on 8 bits; "tables": a conv that only smooth activation tables read (SiLU,
     HardSwish, GELU, ...) as well, each table interpolating 513 knots from 16 bits; "convs": with
-    the tables, every conv reads 16 bits (W8A16, two INT8 passes); "auto" (the default): "convs"
-    where the chip affords it (the all-INT8 program's estimated latency within 1.10x), else links,
+    the tables, every conv reads 16 bits (W8A16, two INT8 passes); "auto" (the default): where
+    all INT8 misses the target, the dense convs whose 8-bit input adds the most noise per extra
+    cycle read 16 bits too, as many as keep the estimated latency within 1.10x of the program
+    with 8-bit conv inputs (the float ops' latency budget counts from that program); else links,
     and given a test input the program is built with the tables too, the better kept (`deploy`).
     `float_tail` (INT8): a detector's decode tail (the scores, a DFL
     softmax-expectation and the box arithmetic after its last feature layers:

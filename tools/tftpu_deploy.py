@@ -83,10 +83,11 @@ flags.DEFINE_enum("wide_tables", "auto", ["auto", "on", "off"],
                   "INT8, with --wide_links: 'on': a conv that only smooth activation tables read (SiLU, "
                   "HardSwish, GELU, ...) writes 16 bits too, each table interpolating 513 knots (a fused conv + "
                   "activation); 'auto': with --test_input, the program is built both ways and the better kept")
-flags.DEFINE_bool("conv_links", True, "INT8, with --wide_links and --wide_tables=auto: every conv reads its input "
-                  "on 16 bits (two INT8 passes over the high and low byte; the tables interpolated) where the "
-                  "all-INT8 program's estimated latency grows at most 1.10x; --noconv_links keeps dense convs' "
-                  "inputs on 8 bits")
+flags.DEFINE_bool("conv_links", True, "INT8, with --wide_links, --wide_tables=auto and --test_input or --samples: "
+                  "where all INT8 misses the target, dense convs read their input on 16 bits too (two INT8 passes "
+                  "over its high and low byte), those whose 8-bit input adds the most noise per extra cycle first, "
+                  "as many as keep the estimated latency within 1.10x of the program with 8-bit conv inputs; "
+                  "--noconv_links keeps dense convs' inputs on 8 bits")
 flags.DEFINE_bool("float_tail", True, "INT8: a detector's decode tail (its scores, a DFL softmax-expectation and "
                   "box arithmetic after the last feature layers) runs in float by design, the head convs "
                   "writing 16-bit logits into it; --nofloat_tail lowers it in INT8 too")

@@ -21,12 +21,7 @@ def test_two_passes_equal_the_16_bit_conv(channels, multiplier, kernel, stride, 
     w = rng.integers(-127, 128, (channels * multiplier, 1, kernel, kernel)).astype(np.int8)
     attrs = {"strides": [stride, stride], "pads": [pad] * 4, "dilations": [dilation, dilation], "group": channels,
              "kernel_layout": "OIHW", "layout": "NCHW"}
-    want = np.rint(K.conv_accumulate(x.astype(np.float64) - zero_point, w, attrs)).astype(np.int64)
-    if nhwc:
-        got = K._two_passes(x.transpose(0, 2, 3, 1), zero_point, w, attrs, True).transpose(0, 3, 1, 2)
-    else:
-        got = K._two_passes(x, zero_point, w, attrs, False)
-    assert got.dtype == np.int64 and np.array_equal(got, want)
+    _check(x, zero_point, w, attrs, nhwc)
 
 
 @settings(max_examples=30, deadline=None)
@@ -44,6 +39,11 @@ def test_two_passes_of_a_dense_conv(cin, cout, kernel, stride, dilation, pad, gr
     w[0] = 127                  # every term at its largest: the sum runs past int32 for a long contraction
     attrs = {"strides": [stride, stride], "pads": [pad] * 4, "dilations": [dilation, dilation], "group": groups,
              "kernel_layout": "OIHW", "layout": "NCHW"}
+    _check(x, zero_point, w, attrs, nhwc)
+
+
+def _check(x, zero_point: int, w, attrs: dict, nhwc: bool) -> None:
+    """The two passes' sums (NCHW data, or its NHWC transpose) equal the exact float64 conv."""
     want = np.rint(K.conv_accumulate(x.astype(np.float64) - zero_point, w, attrs)).astype(np.int64)
     if nhwc:
         got = K._two_passes(x.transpose(0, 2, 3, 1), zero_point, w, attrs, True).transpose(0, 3, 1, 2)

@@ -560,6 +560,17 @@ def test_a_step_function_or_a_steep_one_reads_8_bits(name):
     assert "i16" not in _types(tm)["c0"] and tuple(lut.operands[1].type.get_shape()) == (256,)
 
 
+def _conv_activation(b, x, rng, c: int, act: str | None, nhwc: bool):
+    """A 1x1 conv `c0` of `c` channels, then `act` (`a`: a PReLU with its slopes, or any other op)."""
+    layout = {"layout": "NHWC"} if nhwc else {}
+    y = b.op("Conv", [x, b.weight("w0", W(rng, c, c, 1, 1)), b.weight("b0", W(rng, c, scale=0.1))],
+             {"kernel_shape": [1, 1], **layout}, "c0")
+    if act == "PRelu":
+        slope = rng.uniform(0.05, 0.5, (1, 1, 1, c) if nhwc else (1, c, 1, 1)).astype(np.float32)
+        return b.op("PRelu", [y, b.weight("s", slope)], {}, "a")
+    return y if act is None else b.op(act, [y], {}, "a")
+
+
 @FEW
 @given(st.data())
 def test_a_depthwise_conv_reads_a_16_bit_link_in_two_passes_bit_exactly(data):
@@ -582,13 +593,7 @@ def test_a_depthwise_conv_reads_a_16_bit_link_in_two_passes_bit_exactly(data):
     shape = (1, side, side, c) if nhwc else (1, c, side, side)
 
     def body(b, xs):
-        y = b.op("Conv", [xs[0], b.weight("w0", W(rng, c, c, 1, 1)), b.weight("b0", W(rng, c, scale=0.1))],
-                 {"kernel_shape": [1, 1], **layout}, "c0")
-        if act == "PRelu":
-            slope = rng.uniform(0.05, 0.5, (1, 1, 1, c) if nhwc else (1, c, 1, 1)).astype(np.float32)
-            y = b.op("PRelu", [y, b.weight("s", slope)], {}, "a")
-        elif act is not None:
-            y = b.op(act, [y], {}, "a")
+        y = _conv_activation(b, xs[0], rng, c, act, nhwc)
         pad = dil * (k // 2)
         z = b.op("Conv", [y, b.weight("wd", W(rng, c * mult, 1, k, k, scale=1.0 / k)), b.weight("bd", W(rng, c * mult))],
                  {"kernel_shape": [k, k], "pads": [pad] * 4, "strides": [stride] * 2, "dilations": [dil] * 2,
@@ -631,13 +636,7 @@ def test_every_conv_reads_a_16_bit_link_in_two_passes_bit_exactly(data):
     shape = (1, side, side, c) if nhwc else (1, c, side, side)
 
     def body(b, xs):
-        y = b.op("Conv", [xs[0], b.weight("w0", W(rng, c, c, 1, 1)), b.weight("b0", W(rng, c, scale=0.1))],
-                 {"kernel_shape": [1, 1], **layout}, "c0")
-        if act == "PRelu":
-            slope = rng.uniform(0.05, 0.5, (1, 1, 1, c) if nhwc else (1, c, 1, 1)).astype(np.float32)
-            y = b.op("PRelu", [y, b.weight("s", slope)], {}, "a")
-        elif act is not None:
-            y = b.op(act, [y], {}, "a")
+        y = _conv_activation(b, xs[0], rng, c, act, nhwc)
         z = b.op("Conv", [y, b.weight("wd", W(rng, 2 * c, c // groups, k, k, scale=1.0 / k)),
                           b.weight("bd", W(rng, 2 * c))],
                  {"kernel_shape": [k, k], "pads": [k // 2] * 4, "strides": [stride] * 2, "group": groups,

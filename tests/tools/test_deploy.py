@@ -876,14 +876,17 @@ def test_auto_links_read_the_convs_on_16_bits_that_the_chip_affords(tmp_path):
     CONV_LINKS_LATENCY of the default links': here the small 1x1 conv after a large 3x3 one (which
     would cost half the program again); where every conv costs too much, none; the program is
     closer to float and the simulator bit-exact; the report and the tool say what and at what
-    price; conv_links=False / --noconv_links never price it."""
+    price; where all INT8 meets the target, or with conv_links=False / --noconv_links, none."""
     from tftpu.pipelines.deploy import CONV_LINKS_LATENCY, _Judge
 
     for layers, cin, side, chosen in (([(128, 3), (128, 3), (8, 1)], 16, 32, ["c2"]), ([(8, 3)] * 3, 8, 16, [])):
         model = conv_net(layers, cin, side)
         samples = samples_for(model, n=3)
         table = quant.calibrate(model, samples, "mse")
-        kw = dict(quantize="INT8", chip="npu1", calibration_table=table, test_input=samples[0], mixed_precision="none")
+        kw = dict(quantize="INT8", chip="npu1", calibration_table=table, test_input=samples[0],
+                  mixed_precision="0.99,90", mixed_precision_budget=0.0)      # a target all INT8 misses
+        reached = deploy(model, **{**kw, "mixed_precision": "none"})   # ... and the default one, which it meets
+        assert reached.conv_links.startswith("dense convs read 8 bits: all INT8 reaches") and reached.wide_links is True
         auto = deploy(model, report=tmp_path / "r.json", **kw)
         ratio = float(auto.conv_links.split(" us (")[1].split("x")[0])
         assert auto.conv_links.startswith(f"16-bit inputs to {len(chosen)} of 2 dense convs") and \
@@ -904,7 +907,7 @@ def test_auto_links_read_the_convs_on_16_bits_that_the_chip_affords(tmp_path):
             table.save(tmp_path / "cali")
             np.savez(tmp_path / "x.npz", **samples[0])
     args = ("deploy", f"--mlir={top_path}", "--quantize=INT8", "--chip=npu1", f"--calibration_table={tmp_path / 'cali'}",
-            f"--test_input={tmp_path / 'x.npz'}", "--mixed_precision=none")
+            f"--test_input={tmp_path / 'x.npz'}", "--mixed_precision=0.99,90", "--mixed_precision_budget=0")
     done, off = _tool(*args), _tool(*args, "--noconv_links")
     assert done.returncode == 0 and off.returncode == 0, done.stderr + off.stderr
     assert "wide links: 16-bit inputs to 1 of 2 dense convs (two INT8 passes" in done.stdout

@@ -242,9 +242,10 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     smooth activation tables
     read (SiLU, HardSwish, GELU, ...) as well, each table interpolating 513 knots from 16 bits;
     "convs": with the tables, every conv reads its data on 16 bits (W8A16, two INT8 passes);
-    "auto": the dense convs reading 16 bits too, the cheapest first, as many as keep the all-INT8
-    program's estimated latency within `CONV_LINKS_LATENCY` (or `mixed_precision_latency`, if
-    lower) of the one with 8-bit conv inputs (`result.conv_links` says; `conv_links=False`:
+    "auto": where all INT8 misses the target (`mixed_precision`'s, else 0.99 / 20 dB) on the test
+    input and samples, the dense convs reading 16 bits too, the most noise spared per cycle
+    first, as many as keep the all-INT8 program's estimated latency within `CONV_LINKS_LATENCY`
+    (or `mixed_precision_latency`, if lower) of the one with 8-bit conv inputs (`result.conv_links` says; `conv_links=False`:
     none), the float ops then held to what is left of `mixed_precision_latency` (their ratio and
     `result.int8_latency_us` are against the program with 8-bit conv inputs); where none fits,
     links (True) for the search and its builds, then, given a test input, the program
@@ -326,14 +327,21 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
         seconds["weight rounding"] = time.perf_counter() - t1
     priced = int8_us = None                      # dense convs on 16 bits: their price; the 8-bit program's latency
     float_latency = mixed_precision_latency      # what the search's float ops may cost on top of the links
-    if wide_links == "auto" and conv_links and mode == "INT8" and table is not None:
+    pool = ([inputs] if inputs is not None else []) + [s for s in (samples or []) if s is not inputs]
+    if wide_links == "auto" and conv_links and mode == "INT8" and table is not None and pool:
         t1 = time.perf_counter()
-        limit = min(CONV_LINKS_LATENCY, mixed_precision_latency or CONV_LINKS_LATENCY)
-        probe = inputs if inputs is not None else (samples or [None])[0]
-        links, priced, int8_us, links_us = _conv_links(top_model, the_chip, table, qtable, asymmetric, float_tail,
-                                                        limit, probe)
-        if float_latency is not None and links_us:
-            float_latency = max(1.0, float_latency * int8_us / links_us)
+        need = parse_target(mixed_precision if mixed_precision not in (None, "none", "", "auto") else AUTO_TARGET)[1]
+        plain = lower(top_model, the_chip, mode, table, qtable=qtable, asymmetric=asymmetric, wide_links=True,
+                      float_tail=float_tail)[0]
+        reached = min(_Judge(top_model, pool)(plain))
+        if reached >= need:
+            priced = f"dense convs read 8 bits: all INT8 reaches {reached:.1f} dB (target {need:g} dB)"
+        else:
+            limit = min(CONV_LINKS_LATENCY, mixed_precision_latency or CONV_LINKS_LATENCY)
+            links, priced, int8_us, links_us = _conv_links(top_model, the_chip, table, qtable, asymmetric,
+                                                            float_tail, limit, pool[0])
+            if float_latency is not None and links_us:
+                float_latency = max(1.0, float_latency * int8_us / links_us)
         seconds["conv links"] = time.perf_counter() - t1
     search = None
     rival = None                                 # the isolated ranking's result, built and judged below
