@@ -34,7 +34,8 @@ __all__ = ["deploy", "DeployResult", "DEFAULT_TOLERANCE", "verify", "output_part
 
 # TPU-MLIR's default (cosine, euclidean) tolerances of a TPU model against TOP, per mode
 DEFAULT_TOLERANCE = {"F32": (0.99, 0.99), "F16": (0.95, 0.85), "BF16": (0.95, 0.80), "INT8": (0.8, 0.5)}
-# under wide_links="auto", every conv reads 16-bit links where that costs at most this much latency
+# under wide_links="auto", dense convs read 16-bit links while the program stays within this much
+# latency of the one with 8-bit conv inputs
 CONV_LINKS_LATENCY = 1.10
 AUTO_TARGET = "0.99,20"      # what INT8 must reach before `mixed_precision="auto"` keeps ops in float
 # after the refit, the last quarter of the search's float ops (in its ranking) is tried back in
@@ -245,9 +246,10 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     "auto": where all INT8 misses the target (`mixed_precision`'s, else 0.99 / 20 dB) on the test
     input and samples, the dense convs reading 16 bits too, the most noise spared per cycle
     first, as many as keep the all-INT8 program's estimated latency within `CONV_LINKS_LATENCY`
-    (or `mixed_precision_latency`, if lower) of the one with 8-bit conv inputs (`result.conv_links` says; `conv_links=False`:
-    none), the float ops then held to what is left of `mixed_precision_latency` (their ratio and
-    `result.int8_latency_us` are against the program with 8-bit conv inputs); where none fits,
+    (or `mixed_precision_latency`, if lower) of the one with 8-bit conv inputs
+    (`result.conv_links` says; `conv_links=False`: none), the float ops then held to what is left
+    of `mixed_precision_latency` (their ratio and `result.int8_latency_us` are against the
+    program with 8-bit conv inputs); where none fits,
     links (True) for the search and its builds, then, given a test input, the program
     chosen is built once more with the tables and the better kept, judged as the search judges
     (`result.tables` says; measured: the tables lift pure INT8, but the search's float ops, chosen
@@ -332,14 +334,14 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
         t1 = time.perf_counter()
         need = parse_target(mixed_precision if mixed_precision not in (None, "none", "", "auto") else AUTO_TARGET)[1]
         plain = lower(top_model, the_chip, mode, table, qtable=qtable, asymmetric=asymmetric, wide_links=True,
-                      float_tail=float_tail)[0]
-        reached = min(_Judge(top_model, pool)(plain))
+                      float_tail=float_tail)
+        reached = min(_Judge(top_model, pool)(plain[0]))
         if reached >= need:
             priced = f"dense convs read 8 bits: all INT8 reaches {reached:.1f} dB (target {need:g} dB)"
         else:
             limit = min(CONV_LINKS_LATENCY, mixed_precision_latency or CONV_LINKS_LATENCY)
             links, priced, int8_us, links_us = _conv_links(top_model, the_chip, table, qtable, asymmetric,
-                                                            float_tail, limit, pool[0])
+                                                            float_tail, limit, pool[0], plain)
             if float_latency is not None and links_us:
                 float_latency = max(1.0, float_latency * int8_us / links_us)
         seconds["conv links"] = time.perf_counter() - t1
@@ -584,15 +586,15 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     return result
 
 
-def _conv_links(top_model, chip, table, qtable, asymmetric, float_tail: bool, limit: float, sample=None) -> tuple:
+def _conv_links(top_model, chip, table, qtable, asymmetric, float_tail: bool, limit: float, sample: dict,
+                plain: tuple) -> tuple:
     """(links, note, latency with 8-bit conv inputs, latency with the links): the dense convs that
     read their data on 16 bits (two INT8 passes; with the interpolated tables), the most noise
     spared per cycle first (the noise each conv's 8-bit input adds to its output on `sample`,
     `tftpu.quant.links.input_rounding_noise`, over the conv's own extra cycles in the program with
-    every conv so; the cheapest first without a sample), as many as keep the all-INT8 program's
-    estimated latency within `limit` times the one with the default links (True where none
-    fits). A conv that waits on DDR pays little for it; one that keeps the matrix unit busy runs
-    at half speed."""
+    every conv so), as many as keep the all-INT8 program's estimated latency within `limit` times
+    the one with the default links (`plain`: that lowering, done; True where none fits). A conv
+    that waits on DDR pays little for it; one that keeps the matrix unit busy runs at half speed."""
     from tftpu.backend.cycles import estimate
     from tftpu.quant.links import input_rounding_noise
     from tftpu.transforms.lowering import lower
@@ -605,7 +607,7 @@ def _conv_links(top_model, chip, table, qtable, asymmetric, float_tail: bool, li
     def two_passes(report) -> set:
         return {d.name for d in report.decisions if d.reason == TWO_PASSES}
 
-    (base, base_report), (every, every_report) = build(True), build("convs")
+    (base, base_report), (every, every_report) = plain, build("convs")
     convs = two_passes(every_report) - two_passes(base_report)
     if not convs:
         return True, None, None, None
@@ -615,7 +617,7 @@ def _conv_links(top_model, chip, table, qtable, asymmetric, float_tail: bool, li
         name = o.name if o.name in extra else o.name.rsplit("_", 1)[0]
         if name in extra and o.type == "tpu.Conv":
             extra[name] += o.cycles - before.get(o.name, 0)
-    noise = input_rounding_noise(top_model, table, asymmetric, sample, convs) if sample is not None else {}
+    noise = input_rounding_noise(top_model, table, asymmetric, sample, convs)
     order = sorted(convs, key=lambda n: (-noise.get(n, 0.0) / max(extra[n], 1), extra[n], n))
     us = {0: _profile(base, chip).latency_us, len(order): _profile(every, chip).latency_us}
     most = us[0] * limit
@@ -633,7 +635,7 @@ def _conv_links(top_model, chip, table, qtable, asymmetric, float_tail: bool, li
         lo, hi = (mid, hi) if latency(mid) <= most else (lo, mid)
     links = True if lo == 0 else "convs" if lo == len(order) else frozenset(order[:lo])
     return links, (f"16-bit inputs to {lo} of {len(order)} dense convs (two INT8 passes; "
-                   f"{'the most noise spared per cycle' if noise else 'the cheapest'} first): "
+                   "the most noise spared per cycle first): "
                    f"estimated latency {us[lo]:,.1f} us against {us[0]:,.1f} us ({us[lo] / max(us[0], 1e-9):.2f}x; "
                    f"limit {limit:.2f}x)"), us[0], us[lo]
 
