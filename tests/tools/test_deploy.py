@@ -895,7 +895,8 @@ def test_auto_links_read_the_convs_on_16_bits_that_the_chip_affords(tmp_path):
         data = json.loads((tmp_path / "r.json").read_text())
         assert data["conv_links"] == auto.conv_links and data["wide_links"] == (chosen or True)
         assert [d.name for d in auto.lowering.decisions if d.reason.startswith("16-bit input")] == chosen
-        if chosen:
+        if chosen:      # nothing fits in float (budget 0), so the 16-bit inputs reach more than the 8-bit ones
+            assert auto.conv_links.endswith("16-bit inputs kept")
             assert all(r["bit_exact"] for r in auto.simulator["outputs"])
             judge = _Judge(model, samples[:1])
             narrow = deploy(model, conv_links=False, **kw)
@@ -913,3 +914,29 @@ def test_auto_links_read_the_convs_on_16_bits_that_the_chip_affords(tmp_path):
     assert "wide links: 16-bit inputs to 1 of 2 dense convs (two INT8 passes" in done.stdout
     assert "1 conv(s) read a 16-bit link in two INT8 passes: c2" in done.stdout
     assert "dense convs" not in off.stdout and "two INT8 passes" not in off.stdout
+
+
+def test_auto_links_give_way_to_float_ops_that_need_their_latency(monkeypatch):
+    """Where the dense convs' 16-bit inputs leave the float ops too little of the latency budget to
+    reach the target (priced here at the whole budget, 1.15x the 8-bit-input program), the search runs once more
+    with 8-bit conv inputs and the whole budget, and the float set that reaches more is lowered."""
+    import tftpu.pipelines.deploy as deploying
+
+    model = conv_net([(128, 3), (128, 3), (8, 1)], 16, 32)
+    samples = samples_for(model, n=3)
+    table = quant.calibrate(model, samples, "mse")
+    kw = dict(quantize="INT8", chip="npu1", calibration_table=table, test_input=samples[0],
+              mixed_precision="0.99,40", mixed_precision_budget=None)
+    cheap = deploy(model, **kw)                 # c2 reads 16 bits, then runs in float: the target met
+    assert cheap.wide_links == frozenset({"c2"}) and cheap.search.met and "8-bit conv inputs" not in cheap.conv_links
+    priced = deploying._conv_links
+
+    def dear(*args):
+        links, note, int8_us, _ = priced(*args)
+        return links, note, int8_us, int8_us * deploying.LATENCY_BUDGET
+    monkeypatch.setattr(deploying, "_conv_links", dear)
+    given = deploy(model, **kw)
+    assert given.wide_links is True and given.conv_links.endswith("8-bit conv inputs kept")
+    assert given.search.met and [k[0] for k in given.search.kept] == ["c2"] and given.passed
+    assert given.search.latency_ratio <= deploying.LATENCY_BUDGET
+    assert not [d for d in given.lowering.decisions if d.reason.startswith("16-bit input")]
