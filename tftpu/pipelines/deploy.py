@@ -373,7 +373,6 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
             # the dense convs' 16-bit inputs took latency the float ops may need (measured: PP-OCRv6
             # met the target without them, not with them): the search once more with 8-bit conv
             # inputs and the whole latency budget, the one that reaches more kept
-            t2 = time.perf_counter()
             eight = search_by(mixed_precision_ranking, True, mixed_precision_latency)
             taken = eight.reached[1] > search.reached[1]
             priced += (f"; the float ops then reach {search.reached[1]:.2f} dB (worst part), with 8-bit conv "
@@ -381,7 +380,6 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
                        + ("8-bit conv inputs kept" if taken else "16-bit inputs kept"))
             if taken:
                 links, search, float_latency = True, eight, mixed_precision_latency
-            seconds["conv links"] += time.perf_counter() - t2
         # under auto, the gain ranking's float set is weighed against the isolated ranking's on the
         # weights finally lowered (after the refit, which the search does not see); the better is kept
         if mixed_precision_ranking == "auto" and search.ranking == "gain" and search.kept and inputs is not None:
