@@ -67,11 +67,13 @@ def euclidean_similarity(a, b) -> float:
 
 def sqnr(ref, test) -> float:
     """Signal-to-quantization-noise ratio in dB of `test` against `ref` (not symmetric)."""
-    raw, noise = _f64(ref), _f64(ref) - _f64(test)
+    raw = _f64(ref)
     if raw.size == 0:
         return math.inf
-    var_raw = float(np.sum(np.square(raw - raw.mean())))
-    var_noise = float(np.sum(np.square(noise - noise.mean())))
+    noise = raw - _f64(test)
+    noise -= noise.mean()
+    centred = raw - raw.mean()
+    var_raw, var_noise = _dot(centred, centred), _dot(noise, noise)
     if var_noise == 0.0:
         return math.inf
     if var_raw == 0.0:

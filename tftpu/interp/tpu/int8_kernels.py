@@ -585,9 +585,7 @@ def cast(operands, attrs, info):
             acc -= np.int32(src.zp)
         return [_requant(acc, attrs, dst, axis=0, saturated=True)]
     if dst.quantized:
-        dtype = np.dtype(quant.STORAGE[dst.dtype][0])
-        y = native.quantize(np.asarray(x), dst.scale, dst.zp, dtype) if np.asarray(x).dtype == np.float32 else None
-        return [rounding.quantize(_widen(x), dst.scale, dst.zp, dtype) if y is None else y]
+        return [native.quantized(x, dst.scale, dst.zp, np.dtype(quant.STORAGE[dst.dtype][0]))]
     if src.quantized:
         return [rounding.dequantize(x, src.scale, src.zp, dst.dtype)]
     if dst.dtype in ("f32", "f16", "bf16"):

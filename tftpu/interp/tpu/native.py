@@ -304,6 +304,18 @@ def add(a: np.ndarray, b: np.ndarray, za: int, zb: int, ma: int, mb: int, r: int
     return out
 
 
+def quantized(x, scale: float, zp: int, dtype) -> np.ndarray:
+    """`tftpu.rounding.quantize(x, scale, zp, dtype)`, natively where it applies (float32 `x`;
+    float16 and bfloat16 widened to it exactly)."""
+    from tftpu import rounding
+
+    x = np.asarray(x)
+    if x.dtype == np.float16 or x.dtype.name == "bfloat16":
+        x = x.astype(np.float32)
+    y = quantize(x, scale, zp, dtype)
+    return rounding.quantize(x, scale, zp, dtype) if y is None else y
+
+
 def quantize(x: np.ndarray, scale: float, zp: int, dtype):
     """`tftpu.rounding.quantize` of float32 `x` (round half away from zero of x / scale in
     float64, plus `zp`, saturated to `dtype`), or None where it does not apply (a NaN included)."""

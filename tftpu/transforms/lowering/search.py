@@ -256,9 +256,9 @@ def isolated_errors(top_model, tpu_model, samples: list[dict], names: set) -> di
     on TOP's own inputs, quantized onto the grids it reads (its error alone, not inherited)."""
     from tftpu.interp.tpu import kernel_of
     from tftpu.interp.tpu.info import info_of
+    from tftpu.interp.tpu.native import quantized as quantize
     from tftpu.ir import tpu
     from tftpu.ir.quant import STORAGE
-    from tftpu.rounding import quantize
 
     top_run = TopInterpreter(top_model)
     refs = [top_run.run(s, dump_all=True) for s in samples]
