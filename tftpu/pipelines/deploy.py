@@ -646,7 +646,11 @@ def _conv_links(top_model, chip, table, qtable, asymmetric, float_tail: bool, li
     while hi - lo > 1:
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if latency(mid) <= most else (lo, mid)
-    links = True if lo == 0 else "convs" if lo == len(order) else frozenset(order[:lo])
+    if lo == 0:                                 # (the bisection has priced the first alone)
+        return True, (f"no dense conv reads 16 bits: the first of {len(order)} in the order (the most noise "
+                      f"spared per cycle) alone takes the estimated latency to {us[1]:,.1f} us against "
+                      f"{us[0]:,.1f} us ({us[1] / max(us[0], 1e-9):.2f}x; limit {limit:.2f}x)"), us[0], us[0]
+    links = "convs" if lo == len(order) else frozenset(order[:lo])
     return links, (f"16-bit inputs to {lo} of {len(order)} dense convs (two INT8 passes; "
                    "the most noise spared per cycle first): "
                    f"estimated latency {us[lo]:,.1f} us against {us[0]:,.1f} us ({us[lo] / max(us[0], 1e-9):.2f}x; "
