@@ -322,10 +322,10 @@ def removal_gains(top_model, tpu_model, samples: list[dict], names: set, floor: 
     high-pass depthwise conv's amplified input rounding), and leaves out the rounding of its
     result, which a float op does not remove."""
     from tftpu.interp.tpu.info import info_of
+    from tftpu.interp.tpu.native import quantized as quantize
     from tftpu.ir import tpu
     from tftpu.ir.quant import STORAGE
     from tftpu.quant.bias_correction import _quantized_weight
-    from tftpu.rounding import quantize
 
     grids: dict[str, dict] = {}             # TOP op -> {tensor it reads: the grid it reads it on}
     for op in tpu_model.ops:
