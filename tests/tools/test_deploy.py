@@ -206,6 +206,13 @@ def test_mixed_precision_keeps_the_fewest_ops(cnn_case, ranking):
     for name in big[:search.PRUNE_TRIALS]:
         assert worst({n: m for n, m, _ in res.kept if n != name})[1] < pure[1] + 3, name
     assert str(res).count("\n") == len(res.kept) and res.as_dict()["ranking"] == ranking
+    # on TOP's outputs run once for it (as deploy shares them), the same search
+    shared = search.References(model, samples)
+    again = search_mixed_precision(model, "npu1", table, samples, target, ranking=ranking, qtable=base,
+                                   references=shared)
+    assert (again.qtable, again.kept, again.reached) == (res.qtable, res.kept, res.reached)
+    with pytest.raises(errors.InternalError, match="other samples"):
+        search_mixed_precision(model, "npu1", table, samples[::-1], target, ranking=ranking, references=shared)
     from tftpu.transforms.lowering.search import KEPT_FIGURES     # the HTML report's column holds each op's figure
     assert all(KEPT_FIGURES[ranking][0] in row for row in res.as_dict()["kept"])
     with pytest.raises(errors.UsageError, match="cosine,sqnr_db"):
@@ -935,7 +942,10 @@ def test_auto_links_give_way_to_float_ops_that_need_their_latency(monkeypatch):
         links, note, int8_us, _ = priced(*args)
         return links, note, int8_us, int8_us * deploying.LATENCY_BUDGET
     monkeypatch.setattr(deploying, "_conv_links", dear)
+    made, real = [], deploying.References
+    monkeypatch.setattr(deploying, "References", lambda *a, **k: made.append(real(*a, **k)) or made[-1])
     given = deploy(model, **kw)
+    assert len(made) == 1       # TOP on the test input and samples, once for the conv links, both searches, the judge
     assert given.wide_links is True and given.conv_links.endswith("8-bit conv inputs kept")
     assert given.search.met and [k[0] for k in given.search.kept] == ["c2"] and given.passed
     assert given.search.latency_ratio <= deploying.LATENCY_BUDGET

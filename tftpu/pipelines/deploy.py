@@ -28,7 +28,8 @@ from tftpu.quant.refit import INPUT_BUDGET as REFIT_INPUTS
 from tftpu.transforms.lowering.decode_tail import decode_tail
 from tftpu.pipelines.equalization import check_equalize, equalize_step
 from tftpu.pipelines.judge import Judge as _Judge
-from tftpu.transforms.lowering.search import FLOAT_BUDGET, LATENCY_BUDGET, output_parts, parse_target, part_slices
+from tftpu.transforms.lowering.search import (FLOAT_BUDGET, LATENCY_BUDGET, RANK_SAMPLES, References, output_parts,
+                                              parse_target, part_slices)
 
 __all__ = ["deploy", "DeployResult", "DEFAULT_TOLERANCE", "verify", "output_parts"]
 
@@ -332,32 +333,41 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     priced = int8_us = None                      # dense convs on 16 bits: their price; the 8-bit program's latency
     float_latency = mixed_precision_latency      # what the search's float ops may cost on top of the links
     pool = ([inputs] if inputs is not None else []) + [s for s in (samples or []) if s is not inputs]
+    if mixed_precision in (None, "none", "") or mode != "INT8":
+        mixed_precision = None
+    elif mixed_precision == "auto":
+        mixed_precision = AUTO_TARGET if inputs is not None or samples else None
+    shared: list = []
+
+    def references():
+        """TOP on `pool` (what verify judges: the test input first), run once for the conv links,
+        the search and the judge."""
+        if not shared:
+            shared.append(References(top_model, pool, dumps=RANK_SAMPLES if mixed_precision else 0))
+        return shared[0]
+
     if wide_links == "auto" and conv_links and mode == "INT8" and table is not None and pool:
         t1 = time.perf_counter()
-        need = parse_target(mixed_precision if mixed_precision not in (None, "none", "", "auto") else AUTO_TARGET)[1]
+        need = parse_target(mixed_precision or AUTO_TARGET)[1]
         plain = lower(top_model, the_chip, mode, table, qtable=qtable, asymmetric=asymmetric, wide_links=True,
                       float_tail=float_tail)
-        reached = min(_Judge(top_model, pool)(plain[0]))
+        reached = min(_Judge(top_model, pool, references())(plain[0]))
         if reached >= need:
             priced = f"dense convs read 8 bits: all INT8 reaches {reached:.1f} dB (target {need:g} dB)"
         else:
             limit = min(CONV_LINKS_LATENCY, mixed_precision_latency or CONV_LINKS_LATENCY)
             links, priced, int8_us, links_us = _conv_links(top_model, the_chip, table, qtable, asymmetric,
-                                                            float_tail, limit, pool[0], plain)
+                                                            float_tail, limit, pool[0], plain,
+                                                            (references().dumps(1) or [None])[0])
             if float_latency is not None and links_us:
                 float_latency = max(1.0, float_latency * int8_us / links_us)
         seconds["conv links"] = time.perf_counter() - t1
     search = None
     rival = None                                 # the isolated ranking's result, built and judged below
-    if mixed_precision in (None, "none", "") or mode != "INT8":
-        mixed_precision = None
-    elif mixed_precision == "auto":
-        mixed_precision = AUTO_TARGET if inputs is not None or samples else None
     if mixed_precision:
         from tftpu.transforms.lowering.search import search_mixed_precision
         # what verify then judges: the test input and the samples, pooled; the test input alone too
-        pool = ([inputs] if inputs is not None else []) + [s for s in (samples or []) if s is not inputs] or None
-        if pool is None:
+        if not pool:
             raise errors.UsageError("--mixed_precision needs --test_input (or samples) to measure with")
         t1 = time.perf_counter()
         def search_by(ranking: str, links=links, latency_budget=float_latency):
@@ -367,7 +377,7 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
                                           float_tail=float_tail,
                                           latency_budget=latency_budget,
                                           latency=lambda m: _profile(m, the_chip).latency_us,
-                                          judge_first=inputs is not None)
+                                          judge_first=inputs is not None, references=references())
         search = search_by(mixed_precision_ranking)
         if wide_links == "auto" and links not in (True, False) and not search.met:
             # the dense convs' 16-bit inputs took latency the float ops may need (measured: PP-OCRv6
@@ -387,6 +397,7 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
             if rival.qtable == search.qtable:           # the same float set needs no second build
                 rival = None
         given_qtable, qtable = qtable, search.qtable
+        references().drop_dumps()                # (every tensor of a few samples: the rankings' alone)
         seconds["mixed precision search"] = time.perf_counter() - t1
     judge = None
     target = parse_target(mixed_precision or AUTO_TARGET)[1]
@@ -402,7 +413,7 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
         interpolates(qtable) or search is not None and bool(search.kept) and interpolates(given_qtable))
     if inputs is not None and (rounded is not None or correcting or search is not None and search.kept
                                or trying_tables):
-        judge = _Judge(top_model, [inputs] + [x for x in (samples or []) if x is not inputs])  # what verify judges
+        judge = _Judge(top_model, pool, references())          # what verify judges
 
     def build(q, notes_of_rounding, links=links):
         """(TPU model, lowering, weights lowered, bias-correction report) for quantize table `q`:
@@ -600,14 +611,15 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
 
 
 def _conv_links(top_model, chip, table, qtable, asymmetric, float_tail: bool, limit: float, sample: dict,
-                plain: tuple) -> tuple:
+                plain: tuple, dump: dict | None = None) -> tuple:
     """(links, note, latency with 8-bit conv inputs, latency with the links): the dense convs that
     read their data on 16 bits (two INT8 passes; with the interpolated tables), the most noise
     spared per cycle first (the noise each conv's 8-bit input adds to its output on `sample`,
     `tftpu.quant.links.input_rounding_noise`, over the conv's own extra cycles in the program with
     every conv so), as many as keep the all-INT8 program's estimated latency within `limit` times
     the one with the default links (`plain`: that lowering, done; True where none fits). A conv
-    that waits on DDR pays little for it; one that keeps the matrix unit busy runs at half speed."""
+    that waits on DDR pays little for it; one that keeps the matrix unit busy runs at half speed.
+    `dump`: TOP's every tensor on `sample`, where already run."""
     from tftpu.backend.cycles import estimate
     from tftpu.quant.links import input_rounding_noise
     from tftpu.transforms.lowering import lower
@@ -630,7 +642,7 @@ def _conv_links(top_model, chip, table, qtable, asymmetric, float_tail: bool, li
         name = o.name if o.name in extra else o.name.rsplit("_", 1)[0]
         if name in extra and o.type == "tpu.Conv":
             extra[name] += o.cycles - before.get(o.name, 0)
-    noise = input_rounding_noise(top_model, table, asymmetric, sample, convs)
+    noise = input_rounding_noise(top_model, table, asymmetric, sample, convs, dump)
     order = sorted(convs, key=lambda n: (-noise.get(n, 0.0) / max(extra[n], 1), extra[n], n))
     us = {0: _profile(base, chip).latency_us, len(order): _profile(every, chip).latency_us}
     most = us[0] * limit

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import math
 
-from tftpu.interp.similarity import noise_floor
-from tftpu.interp.top_interpreter import TopInterpreter
 from tftpu.interp.tpu import TpuInterpreter
-from tftpu.transforms.lowering.search import judge_runs, output_pairs, output_parts, worst_figures
+from tftpu.transforms.lowering.search import References, judge_runs, output_pairs, worst_figures
 
 __all__ = ["Judge"]
 
@@ -17,16 +15,12 @@ class Judge:
     """The mixed-precision search's measure of TPU models against TOP on `held` (the test input
     first, then the samples verify judges on): (worst output or part SQNR over them pooled, an
     image whose output is zero up to rounding weighing by its energy; the same on the test input
-    alone). TOP runs once."""
+    alone). TOP runs once (or not at all, given its `references` on `held`)."""
 
-    def __init__(self, top_model, held: list[dict]):
+    def __init__(self, top_model, held: list[dict], references: References | None = None):
         self.model, self.held = top_model, held
-        self.parts = [spec for specs in output_parts(top_model).values() for spec in specs]
-        needed = set(top_model.output_names) | {spec[0] for spec in self.parts}
-        top_run = TopInterpreter(top_model)
-        self.refs = [{k: v for k, v in top_run.run(x, dump_all=bool(self.parts)).items() if k in needed}
-                     for x in held]
-        self.floor = noise_floor(v for ref in self.refs for v in ref.values())
+        references = (references or References(top_model, held, dumps=0)).of(top_model, held)
+        self.parts, self.refs, self.floor = references.parts, references.outputs, references.floor
         self.seen: dict[int, tuple] = {}        # id -> (the model, kept alive so the id stays its, figures)
 
     def __call__(self, tpu) -> tuple[float, float]:

@@ -266,15 +266,17 @@ def wide_grids(model, table, asymmetric: bool | str, in_int8: Callable[[str], bo
     return grids
 
 
-def input_rounding_noise(model, table, asymmetric: bool | str, sample: dict, names) -> dict[str, float]:
+def input_rounding_noise(model, table, asymmetric: bool | str, sample: dict, names,
+                         dump: dict | None = None) -> dict[str, float]:
     """Conv name -> the noise its input's 8-bit rounding adds to its output, over that output's
     power on `sample` (step**2 / 12 times each output channel's sum of squared weights, against
     the output's mean square), for the TOP convs `names` with a calibrated input and constant
-    weights: where a 16-bit input buys most (a conv whose output is small beside its terms)."""
+    weights: where a 16-bit input buys most (a conv whose output is small beside its terms).
+    `dump`: TOP's every tensor on `sample`, where already run."""
     from tftpu.interp.top_interpreter import TopInterpreter
 
     names = set(names)
-    dumps = TopInterpreter(model).run(sample, dump_all=True)
+    dumps = dump if dump is not None else TopInterpreter(model).run(sample, dump_all=True)
     noise: dict[str, float] = {}
     for op in model.ops:
         if op.loc not in names or not isinstance(op.operands[1].owner, top.Weight):

@@ -31,7 +31,7 @@ import time
 import numpy as np
 
 from tftpu import chip as chips
-from tftpu.errors import UsageError
+from tftpu.errors import InternalError, UsageError
 from tftpu.interp.similarity import cosine_similarity, noise_floor, sqnr
 from tftpu.interp.top_interpreter import TopInterpreter
 from tftpu.interp.tpu import TpuInterpreter
@@ -40,8 +40,8 @@ from tftpu.ir.base import value_name
 from tftpu.transforms.lowering.lower import lower
 from tftpu.utils.progress import progress
 
-__all__ = ["search_mixed_precision", "MixedPrecisionResult", "parse_target", "output_parts", "part_slices",
-           "output_pairs", "judge_runs", "worst_figures", "lowered_text"]
+__all__ = ["search_mixed_precision", "MixedPrecisionResult", "References", "parse_target", "output_parts",
+           "part_slices", "output_pairs", "judge_runs", "worst_figures", "lowered_text"]
 
 _CAP = 100.0        # dB: an exact tensor counts as this
 RANK_SAMPLES = 4    # samples the per-op error is measured on
@@ -239,6 +239,42 @@ def part_slices(tensors: dict, spec) -> list[tuple[str, np.ndarray]]:
     return out
 
 
+class References:
+    """TOP's outputs (with the tensors each concatenated output's parts are cut from) on `samples`,
+    run once for every search and judge of one deploy, and every tensor of the first `dumps`
+    samples (what the rankings read each op's inputs from) until `drop_dumps`."""
+
+    def __init__(self, model, samples: list[dict], dumps: int = RANK_SAMPLES):
+        self.model, self.samples = model, list(samples)
+        self.parts = [spec for specs in output_parts(model).values() for spec in specs]
+        needed = set(model.output_names) | {spec[0] for spec in self.parts}
+        run = TopInterpreter(model)
+        self.outputs: list[dict] = []
+        self._dumps: list[dict] | None = []
+        for i, sample in enumerate(self.samples):
+            tensors = run.run(sample, dump_all=bool(self.parts) or i < dumps)
+            if i < dumps:
+                self._dumps.append(tensors)
+            self.outputs.append({k: v for k, v in tensors.items() if k in needed})
+        # rounding noise is judged against the outputs' scale over every sample: an output that is
+        # zero up to rounding on one sample (an empty mask) says nothing about precision
+        self.floor = noise_floor(v for ref in self.outputs for v in ref.values())
+
+    def of(self, model, samples: list[dict]) -> "References":
+        """These references, checked to be `model`'s on `samples` (the same arrays, in order)."""
+        if model is not self.model or len(samples) != len(self.samples) or \
+                any(a is not b for a, b in zip(samples, self.samples)):
+            raise InternalError("mixed precision references", "TOP was run on another model or other samples")
+        return self
+
+    def dumps(self, n: int) -> list[dict] | None:
+        """Every tensor of the first `n` samples, where they are still kept (else None)."""
+        return self._dumps[:n] if self._dumps is not None and n <= len(self._dumps) else None
+
+    def drop_dumps(self) -> None:
+        self._dumps = None
+
+
 def _source(v):
     """The TPU value a cast converts (through any chain of casts): the tensor TOP names."""
     while v.owner.name == "tpu.Cast":
@@ -251,17 +287,18 @@ def _top_name(op, names: set) -> str:
     return op.loc if op.loc in names else op.loc.rsplit("_", 1)[0]
 
 
-def isolated_errors(top_model, tpu_model, samples: list[dict], names: set) -> dict[str, float]:
+def isolated_errors(top_model, tpu_model, samples: list[dict], names: set,
+                    dumps: list[dict] | None = None) -> dict[str, float]:
     """Per INT8 op named in `names`: the worst SQNR (dB) of its output against TOP's when it runs
-    on TOP's own inputs, quantized onto the grids it reads (its error alone, not inherited)."""
+    on TOP's own inputs, quantized onto the grids it reads (its error alone, not inherited).
+    `dumps`: TOP's every tensor on `samples`, where already run."""
     from tftpu.interp.tpu import kernel_of
     from tftpu.interp.tpu.info import info_of
     from tftpu.interp.tpu.native import quantized as quantize
     from tftpu.ir import tpu
     from tftpu.ir.quant import STORAGE
 
-    top_run = TopInterpreter(top_model)
-    refs = [top_run.run(s, dump_all=True) for s in samples]
+    refs = dumps or [TopInterpreter(top_model).run(s, dump_all=True) for s in samples]
     weights = tpu_model.weights
     worst: dict[str, float] = {}
     for op in tpu_model.ops:
@@ -313,14 +350,16 @@ def carrying_work(model, names: set, samples: int = RANK_SAMPLES) -> float:
     return work * samples
 
 
-def removal_gains(top_model, tpu_model, samples: list[dict], names: set, floor: float = 0.0) -> dict[str, float]:
+def removal_gains(top_model, tpu_model, samples: list[dict], names: set, floor: float = 0.0,
+                  dumps: list[dict] | None = None) -> dict[str, float]:
     """Per INT8 op named in `names`: the worst output (or part) SQNR, pooled over `samples`, of
     the float model carrying only the error that keeping that op in float removes: its result
     computed from TOP's inputs on the grids it reads, with its INT8 weights, and not rounded
     itself (a float op's readers take it on their own grids), carried through the ops after it
     in float. Unlike an op's own error, it weighs what the rest of the network does with it (a
     high-pass depthwise conv's amplified input rounding), and leaves out the rounding of its
-    result, which a float op does not remove."""
+    result, which a float op does not remove. `dumps`: TOP's every tensor on `samples`, where
+    already run."""
     from tftpu.interp.tpu.info import info_of
     from tftpu.interp.tpu.native import quantized as quantize
     from tftpu.ir import tpu
@@ -339,7 +378,7 @@ def removal_gains(top_model, tpu_model, samples: list[dict], names: set, floor: 
                 if info is not None and info.quantized and not isinstance(v.owner, top.Weight):
                     reads.setdefault(value_name(_source(v)), info)
     interp = TopInterpreter(top_model)
-    refs = [interp.run(s, dump_all=True) for s in samples]
+    refs = dumps or [interp.run(s, dump_all=True) for s in samples]
     parts = [spec for specs in output_parts(top_model).values() for spec in specs]
     ops = {op.loc: op for op in top_model.ops}
     gains: dict[str, float] = {}
@@ -495,7 +534,7 @@ def ancestors(model, tensor_names: set) -> set[str]:
 
 def _search(model, chip, table, samples, target, asymmetric, qtable, float_mode, ranking,
             weights_from=None, float_budget=None, wide_links=True, latency_budget=None,
-            latency=None, judge_first=False, float_tail=True) -> MixedPrecisionResult:
+            latency=None, judge_first=False, float_tail=True, references=None) -> MixedPrecisionResult:
     t0 = time.perf_counter()
     chip = chips.load(chip)
     cos_t, snr_t = parse_target(target)
@@ -505,13 +544,9 @@ def _search(model, chip, table, samples, target, asymmetric, qtable, float_mode,
     if fmode is None:
         raise UsageError(f"chip {chip.name} has no float mode to keep ops in")
     base = dict(qtable or {})
-    parts = [spec for specs in output_parts(model).values() for spec in specs]
-    ref_run = TopInterpreter(model)
-    needed = set(model.output_names) | {spec[0] for spec in parts}
-    refs = [{k: v for k, v in ref_run.run(s, dump_all=bool(parts)).items() if k in needed} for s in samples]
-    # rounding noise is judged against the outputs' scale over every sample: an output that is
-    # zero up to rounding on one sample (an empty mask) says nothing about precision
-    floor = noise_floor(v for ref in refs for v in ref.values())
+    owned = references is None                     # (its dumps are then dropped after the ranking)
+    references = (references or References(model, samples)).of(model, samples)
+    parts, refs, floor = references.parts, references.outputs, references.floor
     evaluations = 0
 
     def evaluate(extra: dict, n_samples: int | None = None, dumps: list | None = None):
@@ -563,7 +598,7 @@ def _search(model, chip, table, samples, target, asymmetric, qtable, float_mode,
             def fits(names) -> bool:
                 return cost(names) <= cap
         kept, best, all_float, limited = _grow_and_prune(
-            model, samples, int8_ops, flops, fmode, evaluate, state,
+            model, samples, references, int8_ops, flops, fmode, evaluate, state,
             lambda r: r[0] >= state["target"][0] and r[1] >= state["target"][1], room, fits)
         cos_t, snr_t = state["target"]
         return MixedPrecisionResult({**base, **{n: m for n, m, _ in kept}}, kept, (cos_t, snr_t), best, int8_reached,
@@ -578,10 +613,13 @@ def _search(model, chip, table, samples, target, asymmetric, qtable, float_mode,
     else:
         tpu_model, _ = lower(_lowered(model, weights_from, base), chip, "INT8", table, qtable=base,
                              asymmetric=asymmetric, wide_links=wide_links, float_tail=float_tail)
+        dumps = references.dumps(min(RANK_SAMPLES, len(samples)))
         if ranking == "gain":
-            alone = removal_gains(model, tpu_model, samples[:RANK_SAMPLES], set(int8_ops), floor)
+            alone = removal_gains(model, tpu_model, samples[:RANK_SAMPLES], set(int8_ops), floor, dumps)
         else:
-            alone = isolated_errors(model, tpu_model, samples[:RANK_SAMPLES], set(int8_ops))
+            alone = isolated_errors(model, tpu_model, samples[:RANK_SAMPLES], set(int8_ops), dumps)
+    if owned:
+        references.drop_dumps()
     flops = {op.loc: op.flops() for op in model.ops if op.loc in set(int8_ops)}
     total = max(1, sum(flops.values()))
     if ranking == "alone":                       # TPU-MLIR's order: the worst outputs first
@@ -723,7 +761,8 @@ def _prune(kept, flops, total, fmode, evaluate, meets, best, fits=None):
     return kept, best
 
 
-def _grow_and_prune(model, samples, int8_ops, flops, fmode, evaluate, state, meets, room=None, fits=None):
+def _grow_and_prune(model, samples, references, int8_ops, flops, fmode, evaluate, state, meets, room=None,
+                    fits=None):
     """The `effect` strategy: grow the float set where the error appears, then prune it.
 
     Grow: run the mixed model, compare every tensor with TOP's and, among the ancestors of the
@@ -735,8 +774,8 @@ def _grow_and_prune(model, samples, int8_ops, flops, fmode, evaluate, state, mee
     budget (None: any). An op that would break either is left in INT8; growing stops when none
     is left (the target then missed: the last result says so)."""
     total = max(1, sum(flops.values()))
-    top_run = TopInterpreter(model)
-    top_dumps = [top_run.run(s, dump_all=True) for s in samples[:ATTRIBUTION_SAMPLES]]
+    top_dumps = references.dumps(min(ATTRIBUTION_SAMPLES, len(samples))) or \
+        [TopInterpreter(model).run(s, dump_all=True) for s in samples[:ATTRIBUTION_SAMPLES]]
     candidates = set(int8_ops)
     floated: dict[str, float] = {}            # op -> its drop (dB) when it was moved to float
     n_samples, batch, all_float = RANK_SAMPLES, 1, None
@@ -806,7 +845,8 @@ def search_mixed_precision(model, chip, table, samples: list[dict], target, *, a
                            ranking: str = "auto", weights_from=None,
                            float_budget: float | None = None, wide_links: bool = True,
                            latency_budget: float | None = None, latency=None,
-                           judge_first: bool = False, float_tail: bool = True) -> MixedPrecisionResult:
+                           judge_first: bool = False, float_tail: bool = True,
+                           references: References | None = None) -> MixedPrecisionResult:
     """Ops to keep in float for the INT8 model to reach `target` ("cosine,sqnr_db"), judged
     over the samples pooled. `ranking`: "auto" ("gain" where its work, `carrying_work`, is
     at most GAIN_WORK FLOPs, else "isolated"), "isolated" (each op's own error on exact inputs per share
@@ -824,6 +864,7 @@ def search_mixed_precision(model, chip, table, samples: list[dict], target, *, a
     needs more the search keeps what fits and says so. `judge_first`: the first sample (the test
     input a user names as representative) must meet the target on its own as well as in the pool;
     its near-zero outputs are judged against the pool's noise floor, as pooled ones are.
+    `references`: TOP on `model` and `samples`, where a caller has it run already (`References`).
     """
     if ranking not in RANKINGS:
         raise UsageError(f"mixed precision ranking {ranking!r}: expected one of {', '.join(RANKINGS)}")
@@ -839,4 +880,4 @@ def search_mixed_precision(model, chip, table, samples: list[dict], target, *, a
     if latency_budget is not None and math.isinf(latency_budget):
         latency_budget = None                      # inf: no limit
     return _search(model, chip, table, samples, target, asymmetric, qtable, float_mode, ranking, weights_from,
-                   float_budget, wide_links, latency_budget, latency, judge_first, float_tail)
+                   float_budget, wide_links, latency_budget, latency, judge_first, float_tail, references)
