@@ -1160,3 +1160,36 @@ def test_missing_build_is_a_warning_unless_turned_off(monkeypatch):
         finally:
             tpu_native.library.cache_clear()
         assert seen[-1][0] == level and "numpy computes the same integers" in seen[-1][1]
+
+
+def test_f16_conversions_equal_numpy(build):
+    """float32 -> float16 (nearest, ties to even), and back exactly, on every float32 bit pattern class:
+    the CPU's converter where the build has one (F16C), numpy's astype elsewhere; the same bits
+    either way (signalling NaNs aside, which F16C makes quiet and no kernel makes)."""
+    need_library()
+    rng = np.random.default_rng(16)
+    bits = rng.integers(0, 1 << 32, 1 << 16, dtype=np.uint64).astype(np.uint32)
+    x = bits.view(np.float32).copy()
+    nan = np.isnan(x)
+    x[nan] = np.where(np.signbit(x[nan]), -np.nan, np.nan)           # quiet NaNs
+    halves = np.float32(np.arange(1 << 16, dtype=np.uint16).view(np.float16)[:(1 << 15) - 1024])   # finite halves
+    ties = (halves[:-1] + (halves[1:] - halves[:-1]) / 2).astype(np.float32)                        # midpoints
+    specials = np.float32([0.0, -0.0, np.inf, -np.inf, 65504.0, 65520.0, 65519.99, 2.0 ** -24, 2.0 ** -25,
+                           2.0 ** -25 * 1.0000001, 6.1e-5, 1e-45, -1e-45, 3.4e38])
+    x = np.concatenate([x, halves, ties, -ties, specials])
+    for shape in ((x.size,), (7,), (3, 5, 4099)):
+        n = int(np.prod(shape))
+        a = np.resize(x, shape).astype(np.float32)
+        with np.errstate(over="ignore"):
+            want = a.astype(np.float16)
+        with np.errstate(over="ignore"):
+            got = native.to_float(a, "f16")
+        assert got.dtype == np.float16 and got.shape == a.shape
+        assert np.array_equal(got.view(np.uint16), want.view(np.uint16)), build
+        back = native.widened(got)
+        assert back.dtype == np.float32 and np.array_equal(back.view(np.uint32), want.astype(np.float32).view(np.uint32))
+        assert n < native.CONVERT_MIN or native.library(build).tftpu_has_f16() == (build != "generic")
+    sliced = np.resize(x, (64, 300))[:, ::3]                                    # not contiguous
+    with np.errstate(over="ignore"):
+        assert np.array_equal(native.to_float(sliced, "f16").view(np.uint16), sliced.astype(np.float16).view(np.uint16))
+    assert native.to_float(x, "f32") is not None and native.widened(None) is None

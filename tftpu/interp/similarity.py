@@ -65,15 +65,20 @@ def euclidean_similarity(a, b) -> float:
     return 1.0 - ed / sr
 
 
+def _sum_of_squares(x: np.ndarray) -> float:
+    """`_dot(x, x)`, squaring `x` in place (the same products and sum, no temporary)."""
+    return float(np.sum(np.square(x, out=x)))
+
+
 def sqnr(ref, test) -> float:
     """Signal-to-quantization-noise ratio in dB of `test` against `ref` (not symmetric)."""
-    raw = _f64(ref)
+    raw = np.array(ref, np.float64).ravel()          # a copy: centred in place below
     if raw.size == 0:
         return math.inf
-    noise = raw - _f64(test)
+    noise = np.subtract(raw, np.asarray(test).ravel(), dtype=np.float64)
     noise -= noise.mean()
-    centred = raw - raw.mean()
-    var_raw, var_noise = _dot(centred, centred), _dot(noise, noise)
+    raw -= raw.mean()
+    var_raw, var_noise = _sum_of_squares(raw), _sum_of_squares(noise)
     if var_noise == 0.0:
         return math.inf
     if var_raw == 0.0:

@@ -93,14 +93,16 @@ class TopInterpreter:
             env[s] = arr.astype(dtype, copy=False)
         return env
 
-    def run(self, inputs: dict, dump_all: bool = False, observe=None) -> dict[str, np.ndarray]:
-        """Outputs by name (every tensor by location name when `dump_all`).
+    def run(self, inputs: dict, dump_all: bool = False, observe=None, keep=()) -> dict[str, np.ndarray]:
+        """Outputs by name (every tensor by location name when `dump_all`), and the tensors
+        named in `keep` (inner tensors too; the rest are freed as the run goes).
 
         `observe(name, array) -> array`, if given, sees each input and op result as it is made
         and returns what the rest of the model uses instead (e.g. a fake-quantized copy); it
         runs on the per-op path.
         """
-        if self.backend == "compiled" and not dump_all and observe is None:
+        keep = set(keep) - {name for name, _ in self.outputs}
+        if self.backend == "compiled" and not dump_all and observe is None and not keep:
             if self._compiled is None:
                 from tftpu.interp.compiled import CompiledTop
                 self._compiled = CompiledTop(self.model)
@@ -111,8 +113,8 @@ class TopInterpreter:
             for name, s, _, _ in self.inputs:
                 env[s] = observe(name, env[s])
         dump = {}
-        if dump_all:
-            for name, s, _, _ in self.inputs:
+        for name, s, _, _ in self.inputs:
+            if dump_all or name in keep:
                 dump[name] = env[s]
         for k, (kernel, ins, outs, attrs, op_name, loc) in enumerate(self.steps):
             try:
@@ -125,13 +127,13 @@ class TopInterpreter:
                 if observe is not None:
                     r = observe(self.names[s], r)
                 env[s] = r
-                if dump_all:
+                if dump_all or self.names[s] in keep:
                     dump[self.names[s]] = r
             for s in self.free_after[k]:
                 del env[s]
         if dump_all:
             return dump
-        return {name: env[s] for name, s in self.outputs}
+        return {**{name: env[s] for name, s in self.outputs}, **dump}
 
     def rerun(self, dump: dict, changed: dict) -> dict[str, np.ndarray]:
         """Every tensor that depends on `changed` (name -> array), recomputed with those arrays

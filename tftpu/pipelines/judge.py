@@ -21,12 +21,13 @@ class Judge:
         self.model, self.held = top_model, held
         references = (references or References(top_model, held, dumps=0)).of(top_model, held)
         self.parts, self.refs, self.floor = references.parts, references.outputs, references.floor
+        self.needed = references.needed
         self.seen: dict[int, tuple] = {}        # id -> (the model, kept alive so the id stays its, figures)
 
     def __call__(self, tpu) -> tuple[float, float]:
         if id(tpu) not in self.seen:
             run = TpuInterpreter(tpu, exact_rows=False)
-            runs = [output_pairs(self.model, self.parts, ref, run.run(x, dump_all=bool(self.parts), dequantize=True))
+            runs = [output_pairs(self.model, self.parts, ref, run.run(x, dequantize=True, keep=self.needed))
                     for x, ref in zip(self.held, self.refs)]
             figures = (worst_figures(judge_runs(runs, self.floor))[1], worst_figures(judge_runs(runs[:1], self.floor))[1])
             self.seen[id(tpu)] = (tpu, tuple(-math.inf if math.isnan(v) else v for v in figures))

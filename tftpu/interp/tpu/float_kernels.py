@@ -6,19 +6,9 @@ module they run whole instead, and the result is the TOP kernel's, bit for bit."
 
 from __future__ import annotations
 
-import numpy as np
-
-from tftpu import rounding
 from tftpu.interp.kernels import KERNELS
+from tftpu.interp.tpu import native
 from tftpu.interp.tpu.float_rows import canonical
-
-
-def _widen(x):
-    if x is None:
-        return None
-    if x.dtype == np.float16 or x.dtype.name == "bfloat16":
-        return x.astype(np.float32)
-    return x
 
 
 def float_kernel(top_name: str, by_rows: bool = True):
@@ -31,8 +21,8 @@ def float_kernel(top_name: str, by_rows: bool = True):
         kernel = canonical(top_name, kernel)
 
     def run(operands, attrs, info):
-        results = kernel([_widen(x) for x in operands], attrs)
-        return [rounding.to_float(r, i.dtype) if i.dtype in ("f32", "f16", "bf16") and r.dtype.kind == "f" else r
+        results = kernel([native.widened(x) for x in operands], attrs)
+        return [native.to_float(r, i.dtype) if i.dtype in ("f32", "f16", "bf16") and r.dtype.kind == "f" else r
                 for r, i in zip(results, info.outs)]
 
     run.__name__ = f"float_{top_name.replace('.', '_')}"

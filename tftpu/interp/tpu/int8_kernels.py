@@ -571,10 +571,6 @@ for _name in ("Reshape", "Flatten", "Permute", "Squeeze", "Unsqueeze", "Slice", 
 
 # ---------------------------------------------------------------- casts
 
-def _widen(x):
-    return x.astype(np.float32) if x.dtype == np.float16 or x.dtype.name == "bfloat16" else x
-
-
 @own("tpu.Cast")
 def cast(operands, attrs, info):
     x = operands[0]
@@ -587,7 +583,7 @@ def cast(operands, attrs, info):
     if dst.quantized:
         return [native.quantized(x, dst.scale, dst.zp, np.dtype(quant.STORAGE[dst.dtype][0]))]
     if src.quantized:
-        return [rounding.dequantize(x, src.scale, src.zp, dst.dtype)]
+        return [native.to_float(rounding.dequantize(x, src.scale, src.zp, "f32"), dst.dtype)]
     if dst.dtype in ("f32", "f16", "bf16"):
-        return [rounding.to_float(_widen(x), dst.dtype)]
+        return [native.to_float(native.widened(x), dst.dtype)]
     return [np.asarray(x).astype(A.numpy_dtype(dst.dtype))]

@@ -1437,4 +1437,31 @@ int tftpu_quantize(const float* x, double scale, void* out, int out_kind, const 
   return status ? status : (ok ? 0 : 3);
 }
 
+// float32 -> float16 by the CPU's converter (F16C: nearest, ties to even; subnormals, infinities
+// and quiet NaNs as IEEE and numpy's astype have them). 1 where this build has no converter.
+int tftpu_has_f16() {
+#if defined(__F16C__)
+  return 1;
+#else
+  return 0;
+#endif
+}
+
+int tftpu_to_f16(const float* x, uint16_t* out, int64_t n, int parts) {
+#if defined(__F16C__)
+  split_run(0, n, 4096, parts, [&](int64_t a, int64_t b) {
+    int64_t i = a;
+    for (; i + 8 <= b; i += 8) {
+      const __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), h);
+    }
+    for (; i < b; ++i) out[i] = static_cast<uint16_t>(_cvtss_sh(x[i], _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  });
+  return 0;
+#else
+  (void)x, (void)out, (void)n, (void)parts;
+  return 1;
+#endif
+}
+
 }  // extern "C"

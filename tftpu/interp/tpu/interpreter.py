@@ -69,10 +69,10 @@ class TpuInterpreter(TopInterpreter):
     def kernel_for(self, op):
         return kernel_of(op, self.exact_rows)
 
-    def run(self, inputs: dict, dump_all: bool = False, observe=None, dequantize: bool = False) -> dict:
-        """Outputs (every tensor when `dump_all`) by name; `dequantize` turns INT8 tensors into
-        the float values they stand for (to compare with TOP)."""
-        out = super().run(inputs, dump_all=dump_all, observe=observe)
+    def run(self, inputs: dict, dump_all: bool = False, observe=None, dequantize: bool = False, keep=()) -> dict:
+        """Outputs (every tensor when `dump_all`, and those named in `keep`) by name;
+        `dequantize` turns INT8 tensors into the float values they stand for (to compare with TOP)."""
+        out = super().run(inputs, dump_all=dump_all, observe=observe, keep=keep)
         if dequantize:
             out = {k: self.infos[k].dequantize(np.asarray(v)) if k in self.infos else v for k, v in out.items()}
         return out

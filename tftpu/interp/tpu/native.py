@@ -1,6 +1,7 @@
 """ctypes bindings of the fused INT8 kernels (`int8_native.cc`): requantization of INT32/INT64
 sums (bias fused), depthwise and ungrouped convs with their requantization (`Conv`), element-wise
-Add/Sub, and float32 -> INT8 quantization.
+Add/Sub, float32 -> INT8 quantization, and float32 -> float16 rounding (by the CPU's F16C
+converter, where the build has one: the float ops' F16 results and casts).
 
 Each returns None where it does not apply (the library cannot be built, `TFTPU_NATIVE=0`, or
 types it does not take); the callers then take their numpy paths, which compute the same
@@ -61,10 +62,12 @@ def library(variant: str | None = None):
     lib.tftpu_gemm_offset.restype = _I
     lib.tftpu_has_gemm.argtypes = []
     lib.tftpu_quantize.argtypes = [_P, ctypes.c_double, _P, _I, _P, _I]
+    lib.tftpu_has_f16.argtypes = []
+    lib.tftpu_to_f16.argtypes = [_P, _P, _L, _I]
     lib.tftpu_set_threads.argtypes = [_I]
     lib.tftpu_set_threads.restype = None
     for fn in (lib.tftpu_requant, lib.tftpu_depthwise, lib.tftpu_add, lib.tftpu_gemm, lib.tftpu_has_gemm,
-               lib.tftpu_quantize):
+               lib.tftpu_quantize, lib.tftpu_has_f16, lib.tftpu_to_f16):
         fn.restype = _I
     lib.tftpu_set_threads(threads.pool_size())
     return lib
@@ -304,14 +307,45 @@ def add(a: np.ndarray, b: np.ndarray, za: int, zb: int, ma: int, mb: int, r: int
     return out
 
 
+CONVERT_MIN = 1 << 12        # elements below which numpy converts float16 (the call costs more)
+
+
+def _f16_library():
+    """The library where it converts float16 (its build has F16C), else None."""
+    lib = _library()
+    return lib if lib is not None and lib.tftpu_has_f16() else None
+
+
+def to_float(x, dtype: str) -> np.ndarray:
+    """`tftpu.rounding.to_float(x, dtype)`: float values rounded to "f32", "f16" or "bf16"; float32
+    to float16 by the CPU's converter where the build has one (nearest, ties to even: the same
+    values, signalling NaNs made quiet)."""
+    from tftpu import rounding
+
+    x = np.asarray(x)
+    if dtype == "f16" and x.dtype == np.float32 and x.size >= CONVERT_MIN:
+        lib = _f16_library()
+        if lib is not None:
+            x = np.ascontiguousarray(x)
+            out = np.empty(x.shape, np.float16)
+            _check(lib.tftpu_to_f16(x.ctypes.data, out.ctypes.data, x.size, _parts(x.size)))
+            return out
+    return rounding.to_float(x, dtype)
+
+
+def widened(x):
+    """float16 and bfloat16 arrays as float32 (exact); any other array (or None) as it is."""
+    if getattr(x, "dtype", None) is not None and (x.dtype == np.float16 or x.dtype.name == "bfloat16"):
+        return x.astype(np.float32)
+    return x
+
+
 def quantized(x, scale: float, zp: int, dtype) -> np.ndarray:
     """`tftpu.rounding.quantize(x, scale, zp, dtype)`, natively where it applies (float32 `x`;
     float16 and bfloat16 widened to it exactly)."""
     from tftpu import rounding
 
-    x = np.asarray(x)
-    if x.dtype == np.float16 or x.dtype.name == "bfloat16":
-        x = x.astype(np.float32)
+    x = widened(np.asarray(x))
     y = quantize(x, scale, zp, dtype)
     return rounding.quantize(x, scale, zp, dtype) if y is None else y
 

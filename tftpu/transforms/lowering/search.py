@@ -247,15 +247,15 @@ class References:
     def __init__(self, model, samples: list[dict], dumps: int = RANK_SAMPLES):
         self.model, self.samples = model, list(samples)
         self.parts = [spec for specs in output_parts(model).values() for spec in specs]
-        needed = set(model.output_names) | {spec[0] for spec in self.parts}
+        self.needed = set(model.output_names) | {spec[0] for spec in self.parts}
         run = TopInterpreter(model)
         self.outputs: list[dict] = []
         self._dumps: list[dict] | None = []
         for i, sample in enumerate(self.samples):
-            tensors = run.run(sample, dump_all=bool(self.parts) or i < dumps)
+            tensors = run.run(sample, dump_all=i < dumps, keep=self.needed)
             if i < dumps:
                 self._dumps.append(tensors)
-            self.outputs.append({k: v for k, v in tensors.items() if k in needed})
+            self.outputs.append({k: v for k, v in tensors.items() if k in self.needed})
         # rounding noise is judged against the outputs' scale over every sample: an output that is
         # zero up to rounding on one sample (an empty mask) says nothing about precision
         self.floor = noise_floor(v for ref in self.outputs for v in ref.values())
@@ -563,7 +563,7 @@ def _search(model, chip, table, samples, target, asymmetric, qtable, float_mode,
         runs = []
         for i, (s, ref) in enumerate(list(zip(samples, refs))[:n_samples]):
             dump = dumps is not None and i < ATTRIBUTION_SAMPLES
-            got = run.run(s, dump_all=bool(parts) or dump, dequantize=True)
+            got = run.run(s, dump_all=dump, dequantize=True, keep=references.needed)
             if dump:
                 dumps.append(got)
             runs.append(output_pairs(model, parts, ref, got))
@@ -581,11 +581,16 @@ def _search(model, chip, table, samples, target, asymmetric, qtable, float_mode,
         return MixedPrecisionResult({**base}, [], (cos_t, snr_t), int8_reached, int8_reached, evaluations,
                                     time.perf_counter() - t0, len(int8_ops), (cos_t, snr_t), ranking=ranking)
     asked = (cos_t, snr_t)
+    costs: dict[frozenset, float] = {}
+
     def cost(names) -> float:
         """The estimated latency with `names` (and the quantize table's own) in float."""
-        q = {**base, **{n: fmode for n in names}}
-        return latency(lower(_lowered(model, weights_from, q), chip, "INT8", table, qtable=q,
-                             asymmetric=asymmetric, wide_links=wide_links, float_tail=float_tail)[0])
+        key = frozenset(names)
+        if key not in costs:
+            q = {**base, **{n: fmode for n in names}}
+            costs[key] = latency(lower(_lowered(model, weights_from, q), chip, "INT8", table, qtable=q,
+                                       asymmetric=asymmetric, wide_links=wide_links, float_tail=float_tail)[0])
+        return costs[key]
 
     if ranking == "effect":
         flops = {op.loc: op.flops() for op in model.ops if op.loc in set(int8_ops)}
