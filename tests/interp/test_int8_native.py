@@ -1193,3 +1193,23 @@ def test_f16_conversions_equal_numpy(build):
     with np.errstate(over="ignore"):
         assert np.array_equal(native.to_float(sliced, "f16").view(np.uint16), sliced.astype(np.float16).view(np.uint16))
     assert native.to_float(x, "f32") is not None and native.widened(None) is None
+
+
+def test_lookup_equals_indexing(build):
+    """An 8-bit `tpu.Lut` (`native.lookup`) is numpy's `table[x - qmin]` for every input byte,
+    table type and grid; a table that some input value falls outside of is declined."""
+    need_library()
+    rng = np.random.default_rng(8)
+    for xdtype, qmin in ((np.int8, -128), (np.uint8, 0), (np.int8, -129)):
+        info = np.iinfo(xdtype)
+        x = np.concatenate([np.arange(info.min, info.max + 1), rng.integers(info.min, info.max + 1, 70000 - 256 + 7)])
+        x = x.astype(xdtype).reshape(1, 7, -1)
+        for tdtype in (np.int8, np.uint8, np.int16, np.int32):
+            t = np.iinfo(tdtype)
+            table = rng.integers(t.min, t.max, 256 + (qmin == -129), dtype=np.int64).astype(tdtype)
+            got = native.lookup(x, table, qmin)
+            want = table[x.astype(np.int32) - qmin]
+            assert got is not None and got.dtype == want.dtype and np.array_equal(got, want), (build, xdtype, tdtype)
+    assert native.lookup(np.int8([5]), np.int8(np.arange(200) - 100), -128) is None        # 127 + 128 > 199
+    assert native.lookup(np.int8([5]), np.int8(np.arange(256) - 128), -127) is None        # -128 + 127 < 0
+    assert native.lookup(np.int16([5]), np.int8(np.arange(256) - 128), -128) is None       # 16-bit: interpolated

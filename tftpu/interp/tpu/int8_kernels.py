@@ -499,6 +499,10 @@ def prelu(operands, attrs, info):
 def lut(operands, attrs, info):
     """An 8-bit input indexes its table; a 16-bit one interpolates between two knots (`tpu.Lut`)."""
     x, table = operands
+    if info.ins[0].dtype != "i16":
+        got = native.lookup(x, np.asarray(table), info.ins[0].qmin)
+        if got is not None:
+            return [got]
     u = x.astype(np.int32) - info.ins[0].qmin
     if info.ins[0].dtype != "i16":
         return [table[u]]

@@ -1069,6 +1069,11 @@ TFTPU_INLINE bool quantize_impl(const float* x, double scale, const int64_t* p, 
   return quantize_run(x + i0, i1 - i0, scale, double(p[1]), double(p[2]), double(p[3]), out + i0);
 }
 
+template <typename T>
+TFTPU_INLINE void lookup_impl(const uint8_t* x, const T* table, T* out, int64_t a, int64_t b) {
+  for (int64_t i = a; i < b; ++i) out[i] = table[x[i]];
+}
+
 // Storage kinds: 0 int8, 1 uint8, 2 int16, 3 int32 (outputs); accumulators 0 int32, 1 int64.
 template <typename Fn>
 TFTPU_INLINE int with_out(int kind, Fn fn) {
@@ -1435,6 +1440,29 @@ int tftpu_quantize(const float* x, double scale, void* out, int out_kind, const 
     });
   });
   return status ? status : (ok ? 0 : 3);
+}
+
+// out[i] = table[x[i]]: a 256-entry table of `entry_bytes` (1, 2 or 4) bytes each, indexed by bytes.
+int tftpu_lookup(const uint8_t* x, const void* table, int entry_bytes, void* out, int64_t n, int parts) {
+  switch (entry_bytes) {
+    case 1:
+      split_run(0, n, 4096, parts, [&](int64_t a, int64_t b) {
+        lookup_impl(x, static_cast<const uint8_t*>(table), static_cast<uint8_t*>(out), a, b);
+      });
+      return 0;
+    case 2:
+      split_run(0, n, 4096, parts, [&](int64_t a, int64_t b) {
+        lookup_impl(x, static_cast<const uint16_t*>(table), static_cast<uint16_t*>(out), a, b);
+      });
+      return 0;
+    case 4:
+      split_run(0, n, 4096, parts, [&](int64_t a, int64_t b) {
+        lookup_impl(x, static_cast<const uint32_t*>(table), static_cast<uint32_t*>(out), a, b);
+      });
+      return 0;
+    default:
+      return 1;
+  }
 }
 
 // float32 -> float16 by the CPU's converter (F16C: nearest, ties to even; subnormals, infinities

@@ -1,7 +1,7 @@
 """ctypes bindings of the fused INT8 kernels (`int8_native.cc`): requantization of INT32/INT64
 sums (bias fused), depthwise and ungrouped convs with their requantization (`Conv`), element-wise
-Add/Sub, float32 -> INT8 quantization, and float32 -> float16 rounding (by the CPU's F16C
-converter, where the build has one: the float ops' F16 results and casts).
+Add/Sub, float32 -> INT8 quantization, 8-bit table lookups, and float32 -> float16 rounding (by
+the CPU's F16C converter, where the build has one: the float ops' F16 results and casts).
 
 Each returns None where it does not apply (the library cannot be built, `TFTPU_NATIVE=0`, or
 types it does not take); the callers then take their numpy paths, which compute the same
@@ -62,12 +62,13 @@ def library(variant: str | None = None):
     lib.tftpu_gemm_offset.restype = _I
     lib.tftpu_has_gemm.argtypes = []
     lib.tftpu_quantize.argtypes = [_P, ctypes.c_double, _P, _I, _P, _I]
+    lib.tftpu_lookup.argtypes = [_P, _P, _I, _P, _L, _I]
     lib.tftpu_has_f16.argtypes = []
     lib.tftpu_to_f16.argtypes = [_P, _P, _L, _I]
     lib.tftpu_set_threads.argtypes = [_I]
     lib.tftpu_set_threads.restype = None
     for fn in (lib.tftpu_requant, lib.tftpu_depthwise, lib.tftpu_add, lib.tftpu_gemm, lib.tftpu_has_gemm,
-               lib.tftpu_quantize, lib.tftpu_has_f16, lib.tftpu_to_f16):
+               lib.tftpu_quantize, lib.tftpu_has_f16, lib.tftpu_to_f16, lib.tftpu_lookup):
         fn.restype = _I
     lib.tftpu_set_threads(threads.pool_size())
     return lib
@@ -304,6 +305,24 @@ def add(a: np.ndarray, b: np.ndarray, za: int, zb: int, ma: int, mb: int, r: int
     params = np.array([a.size, za, zb, ma, mb, r, lo, hi, zp], np.int64)
     ap, bp, o, p, okind = a.ctypes.data, b.ctypes.data, out.ctypes.data, params.ctypes.data, OUT_KINDS[dtype]
     _check(lib.tftpu_add(ap, ka, bp, kb, o, okind, p, 0, a.size, _parts(a.size)))
+    return out
+
+
+def lookup(x: np.ndarray, table: np.ndarray, qmin: int) -> np.ndarray | None:
+    """`table[x - qmin]` for 8-bit `x` (a `tpu.Lut` on an INT8/UINT8 input), or None where it
+    does not apply (no library, another input type, a value of x's type outside the table)."""
+    lib = _library()
+    x = np.asarray(x)
+    if lib is None or x.dtype not in IN_KINDS or table.ndim != 1 or table.dtype.itemsize not in (1, 2, 4):
+        return None
+    index = np.arange(256, dtype=np.uint8).view(x.dtype).astype(np.int64) - qmin   # each byte's entry
+    if index.min() < 0 or index.max() >= table.size:
+        return None
+    by_byte = np.ascontiguousarray(table[index])
+    x = np.ascontiguousarray(x)
+    out = np.empty(x.shape, table.dtype)
+    _check(lib.tftpu_lookup(x.ctypes.data, by_byte.ctypes.data, table.dtype.itemsize, out.ctypes.data, x.size,
+                            _parts(x.size)))
     return out
 
 
