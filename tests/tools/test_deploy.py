@@ -206,11 +206,15 @@ def test_mixed_precision_keeps_the_fewest_ops(cnn_case, ranking):
     for name in big[:search.PRUNE_TRIALS]:
         assert worst({n: m for n, m, _ in res.kept if n != name})[1] < pure[1] + 3, name
     assert str(res).count("\n") == len(res.kept) and res.as_dict()["ranking"] == ranking
-    # on TOP's outputs run once for it (as deploy shares them), the same search
+    # on TOP's outputs run once for it, and all INT8 judged beforehand (as deploy shares them), the same search
+    from tftpu.pipelines.judge import Judge
     shared = search.References(model, samples)
+    int8 = Judge(model, samples, shared).worst(lower(model, "npu1", "INT8", table, qtable=base)[0], False)
+    assert int8 == res.int8_reached
     again = search_mixed_precision(model, "npu1", table, samples, target, ranking=ranking, qtable=base,
-                                   references=shared)
-    assert (again.qtable, again.kept, again.reached) == (res.qtable, res.kept, res.reached)
+                                   references=shared, int8_known=(int8, None))
+    assert (again.qtable, again.kept, again.reached, again.int8_reached) == \
+        (res.qtable, res.kept, res.reached, res.int8_reached)
     with pytest.raises(errors.InternalError, match="other samples"):
         search_mixed_precision(model, "npu1", table, samples[::-1], target, ranking=ranking, references=shared)
     from tftpu.transforms.lowering.search import KEPT_FIGURES     # the HTML report's column holds each op's figure

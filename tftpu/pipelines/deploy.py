@@ -346,12 +346,24 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
             shared.append(References(top_model, pool, dumps=RANK_SAMPLES if mixed_precision else 0))
         return shared[0]
 
+    judges: list = []
+
+    def the_judge() -> _Judge:
+        """The conv links' and the corrections' measure (one, so a program judged twice runs once)."""
+        if not judges:
+            judges.append(_Judge(top_model, pool, references()))
+        return judges[0]
+
+    known: dict = {}          # links -> (worst figures as the search judges, latency) of all INT8, where known
+
     if wide_links == "auto" and conv_links and mode == "INT8" and table is not None and pool:
         t1 = time.perf_counter()
         need = parse_target(mixed_precision or AUTO_TARGET)[1]
         plain = lower(top_model, the_chip, mode, table, qtable=qtable, asymmetric=asymmetric, wide_links=True,
                       float_tail=float_tail)
-        reached = min(_Judge(top_model, pool, references())(plain[0]))
+        reached = min(the_judge()(plain[0]))
+        if rounded is None:                       # the search's own all-INT8 program with these links
+            known[True] = (the_judge().worst(plain[0], inputs is not None), None)
         if reached >= need:
             priced = f"dense convs read 8 bits: all INT8 reaches {reached:.1f} dB (target {need:g} dB)"
         else:
@@ -361,6 +373,8 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
                                                             (references().dumps(1) or [None])[0])
             if float_latency is not None and links_us:
                 float_latency = max(1.0, float_latency * int8_us / links_us)
+            if rounded is None and int8_us is not None:
+                known[True] = (known[True][0], int8_us)
         seconds["conv links"] = time.perf_counter() - t1
     search = None
     rival = None                                 # the isolated ranking's result, built and judged below
@@ -377,7 +391,8 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
                                           float_tail=float_tail,
                                           latency_budget=latency_budget,
                                           latency=lambda m: _profile(m, the_chip).latency_us,
-                                          judge_first=inputs is not None, references=references())
+                                          judge_first=inputs is not None, references=references(),
+                                          int8_known=known.get(links, (None, None)))
         search = search_by(mixed_precision_ranking)
         if wide_links == "auto" and links not in (True, False) and not search.met:
             # the dense convs' 16-bit inputs took latency the float ops may need (measured: PP-OCRv6
@@ -413,7 +428,7 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
         interpolates(qtable) or search is not None and bool(search.kept) and interpolates(given_qtable))
     if inputs is not None and (rounded is not None or correcting or search is not None and search.kept
                                or trying_tables):
-        judge = _Judge(top_model, pool, references())          # what verify judges
+        judge = the_judge()                                    # what verify judges
 
     def build(q, notes_of_rounding, links=links):
         """(TPU model, lowering, weights lowered, bias-correction report) for quantize table `q`:

@@ -24,14 +24,28 @@ class Judge:
         self.needed = references.needed
         self.seen: dict[int, tuple] = {}        # id -> (the model, kept alive so the id stays its, figures)
 
-    def __call__(self, tpu) -> tuple[float, float]:
+    def _judged(self, tpu) -> tuple[dict, dict]:
+        """(pooled, test input alone) figures per output and part of `tpu` (`judge_runs`), run once."""
         if id(tpu) not in self.seen:
             run = TpuInterpreter(tpu, exact_rows=False)
             runs = [output_pairs(self.model, self.parts, ref, run.run(x, dequantize=True, keep=self.needed))
                     for x, ref in zip(self.held, self.refs)]
-            figures = (worst_figures(judge_runs(runs, self.floor))[1], worst_figures(judge_runs(runs[:1], self.floor))[1])
-            self.seen[id(tpu)] = (tpu, tuple(-math.inf if math.isnan(v) else v for v in figures))
-        return self.seen[id(tpu)][1]
+            self.seen[id(tpu)] = (tpu, judge_runs(runs, self.floor), judge_runs(runs[:1], self.floor))
+        return self.seen[id(tpu)][1:]
+
+    def __call__(self, tpu) -> tuple[float, float]:
+        pooled, alone = self._judged(tpu)
+        figures = (worst_figures(pooled)[1], worst_figures(alone)[1])
+        return tuple(-math.inf if math.isnan(v) else v for v in figures)
+
+    def worst(self, tpu, judge_first: bool) -> tuple[float, float]:
+        """The worst (cosine, SQNR) of `tpu` as the mixed-precision search judges a program on
+        the same inputs (`judge_runs(..., judge_first)`: each part the worse of pooled and the
+        first input alone)."""
+        pooled, alone = self._judged(tpu)
+        if judge_first and len(self.held) > 1:
+            pooled = {**pooled, **{n: tuple(map(min, a, pooled.get(n, a))) for n, a in alone.items()}}
+        return worst_figures(pooled)
 
     @property
     def where(self) -> str:

@@ -534,7 +534,8 @@ def ancestors(model, tensor_names: set) -> set[str]:
 
 def _search(model, chip, table, samples, target, asymmetric, qtable, float_mode, ranking,
             weights_from=None, float_budget=None, wide_links=True, latency_budget=None,
-            latency=None, judge_first=False, float_tail=True, references=None) -> MixedPrecisionResult:
+            latency=None, judge_first=False, float_tail=True, references=None,
+            int8_known=(None, None)) -> MixedPrecisionResult:
     t0 = time.perf_counter()
     chip = chips.load(chip)
     cos_t, snr_t = parse_target(target)
@@ -573,7 +574,12 @@ def _search(model, chip, table, samples, target, asymmetric, qtable, float_mode,
     def meets(r) -> bool:
         return r[0] >= cos_t and r[1] >= snr_t
 
-    int8_reached, report, _ = evaluate({})
+    if int8_known[0] is None:
+        int8_reached, report, _ = evaluate({})
+    else:                                        # judged by the caller: lowered for its report only
+        int8_reached = int8_known[0]
+        report = lower(_lowered(model, weights_from, base), chip, "INT8", table, qtable=base, asymmetric=asymmetric,
+                       wide_links=wide_links, float_tail=float_tail)[1]
     int8_ops = [d.name for d in report.decisions if d.mode == "INT8" and d.name not in base]
     if ranking == "auto":
         ranking = "gain" if carrying_work(model, set(int8_ops)) <= GAIN_WORK else "isolated"
@@ -581,7 +587,7 @@ def _search(model, chip, table, samples, target, asymmetric, qtable, float_mode,
         return MixedPrecisionResult({**base}, [], (cos_t, snr_t), int8_reached, int8_reached, evaluations,
                                     time.perf_counter() - t0, len(int8_ops), (cos_t, snr_t), ranking=ranking)
     asked = (cos_t, snr_t)
-    costs: dict[frozenset, float] = {}
+    costs: dict[frozenset, float] = {} if int8_known[1] is None else {frozenset(): int8_known[1]}
 
     def cost(names) -> float:
         """The estimated latency with `names` (and the quantize table's own) in float."""
@@ -851,7 +857,8 @@ def search_mixed_precision(model, chip, table, samples: list[dict], target, *, a
                            float_budget: float | None = None, wide_links: bool = True,
                            latency_budget: float | None = None, latency=None,
                            judge_first: bool = False, float_tail: bool = True,
-                           references: References | None = None) -> MixedPrecisionResult:
+                           references: References | None = None,
+                           int8_known: tuple = (None, None)) -> MixedPrecisionResult:
     """Ops to keep in float for the INT8 model to reach `target` ("cosine,sqnr_db"), judged
     over the samples pooled. `ranking`: "auto" ("gain" where its work, `carrying_work`, is
     at most GAIN_WORK FLOPs, else "isolated"), "isolated" (each op's own error on exact inputs per share
@@ -870,6 +877,8 @@ def search_mixed_precision(model, chip, table, samples: list[dict], target, *, a
     input a user names as representative) must meet the target on its own as well as in the pool;
     its near-zero outputs are judged against the pool's noise floor, as pooled ones are.
     `references`: TOP on `model` and `samples`, where a caller has it run already (`References`).
+    `int8_known`: (worst (cosine, SQNR) as this search judges it, `latency`) of the program all in
+    INT8 (`qtable`'s float ops kept), each where the caller has it for that very program (else None).
     """
     if ranking not in RANKINGS:
         raise UsageError(f"mixed precision ranking {ranking!r}: expected one of {', '.join(RANKINGS)}")
@@ -885,4 +894,5 @@ def search_mixed_precision(model, chip, table, samples: list[dict], target, *, a
     if latency_budget is not None and math.isinf(latency_budget):
         latency_budget = None                      # inf: no limit
     return _search(model, chip, table, samples, target, asymmetric, qtable, float_mode, ranking, weights_from,
-                   float_budget, wide_links, latency_budget, latency, judge_first, float_tail, references)
+                   float_budget, wide_links, latency_budget, latency, judge_first, float_tail, references,
+                   int8_known)
