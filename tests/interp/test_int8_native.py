@@ -1187,7 +1187,8 @@ def test_f16_conversions_equal_numpy(build):
         assert got.dtype == np.float16 and got.shape == a.shape
         assert np.array_equal(got.view(np.uint16), want.view(np.uint16)), build
         back = native.widened(got)
-        assert back.dtype == np.float32 and np.array_equal(back.view(np.uint32), want.astype(np.float32).view(np.uint32))
+        exact = want.astype(np.float32).view(np.uint32)
+        assert back.dtype == np.float32 and np.array_equal(back.view(np.uint32), exact)
         assert n < native.CONVERT_MIN or native.library(build).tftpu_has_f16() == (build != "generic")
     sliced = np.resize(x, (64, 300))[:, ::3]                                    # not contiguous
     with np.errstate(over="ignore"):
