@@ -138,7 +138,8 @@ class MixedPrecisionResult:
         seen = " on the weights it searched with" if self.lowered is not None else ""
         return note + (f"keeping {len(self.kept)} of {self.candidates} INT8 ops in float {status} the target "
                 f"{self.target[0]},{self.target[1]} dB{budget}{seen}: cosine {c:.5f}, SQNR {s:.1f} dB "
-                f"(pure INT8: {c8:.5f}, {s8:.1f} dB; {self.evaluations} trial lowerings, {self.seconds:.1f} s)")
+                f"(pure INT8: {c8:.5f}, {s8:.1f} dB; {self.evaluations} trial lowering"
+                f"{'' if self.evaluations == 1 else 's'}, {self.seconds:.1f} s)")
 
     def __str__(self) -> str:
         lines = ["mixed precision: " + self.summary]
