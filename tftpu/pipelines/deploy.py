@@ -10,6 +10,7 @@ TPU model against TOP tensor by tensor, write the `.tpu.mlir` (+ weights) and a 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 from pathlib import Path
@@ -337,24 +338,18 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
         mixed_precision = None
     elif mixed_precision == "auto":
         mixed_precision = AUTO_TARGET if inputs is not None or samples else None
-    shared: list = []
-
-    def references():
+    @functools.cache
+    def references() -> References:
         """TOP on `pool` (what verify judges: the test input first), run once for the conv links,
         the search and the judge."""
-        if not shared:
-            shared.append(References(top_model, pool, dumps=RANK_SAMPLES if mixed_precision else 0))
-        return shared[0]
+        return References(top_model, pool, dumped=RANK_SAMPLES if mixed_precision else 0)
 
-    judges: list = []
-
+    @functools.cache
     def the_judge() -> _Judge:
         """The conv links' and the corrections' measure (one, so a program judged twice runs once)."""
-        if not judges:
-            judges.append(_Judge(top_model, pool, references()))
-        return judges[0]
+        return _Judge(top_model, pool, references())
 
-    known: dict = {}          # links -> (worst figures as the search judges, latency) of all INT8, where known
+    int8_known = (None, None)      # (worst figures as the search judges, latency) of all INT8, 8-bit conv inputs
 
     if wide_links == "auto" and conv_links and mode == "INT8" and table is not None and pool:
         t1 = time.perf_counter()
@@ -363,7 +358,7 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
                       float_tail=float_tail)
         reached = min(the_judge()(plain[0]))
         if rounded is None:                       # the search's own all-INT8 program with these links
-            known[True] = (the_judge().worst(plain[0], inputs is not None), None)
+            int8_known = (the_judge().worst(plain[0], inputs is not None), None)
         if reached >= need:
             priced = f"dense convs read 8 bits: all INT8 reaches {reached:.1f} dB (target {need:g} dB)"
         else:
@@ -374,7 +369,7 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
             if float_latency is not None and links_us:
                 float_latency = max(1.0, float_latency * int8_us / links_us)
             if rounded is None and int8_us is not None:
-                known[True] = (known[True][0], int8_us)
+                int8_known = (int8_known[0], int8_us)
         seconds["conv links"] = time.perf_counter() - t1
     search = None
     rival = None                                 # the isolated ranking's result, built and judged below
@@ -392,7 +387,7 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
                                           latency_budget=latency_budget,
                                           latency=lambda m: _profile(m, the_chip).latency_us,
                                           judge_first=inputs is not None, references=references(),
-                                          int8_known=known.get(links, (None, None)))
+                                          int8_known=int8_known if links is True else (None, None))
         search = search_by(mixed_precision_ranking)
         if wide_links == "auto" and links not in (True, False) and not search.met:
             # the dense convs' 16-bit inputs took latency the float ops may need (measured: PP-OCRv6

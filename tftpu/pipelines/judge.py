@@ -19,7 +19,7 @@ class Judge:
 
     def __init__(self, top_model, held: list[dict], references: References | None = None):
         self.model, self.held = top_model, held
-        references = (references or References(top_model, held, dumps=0)).of(top_model, held)
+        references = (references or References(top_model, held, dumped=0)).of(top_model, held)
         self.parts, self.refs, self.floor = references.parts, references.outputs, references.floor
         self.needed = references.needed
         self.seen: dict[int, tuple] = {}        # id -> (the model, kept alive so the id stays its, figures)

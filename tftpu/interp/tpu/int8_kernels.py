@@ -501,11 +501,8 @@ def lut(operands, attrs, info):
     x, table = operands
     if info.ins[0].dtype != "i16":
         got = native.lookup(x, np.asarray(table), info.ins[0].qmin)
-        if got is not None:
-            return [got]
+        return [got if got is not None else table[x.astype(np.int32) - info.ins[0].qmin]]
     u = x.astype(np.int32) - info.ins[0].qmin
-    if info.ins[0].dtype != "i16":
-        return [table[u]]
     i, f = u >> Lut.KNOT_BITS, (u & ((1 << Lut.KNOT_BITS) - 1)).astype(np.int64)
     lo, hi = table[i].astype(np.int64), table[i + 1].astype(np.int64)
     shift = Lut.KNOT_BITS + Lut.FRACTION_BITS

@@ -242,10 +242,10 @@ def part_slices(tensors: dict, spec) -> list[tuple[str, np.ndarray]]:
 
 class References:
     """TOP's outputs (with the tensors each concatenated output's parts are cut from) on `samples`,
-    run once for every search and judge of one deploy, and every tensor of the first `dumps`
+    run once for every search and judge of one deploy, and every tensor of the first `dumped`
     samples (what the rankings read each op's inputs from) until `drop_dumps`."""
 
-    def __init__(self, model, samples: list[dict], dumps: int = RANK_SAMPLES):
+    def __init__(self, model, samples: list[dict], dumped: int = RANK_SAMPLES):
         self.model, self.samples = model, list(samples)
         self.parts = [spec for specs in output_parts(model).values() for spec in specs]
         self.needed = set(model.output_names) | {spec[0] for spec in self.parts}
@@ -253,8 +253,8 @@ class References:
         self.outputs: list[dict] = []
         self._dumps: list[dict] | None = []
         for i, sample in enumerate(self.samples):
-            tensors = run.run(sample, dump_all=i < dumps, keep=self.needed)
-            if i < dumps:
+            tensors = run.run(sample, dump_all=i < dumped, keep=self.needed)
+            if i < dumped:
                 self._dumps.append(tensors)
             self.outputs.append({k: v for k, v in tensors.items() if k in self.needed})
         # rounding noise is judged against the outputs' scale over every sample: an output that is
