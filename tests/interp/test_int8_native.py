@@ -1163,9 +1163,10 @@ def test_missing_build_is_a_warning_unless_turned_off(monkeypatch):
 
 
 def test_f16_conversions_equal_numpy(build):
-    """float32 -> float16 (nearest, ties to even), and back exactly, on every float32 bit pattern class:
-    the CPU's converter where the build has one (F16C), numpy's astype elsewhere; the same bits
-    either way (signalling NaNs aside, which F16C makes quiet and no kernel makes)."""
+    """float32 -> float16 (nearest, ties to even) on every float32 bit pattern class, and every
+    float16 back exactly: the CPU's converter where the build has one (F16C), numpy's astype
+    elsewhere; the same bits either way (signalling NaNs aside, which F16C makes quiet and no
+    kernel makes)."""
     need_library()
     rng = np.random.default_rng(16)
     bits = rng.integers(0, 1 << 32, 1 << 16, dtype=np.uint64).astype(np.uint32)
@@ -1194,6 +1195,39 @@ def test_f16_conversions_equal_numpy(build):
     with np.errstate(over="ignore"):
         assert np.array_equal(native.to_float(sliced, "f16").view(np.uint16), sliced.astype(np.float16).view(np.uint16))
     assert native.to_float(x, "f32") is not None and native.widened(None) is None
+    every = np.arange(1 << 16, dtype=np.uint16).view(np.float16)     # each float16, signalling NaNs too
+    for halfs in (every, np.resize(every, (3, 1 << 16))[:, ::5]):      # contiguous or not
+        got, want = native.widened(halfs), halfs.astype(np.float32)
+        nan = np.isnan(want)
+        assert got.dtype == np.float32 and np.array_equal(np.isnan(got), nan)
+        assert np.array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32)), build
+
+
+def test_interpolate_equals_the_lut_formula(build):
+    """A 16-bit `tpu.Lut` (`native.interpolate`) is `tpu.Lut`'s formula in int64 numpy for every
+    16-bit input, over random and smooth knots, each output type and clamp; other inputs declined."""
+    need_library()
+    from tftpu.ir.tpu import Lut
+    rng = np.random.default_rng(16)
+    k, frac = Lut.KNOT_BITS, Lut.FRACTION_BITS
+    x = np.arange(-32768, 32768, dtype=np.int16).reshape(2, 8, -1)
+    u = x.astype(np.int64) + 32768
+    i, f = u >> k, u & ((1 << k) - 1)
+    for out_dtype in (np.int8, np.uint8, np.int16, np.int32):
+        o = np.iinfo(out_dtype)
+        top = min(o.max, (1 << 30) >> frac) << frac
+        smooth = np.rint(np.tanh(np.linspace(-4, 4, Lut.KNOTS)) * top).astype(np.int32)
+        for table in (rng.integers(-top, top, Lut.KNOTS).astype(np.int32), smooth):
+            for lo, hi in ((o.min, o.max), (max(o.min, 0), o.max // 2)):
+                got = native.interpolate(x, table, k, frac, lo, hi, out_dtype)
+                t = table.astype(np.int64)
+                want = np.clip(((t[i] << k) + (t[i + 1] - t[i]) * f + (1 << (k + frac - 1))) >> (k + frac), lo, hi)
+                assert got is not None and got.dtype == out_dtype and got.shape == x.shape
+                assert np.array_equal(got, want.astype(out_dtype)), (build, out_dtype, lo, hi)
+    table = np.zeros(Lut.KNOTS, np.int32)
+    assert native.interpolate(x.astype(np.int32), table, k, frac, -128, 127, np.int8) is None    # not 16-bit
+    assert native.interpolate(x, table[:-1], k, frac, -128, 127, np.int8) is None                # a knot short
+    assert native.interpolate(x, table.astype(np.int64), k, frac, -128, 127, np.int8) is None    # not int32
 
 
 def test_lookup_equals_indexing(build):

@@ -502,6 +502,11 @@ def lut(operands, attrs, info):
     if info.ins[0].dtype != "i16":
         got = native.lookup(x, np.asarray(table), info.ins[0].qmin)
         return [got if got is not None else table[x.astype(np.int32) - info.ins[0].qmin]]
+    lo, hi = _bounds({}, info.outs[0])
+    got = native.interpolate(x, np.asarray(table), Lut.KNOT_BITS, Lut.FRACTION_BITS, lo, hi,
+                             quant.STORAGE[info.outs[0].dtype][0])
+    if got is not None:
+        return [got]
     u = x.astype(np.int32) - info.ins[0].qmin
     i, f = u >> Lut.KNOT_BITS, (u & ((1 << Lut.KNOT_BITS) - 1)).astype(np.int64)
     lo, hi = table[i].astype(np.int64), table[i + 1].astype(np.int64)

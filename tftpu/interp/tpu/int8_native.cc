@@ -1074,6 +1074,22 @@ TFTPU_INLINE void lookup_impl(const uint8_t* x, const T* table, T* out, int64_t 
   for (int64_t i = a; i < b; ++i) out[i] = table[x[i]];
 }
 
+// A 16-bit `tpu.Lut`: u = x + 32768, i = u >> knot_bits, f = u & (2^knot_bits - 1),
+// out = clamp((t[i] * 2^knot_bits + (t[i + 1] - t[i]) * f + half) >> shift, lo, hi) over the
+// int32 knots t (2^(16 - knot_bits) + 1 of them), shift = knot_bits + the table's fraction bits.
+template <typename Out>
+TFTPU_INLINE void interpolate_impl(const int16_t* x, const int32_t* t, Out* out, int knot_bits, int shift,
+                                   int64_t lo, int64_t hi, int64_t a, int64_t b) {
+  const int64_t half = int64_t{1} << (shift - 1);
+  const int32_t mask = (1 << knot_bits) - 1;
+  for (int64_t j = a; j < b; ++j) {
+    const int32_t u = int32_t{x[j]} + 32768;
+    const int64_t l = t[u >> knot_bits], h = t[(u >> knot_bits) + 1];
+    const int64_t y = (l * (int64_t{1} << knot_bits) + (h - l) * (u & mask) + half) >> shift;
+    out[j] = static_cast<Out>(y < lo ? lo : (y > hi ? hi : y));
+  }
+}
+
 // Storage kinds: 0 int8, 1 uint8, 2 int16, 3 int32 (outputs); accumulators 0 int32, 1 int64.
 template <typename Fn>
 TFTPU_INLINE int with_out(int kind, Fn fn) {
@@ -1465,6 +1481,17 @@ int tftpu_lookup(const uint8_t* x, const void* table, int entry_bytes, void* out
   }
 }
 
+int tftpu_interpolate(const int16_t* x, const int32_t* table, int knot_bits, int shift, int64_t lo, int64_t hi,
+                      int out_kind, void* out, int64_t n, int parts) {
+  if (knot_bits < 1 || knot_bits > 15 || shift <= knot_bits || shift > 40) return 1;
+  return with_out(out_kind, [&](auto* tag) {
+    using Out = std::remove_pointer_t<decltype(tag)>;
+    split_run(0, n, 4096, parts, [&](int64_t a, int64_t b) {
+      interpolate_impl(x, table, static_cast<Out*>(out), knot_bits, shift, lo, hi, a, b);
+    });
+  });
+}
+
 // float32 -> float16 by the CPU's converter (F16C: nearest, ties to even; subnormals, infinities
 // and quiet NaNs as IEEE and numpy's astype have them). 1 where this build has no converter.
 int tftpu_has_f16() {
@@ -1484,6 +1511,24 @@ int tftpu_to_f16(const float* x, uint16_t* out, int64_t n, int parts) {
       _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), h);
     }
     for (; i < b; ++i) out[i] = static_cast<uint16_t>(_cvtss_sh(x[i], _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  });
+  return 0;
+#else
+  (void)x, (void)out, (void)n, (void)parts;
+  return 1;
+#endif
+}
+
+// float16 -> float32 by the CPU's converter (F16C: exact; subnormals and infinities as numpy's
+// astype has them, NaNs quiet). 1 where this build has no converter.
+int tftpu_from_f16(const uint16_t* x, float* out, int64_t n, int parts) {
+#if defined(__F16C__)
+  split_run(0, n, 4096, parts, [&](int64_t a, int64_t b) {
+    int64_t i = a;
+    for (; i + 8 <= b; i += 8) {
+      _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + i))));
+    }
+    for (; i < b; ++i) out[i] = _cvtsh_ss(x[i]);
   });
   return 0;
 #else

@@ -65,10 +65,13 @@ def library(variant: str | None = None):
     lib.tftpu_lookup.argtypes = [_P, _P, _I, _P, _L, _I]
     lib.tftpu_has_f16.argtypes = []
     lib.tftpu_to_f16.argtypes = [_P, _P, _L, _I]
+    lib.tftpu_from_f16.argtypes = [_P, _P, _L, _I]
+    lib.tftpu_interpolate.argtypes = [_P, _P, _I, _I, _L, _L, _I, _P, _L, _I]
     lib.tftpu_set_threads.argtypes = [_I]
     lib.tftpu_set_threads.restype = None
     for fn in (lib.tftpu_requant, lib.tftpu_depthwise, lib.tftpu_add, lib.tftpu_gemm, lib.tftpu_has_gemm,
-               lib.tftpu_quantize, lib.tftpu_has_f16, lib.tftpu_to_f16, lib.tftpu_lookup):
+               lib.tftpu_quantize, lib.tftpu_has_f16, lib.tftpu_to_f16, lib.tftpu_from_f16,
+               lib.tftpu_lookup, lib.tftpu_interpolate):
         fn.restype = _I
     lib.tftpu_set_threads(threads.pool_size())
     return lib
@@ -326,6 +329,24 @@ def lookup(x: np.ndarray, table: np.ndarray, qmin: int) -> np.ndarray | None:
     return out
 
 
+def interpolate(x: np.ndarray, table: np.ndarray, knot_bits: int, fraction_bits: int, lo: int, hi: int,
+                out_dtype) -> np.ndarray | None:
+    """A 16-bit `tpu.Lut` (`tftpu.ir.tpu.Lut`'s formula over int32 knots `table`, clamped to
+    [lo, hi] in `out_dtype`), or None where it does not apply (no library, another input type, a
+    table of another size or type)."""
+    lib = _library()
+    x = np.asarray(x)
+    out_dtype = np.dtype(out_dtype)
+    if lib is None or x.dtype != np.int16 or out_dtype not in OUT_KINDS or table.dtype != np.int32 \
+            or table.shape != ((1 << (16 - knot_bits)) + 1,):
+        return None
+    x, table = np.ascontiguousarray(x), np.ascontiguousarray(table)
+    out = np.empty(x.shape, out_dtype)
+    _check(lib.tftpu_interpolate(x.ctypes.data, table.ctypes.data, knot_bits, knot_bits + fraction_bits, lo, hi,
+                                 OUT_KINDS[out_dtype], out.ctypes.data, x.size, _parts(x.size)))
+    return out
+
+
 CONVERT_MIN = 1 << 12        # elements below which numpy converts float16 (the call costs more)
 
 
@@ -353,8 +374,18 @@ def to_float(x, dtype: str) -> np.ndarray:
 
 
 def widened(x):
-    """float16 and bfloat16 arrays as float32 (exact); any other array (or None) as it is."""
-    if getattr(x, "dtype", None) is not None and (x.dtype == np.float16 or x.dtype.name == "bfloat16"):
+    """float16 and bfloat16 arrays as float32 (exact; float16 by the CPU's converter where the
+    build has one, NaNs quiet); any other array (or None) as it is."""
+    if getattr(x, "dtype", None) is None:
+        return x
+    if x.dtype == np.float16 and x.size >= CONVERT_MIN:
+        lib = _f16_library()
+        if lib is not None:
+            x = np.ascontiguousarray(x)
+            out = np.empty(x.shape, np.float32)
+            _check(lib.tftpu_from_f16(x.ctypes.data, out.ctypes.data, x.size, _parts(x.size)))
+            return out
+    if x.dtype == np.float16 or x.dtype.name == "bfloat16":
         return x.astype(np.float32)
     return x
 
