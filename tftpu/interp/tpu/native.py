@@ -356,6 +356,18 @@ def _f16_library():
     return lib if lib is not None and lib.tftpu_has_f16() else None
 
 
+def _converted(x: np.ndarray, dtype, entry: str) -> np.ndarray | None:
+    """`x` as `dtype` by the library's float16 converter `entry`; None where numpy converts it (a
+    build without F16C, or too few elements to pay for the call)."""
+    lib = _f16_library() if x.size >= CONVERT_MIN else None
+    if lib is None:
+        return None
+    x = np.ascontiguousarray(x)
+    out = np.empty(x.shape, dtype)
+    _check(getattr(lib, entry)(x.ctypes.data, out.ctypes.data, x.size, _parts(x.size)))
+    return out
+
+
 def to_float(x, dtype: str) -> np.ndarray:
     """`tftpu.rounding.to_float(x, dtype)`: float values rounded to "f32", "f16" or "bf16"; float32
     to float16 by the CPU's converter where the build has one (nearest, ties to even: the same
@@ -363,12 +375,9 @@ def to_float(x, dtype: str) -> np.ndarray:
     from tftpu import rounding
 
     x = np.asarray(x)
-    if dtype == "f16" and x.dtype == np.float32 and x.size >= CONVERT_MIN:
-        lib = _f16_library()
-        if lib is not None:
-            x = np.ascontiguousarray(x)
-            out = np.empty(x.shape, np.float16)
-            _check(lib.tftpu_to_f16(x.ctypes.data, out.ctypes.data, x.size, _parts(x.size)))
+    if dtype == "f16" and x.dtype == np.float32:
+        out = _converted(x, np.float16, "tftpu_to_f16")
+        if out is not None:
             return out
     return rounding.to_float(x, dtype)
 
@@ -378,12 +387,9 @@ def widened(x):
     build has one, NaNs quiet); any other array (or None) as it is."""
     if getattr(x, "dtype", None) is None:
         return x
-    if x.dtype == np.float16 and x.size >= CONVERT_MIN:
-        lib = _f16_library()
-        if lib is not None:
-            x = np.ascontiguousarray(x)
-            out = np.empty(x.shape, np.float32)
-            _check(lib.tftpu_from_f16(x.ctypes.data, out.ctypes.data, x.size, _parts(x.size)))
+    if x.dtype == np.float16:
+        out = _converted(x, np.float32, "tftpu_from_f16")
+        if out is not None:
             return out
     if x.dtype == np.float16 or x.dtype.name == "bfloat16":
         return x.astype(np.float32)
