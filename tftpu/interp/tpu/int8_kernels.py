@@ -502,8 +502,7 @@ def lut(operands, attrs, info):
     if info.ins[0].dtype != "i16":
         got = native.lookup(x, np.asarray(table), info.ins[0].qmin)
         return [got if got is not None else table[x.astype(np.int32) - info.ins[0].qmin]]
-    lo, hi = _bounds({}, info.outs[0])
-    got = native.interpolate(x, np.asarray(table), Lut.KNOT_BITS, Lut.FRACTION_BITS, lo, hi,
+    got = native.interpolate(x, np.asarray(table), Lut.KNOT_BITS, Lut.FRACTION_BITS, *_bounds({}, info.outs[0]),
                              quant.STORAGE[info.outs[0].dtype][0])
     if got is not None:
         return [got]
