@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from tftpu import errors
+from tftpu.pipelines.calibration_choice import CALIBRATION_DEFAULT, choose_table, methods_of
 from tftpu.transforms.lowering.search import FLOAT_BUDGET, LATENCY_BUDGET
 
 __all__ = ["compile", "CompiledModel", "Stage"]
@@ -182,17 +183,18 @@ def _check_import(stage: Stage, proto, top_model, sample: dict) -> None:
     stage.seconds += time.perf_counter() - t0
 
 
-def _equalize(top_model, table, samples, check, chip, asymmetric, method: str, equalize) -> tuple:
+def _equalize(top_model, table, samples, check, chip, asymmetric, method: str, equalize, judged=None) -> tuple:
     """(TOP model, calibration table, stage or None): `tftpu.pipelines.equalization` on `samples`."""
     from tftpu.pipelines.equalization import equalize_step
 
-    done = equalize_step(top_model, table, samples, check, chip, asymmetric, method, equalize)
+    done = equalize_step(top_model, table, samples, check, chip, asymmetric, method, equalize, judged)
     if done is None:
         return top_model, table, None
     return done.model, done.table, Stage("equalize", done.seconds, done.line, done.passed)
 
 
-def compile(model, *, chip, quantize: str = "INT8", calibration_data=None, calibration_method: str = "mse",
+def compile(model, *, chip, quantize: str = "INT8", calibration_data=None,
+            calibration_method: str = CALIBRATION_DEFAULT,
             test_input=None, input_shapes=None, space_to_depth: bool = True, asymmetric: bool | str = "auto",
             mixed_precision: str | None = "auto", quantize_table=None, tolerance=None,
             bias_correction: bool = True, weight_rounding: bool = True, weight_refit: bool = True,
@@ -208,6 +210,11 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None, calib
     bounded memory (`tftpu.quant.iter_samples`: images enter as pixels, mean 0 and scale 1; map
     a tf.data.Dataset to preprocess them); without it a deterministic synthetic set stands in
     and the report says so.
+    `calibration_method` (INT8): a `tftpu.quant.calibrate` method, or several joined by commas,
+    each giving a table from the same statistics, the one whose all-INT8 program comes nearest
+    the float outputs on the test input and samples kept (`tftpu.pipelines.calibration_choice`;
+    the default "mse,minmax": mse's clipping suits most tensors, but a detector's head carries its
+    objects in the rare large values mse clips).
     `test_input` (default: the first calibration sample) is what every stage is checked on.
     `space_to_depth`: rewrite the stem where the chip's cost model gains (the host then makes the
     space-to-depth input). `asymmetric` (INT8): "auto" gives a zero point to the activations
@@ -254,6 +261,7 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None, calib
 
     say = log or _LOG.info
     mode = quantize.upper()
+    methods = methods_of(calibration_method)
     t_all = time.perf_counter()
     top_model, proto, stage = _import(model, input_shapes)
     stages = [stage]
@@ -272,6 +280,7 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None, calib
                             "pass real samples for real accuracy")
         say(f"warning: {extra['warning']}")
     check = _samples(top_model, test_input, "test_input")[0] if test_input is not None else samples[0]
+    held = [check] + [s for s in samples if s is not check][:8]       # what deploy's search judges on
     if proto is not None:
         _check_import(stage, proto, top_model, check)
     say(f"[1] {stage}")
@@ -279,15 +288,22 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None, calib
     if mode == "INT8":
         from tftpu import quant
         t0 = time.perf_counter()
-        table = quant.calibrate(top_model, samples if stream is None else stream, calibration_method,
-                                asymmetric=bool(asymmetric))
-        stages.append(Stage("calibrate", time.perf_counter() - t0,
-                            f"{calibration_method} over {table.samples} {'synthetic ' if synthetic else ''}samples, "
-                            f"{len(table.entries)} tensors"))
+        tables = quant.calibrate_each(top_model, samples if stream is None else stream, methods,
+                                      asymmetric=bool(asymmetric))
+        method, table = methods[0], tables[methods[0]]
+        what = (f"{', '.join(methods)} over {table.samples} {'synthetic ' if synthetic else ''}samples, "
+                f"{len(table.entries)} tensors")
+        judged = None
+        if len(tables) > 1:
+            chosen = choose_table(top_model, tables, held, chip, asymmetric)
+            method, table, judged = chosen.method, chosen.table, chosen.figures[chosen.method]
+            what += f"; {chosen.line}"
+            extra["calibration"] = {"method": method, "judged_db": {m: round(v, 3) for m, v in chosen.figures.items()}}
+        stages.append(Stage("calibrate", time.perf_counter() - t0, what))
         say(f"[2] {stages[-1]}")
         if equalize:
-            top_model, table, stage = _equalize(top_model, table, samples, check, chip, asymmetric, calibration_method,
-                                                equalize)
+            top_model, table, stage = _equalize(top_model, table, samples, check, chip, asymmetric, method,
+                                                equalize, judged)
             if stage is not None:
                 stages.append(stage)
                 extra["equalize"] = stage.check

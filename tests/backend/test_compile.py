@@ -78,6 +78,41 @@ def test_compile_keras_on_the_edge_chip_in_f16():
     np.testing.assert_allclose(out, model(x0).numpy(), rtol=0.05, atol=0.05)
 
 
+def test_calibration_methods_are_judged_at_the_outputs(case):
+    """By default each of mse and minmax gives a table from one statistics pass, and the one whose
+    all-INT8 program comes nearer float on the test input and samples is kept: its figure is what
+    the judge gives that program, and a single method is taken as it is."""
+    from tftpu.pipelines.calibration_choice import CALIBRATION_DEFAULT, CHOICE_MARGIN, choose_table
+    from tftpu.pipelines.judge import Judge
+    from tftpu.transforms.lowering import lower
+
+    model, _, samples = case
+    compiled = tftpu.compile(model, chip="npu1", calibration_data=samples, space_to_depth=False,
+                             mixed_precision="none", weight_refit=False, weight_rounding=False, bias_correction=False)
+    chose = compiled.report["calibration"]
+    assert CALIBRATION_DEFAULT == "mse,minmax" and set(chose["judged_db"]) == {"mse", "minmax"}
+    judged = chose["judged_db"]
+    assert chose["method"] == ("minmax" if judged["minmax"] > judged["mse"] + CHOICE_MARGIN else "mse")
+    assert f"{chose['method']} kept" in compiled.stages[1].check
+    tables = quant.calibrate_each(model, samples, ["mse", "minmax"], asymmetric=True)
+    held = samples[:9]
+    judge = Judge(model, held)
+    for method, table in tables.items():
+        figure = min(judge(lower(model, "npu1", "INT8", table, asymmetric="auto")[0]))
+        assert round(figure, 3) == chose["judged_db"][method], method
+    # a tie, or a lead under the margin, keeps the method listed first
+    same = choose_table(model, {"minmax": tables["minmax"], "again": tables["minmax"]}, held, "npu1", "auto")
+    assert same.method == "minmax" and same.figures["again"] == same.figures["minmax"]
+    flipped = choose_table(model, dict(reversed(tables.items())), held, "npu1", "auto")
+    assert flipped.method == ("mse" if judged["mse"] > judged["minmax"] + CHOICE_MARGIN else "minmax")
+    single = tftpu.compile(model, chip="npu1", calibration_data=samples, calibration_method="kl", space_to_depth=False,
+                           mixed_precision="none", weight_refit=False, weight_rounding=False, bias_correction=False)
+    assert "calibration" not in single.report and single.stages[1].check.startswith("kl over")
+    for bad in ("entropy", "mse,", "", 3):
+        with pytest.raises(errors.UsageError, match="calibration_method"):
+            tftpu.compile(model, chip="npu1", calibration_data=samples, calibration_method=bad)
+
+
 def test_compile_without_calibration_data_warns(case):
     model, _, _ = case
     compiled = tftpu.compile(model, chip="npu1", space_to_depth=False)

@@ -163,6 +163,21 @@ def test_asymmetric_tables_round_trip_byte_identical(resnet, photos, tmp_path):
     assert not quant.read_table(tmp_path / "a.txt").entries == {} and not sym.asymmetric
 
 
+def test_tables_from_one_pass_equal_calibrates_own(resnet, photos, tmp_path):
+    methods = ("mse", "minmax", "auto", "kl")
+    for asymmetric in (False, True):
+        tables = quant.calibrate_each(resnet, photos, methods + ("mse",), asymmetric=asymmetric, tune_num=1)
+        assert list(tables) == list(methods)
+        for m in methods:
+            tables[m].save(tmp_path / "each.txt")
+            quant.calibrate(resnet, photos, m, asymmetric=asymmetric, tune_num=1).save(tmp_path / "one.txt")
+            assert (tmp_path / "each.txt").read_bytes() == (tmp_path / "one.txt").read_bytes(), (m, asymmetric)
+    with pytest.raises(errors.UsageError, match="at least one method"):
+        quant.calibrate_each(resnet, photos, [])
+    with pytest.raises(errors.UsageError, match="entropy"):
+        quant.calibrate_each(resnet, photos, ["mse", "entropy"])
+
+
 def test_streaming_matches_the_two_pass_implementation(resnet, photos):
     """min/max and minmax's threshold are the old exact ones rounded outward by under one step of
     the extremes' grid (1/256 of the power-of-two range, so under 1/128 of the largest |x|); mse

@@ -9,11 +9,13 @@
 >>> print(tftpu.quant.evaluate(model, table, samples))  # simulated INT8 vs float  # doctest: +SKIP
 """
 
-from tftpu.quant.calibrate import AUTO_CANDIDATES, BINS, CALIBRATION_METHODS, TUNE_NUM, calibrate, calibrate_two_pass
+from tftpu.quant.calibrate import (AUTO_CANDIDATES, BINS, CALIBRATION_METHODS, TUNE_NUM, calibrate, calibrate_each,
+                                   calibrate_two_pass)
 from tftpu.quant.dataset import Samples, iter_samples, load_samples
 from tftpu.quant.simulation import Evaluation, evaluate, simulate
 from tftpu.quant.table import CalibrationTable, read_table
 from tftpu.quant.thresholds import METHODS
 
-__all__ = ["calibrate", "calibrate_two_pass", "load_samples", "iter_samples", "Samples", "CalibrationTable",
-           "read_table", "METHODS", "CALIBRATION_METHODS", "AUTO_CANDIDATES", "BINS", "TUNE_NUM", "simulate", "evaluate", "Evaluation"]
+__all__ = ["calibrate", "calibrate_each", "calibrate_two_pass", "load_samples", "iter_samples", "Samples",
+           "CalibrationTable", "read_table", "METHODS", "CALIBRATION_METHODS", "AUTO_CANDIDATES", "BINS", "TUNE_NUM",
+           "simulate", "evaluate", "Evaluation"]

@@ -44,7 +44,7 @@ from tftpu.quant.table import CalibrationTable
 from tftpu.quant.thresholds import METHODS, asymmetric_range, mse, threshold
 from tftpu.utils.progress import progress
 
-__all__ = ["calibrate", "calibrate_two_pass", "TensorStatistics", "BINS", "TUNE_NUM", "AUTO_CANDIDATES",
+__all__ = ["calibrate", "calibrate_each", "calibrate_two_pass", "TensorStatistics", "BINS", "TUNE_NUM", "AUTO_CANDIDATES",
            "CALIBRATION_METHODS"]
 
 BINS = 2048
@@ -376,6 +376,21 @@ def calibrate(model, samples, method: str = "mse", bins: int = BINS, asymmetric:
         head = list(itertools.islice(samples, tune_num)) if method == "auto" else []
         table = _table(model, stats, count, head, method, bins, asymmetric)
     return CalibrationTable.from_json(cluster.broadcast_json(table.to_json() if table else None))
+
+
+def calibrate_each(model, samples, methods, bins: int = BINS, asymmetric: bool = False,
+                   tune_num: int = TUNE_NUM) -> dict[str, CalibrationTable]:
+    """A table per method of `methods` (each the one `calibrate` makes with it) from one pass over
+    `samples`: the thresholds differ, the statistics they are chosen from do not."""
+    methods = list(dict.fromkeys(methods))
+    if not methods:
+        raise UsageError("calibrate_each needs at least one method")
+    for method in methods:
+        _check(method, samples, bins)
+    if isinstance(tune_num, bool) or not isinstance(tune_num, (int, np.integer)) or tune_num < 1:
+        raise UsageError(f"tune_num {tune_num!r}: give at least 1")
+    stats, count, head = _collect(model, samples, bins, keep=tune_num if "auto" in methods else 0)
+    return {m: _table(model, stats, count, head, m, bins, asymmetric) for m in methods}
 
 
 def _table(model, stats, count, head, method, bins, asymmetric) -> CalibrationTable:
