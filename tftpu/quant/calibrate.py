@@ -44,7 +44,8 @@ from tftpu.quant.table import CalibrationTable
 from tftpu.quant.thresholds import METHODS, asymmetric_range, mse, threshold
 from tftpu.utils.progress import progress
 
-__all__ = ["calibrate", "calibrate_each", "calibrate_two_pass", "TensorStatistics", "BINS", "TUNE_NUM", "AUTO_CANDIDATES",
+__all__ = ["calibrate", "calibrate_each", "calibrate_two_pass", "TensorStatistics", "BINS", "TUNE_NUM",
+           "AUTO_CANDIDATES",
            "CALIBRATION_METHODS"]
 
 BINS = 2048
