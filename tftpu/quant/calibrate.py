@@ -45,8 +45,7 @@ from tftpu.quant.thresholds import METHODS, asymmetric_range, mse, threshold
 from tftpu.utils.progress import progress
 
 __all__ = ["calibrate", "calibrate_each", "calibrate_two_pass", "TensorStatistics", "BINS", "TUNE_NUM",
-           "AUTO_CANDIDATES",
-           "CALIBRATION_METHODS"]
+           "AUTO_CANDIDATES", "CALIBRATION_METHODS"]
 
 BINS = 2048
 # Every number in a table lies on a grid that last-bit float noise does not move (TensorStatistics):
