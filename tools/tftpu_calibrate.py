@@ -3,6 +3,7 @@
     tftpu-calibrate --mlir=resnet.top.mlir --dataset=images/ --input_num=20 -o resnet_cali_table
     tftpu-calibrate --mlir=m.top.mlir --dataset=npz_dir/ --calibration_method=kl -o m_cali_table
     tftpu-calibrate --mlir=m.top.mlir --dataset=images/ --calibration_method=auto --asymmetric -o m_cali_table
+    tftpu-calibrate --mlir=m.top.mlir --dataset=images/ --calibration_method=mse,minmax -o m_cali_table
     tftpu-calibrate --mlir=m.top.mlir --dataset='val/*.jpg' --input_num=0 --skip_unreadable -o m_cali_table
     tftpu-calibrate --mlir=m.top.mlir --dataset=val.tfrecord --input_num=1000 -o m_cali_table
 
@@ -20,7 +21,10 @@ kl: TensorRT's entropy method; percentile: 99.99% of |x|; minmax: the largest |x
 aciq_gauss / aciq_laplace: ACIQ's closed-form clip of a fitted Gaussian / Laplace; auto: per
 tensor, whichever of those changes the ops it feeds least, judged on the first --tune_num
 inputs) with the observed min and max (with --asymmetric: the method's clipped range for INT8
-asymmetric mode), in TPU-MLIR's table layout. Then (`--simulate`, on by default) it runs the
+asymmetric mode), in TPU-MLIR's table layout. Several methods joined by commas (mse,minmax, as
+tftpu.compile calibrates) each give a table from the same statistics; each table's all-INT8
+program for --chip runs the first 9 inputs, and the table whose outputs come nearest float is
+written (a method listed later needs 1 dB more SQNR than the one before it). Then (`--simulate`, on by default) it runs the
 inputs again with simulated INT8 weights and activations and prints each output's worst cosine
 and mean SQNR against float. The same inputs give a byte-identical table.
 
@@ -36,9 +40,12 @@ from tftpu import cli
 
 flags.DEFINE_string("mlir", None, "TOP .mlir to calibrate (its weights .npz beside it)")
 cli.define_dataset_flags(20, "calibration")
-flags.DEFINE_enum("calibration_method", "mse",
-                  ["minmax", "percentile", "kl", "mse", "aciq_gauss", "aciq_laplace", "auto"],
-                  "threshold method (mse by default: kl broke mtcnn O-Net, see README; auto picks per tensor)")
+flags.DEFINE_string("calibration_method", "mse",
+                    "threshold method: minmax, percentile, kl, mse (the default: kl broke mtcnn O-Net), aciq_gauss, "
+                    "aciq_laplace, auto (picks per tensor); or several joined by commas (mse,minmax: what "
+                    "tftpu.compile does), each table's all-INT8 program for --chip judged at the outputs on the "
+                    "first inputs and the best written")
+flags.DEFINE_string("chip", "npu1", "chip whose all-INT8 programs judge several methods")
 flags.DEFINE_bool("asymmetric", True, "also calibrate each tensor's [min, max] for INT8 asymmetric mode "
                   "(written in the min/max columns; the header says so), which tftpu-deploy then reads for the "
                   "activations whose range is one-sided, as tftpu.compile does; --noasymmetric: the observed min/max")
@@ -48,18 +55,31 @@ flags.DEFINE_bool("simulate", True, "then run the calibration inputs with simula
                   "the outputs stay to float")
 
 FLAGS = flags.FLAGS
+JUDGED = 9          # inputs several methods are judged on (the first ones), as tftpu.compile judges
 
 
 
 def main(args):
-    from tftpu import quant
+    from tftpu import errors, quant
     from tftpu.ir.module import load
+    from tftpu.pipelines.calibration_choice import choose_table, methods_of
 
     cluster = cli.dataset_tool("mlir", "dataset", "o")
+    methods = methods_of(FLAGS.calibration_method)
+    if len(methods) > 1 and (FLAGS.workers > 1 or cluster is not None):
+        raise errors.UsageError("--calibration_method with several methods judges them in one process: "
+                                "give one method with --workers / --tf_config")
     model = load(FLAGS.mlir)
     samples = cli.dataset_samples(model)
-    table = quant.calibrate(model, samples, FLAGS.calibration_method, asymmetric=FLAGS.asymmetric,
-                            tune_num=FLAGS.tune_num, workers=FLAGS.workers, cluster=cluster)
+    chosen = None
+    if len(methods) > 1:
+        held = samples.head(JUDGED)
+        tables = quant.calibrate_each(model, samples, methods, asymmetric=FLAGS.asymmetric, tune_num=FLAGS.tune_num)
+        chosen = choose_table(model, tables, held, FLAGS.chip, "auto" if FLAGS.asymmetric else False)
+        table = chosen.table
+    else:
+        table = quant.calibrate(model, samples, methods[0], asymmetric=FLAGS.asymmetric,
+                                tune_num=FLAGS.tune_num, workers=FLAGS.workers, cluster=cluster)
     if FLAGS["input_num"].present and FLAGS.input_num and table.samples < FLAGS.input_num:  # asked for more
         logging.warning("--input_num=%d, but %s holds %d input(s): calibrating on those %d",
                         FLAGS.input_num, FLAGS.dataset, table.samples, table.samples)
@@ -68,8 +88,10 @@ def main(args):
         return 0
     table.save(FLAGS.o)
     kind = " and asymmetric ranges" if FLAGS.asymmetric else ""
-    print(f"{FLAGS.o}: {len(table.entries)} tensors, {FLAGS.calibration_method} thresholds{kind} "
+    print(f"{FLAGS.o}: {len(table.entries)} tensors, {table.method} thresholds{kind} "
           f"from {table.samples} inputs{cli.skipped_note(samples)}")
+    if chosen is not None:
+        print(f"{', '.join(methods)}: {chosen.line}")
     if table.chosen:
         print("auto chose: " + ", ".join(f"{m} for {n} tensors" for m, n in table.counts().items()))
     if FLAGS.simulate and (FLAGS.workers > 1 or cluster is not None):

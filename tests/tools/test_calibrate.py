@@ -1,5 +1,6 @@
 """tftpu-calibrate as a user runs it: a TOP .mlir and a directory of inputs -> a calibration table."""
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -41,12 +42,33 @@ def test_writes_a_table(work):
     assert table.asymmetric and "asymmetric ranges" in r.stdout     # by default, as tftpu.compile calibrates
 
 
+def test_several_methods_are_judged_and_the_best_written(work):
+    out = work / "both.txt"
+    r = _run(f"--mlir={work / 'r.top.mlir'}", f"--dataset={work / 'data'}", "--calibration_method=mse,minmax",
+             "--nosimulate", f"-o={out}")
+    assert r.returncode == 0, r.stderr
+    line = next(x for x in r.stdout.splitlines() if x.startswith("mse, minmax: all INT8 judged on the test input"))
+    figures = dict(re.findall(r"(mse|minmax) (-?[\d.]+) dB", line))
+    kept = "minmax" if float(figures["minmax"]) > float(figures["mse"]) + 1 else "mse"
+    assert f"{kept} kept" in line
+    table = quant.read_table(out)
+    assert table.method == kept and table.samples == 3 and table.asymmetric
+    model = frontend.load(work / "r.top.mlir")
+    samples = [{model.input_names[0]: np.load(work / "data" / f"{i}.npy")} for i in range(3)]
+    want = quant.calibrate(model, samples, kept, asymmetric=True)
+    assert table.entries == want.entries
+    r = _run(f"--mlir={work / 'r.top.mlir'}", f"--dataset={work / 'data'}", "--calibration_method=mse,minmax",
+             "--workers=2", f"-o={work / 'never.txt'}")
+    assert r.returncode == 2 and "one process" in r.stderr and not (work / "never.txt").exists()
+
+
 @pytest.mark.parametrize("args,needle", [
     ([], "--mlir"),
     (["--dataset={work}/missing"], "directory"),
     (["--dataset={work}/empty"], "no images"),
     (["--mean=a"], "--mean"),
     (["--calibration_method=entropy"], "calibration_method"),
+    (["--calibration_method=mse,entropy"], "calibration_method 'entropy'"),
 ])
 def test_bad_input_is_one_line_exit_2(work, args, needle):
     base = {"--mlir": f"--mlir={work / 'r.top.mlir'}", "--dataset": f"--dataset={work / 'data'}",
