@@ -183,7 +183,7 @@ def flop_share(top_model, lowering) -> tuple[float, dict]:
 
 
 def tftpu_sides(path, shapes, calib: list[dict], held: dict, chip: str, with_default: bool = True,
-                method: str = "mse"):
+                method: str | None = None):
     """tftpu's rows: `tftpu.compile` with default flags, then pure INT8: the deploy call that
     compile made, again with mixed_precision="none" (what `tftpu.compile(...,
     mixed_precision="none")` does, without calibrating twice). Where the default compile raises,
@@ -210,7 +210,7 @@ def tftpu_sides(path, shapes, calib: list[dict], held: dict, chip: str, with_def
         t0 = time.perf_counter()
         compiled = tftpu.compile(str(path), chip=chip, calibration_data=calib, test_input=held,
                                  input_shapes=shapes, mixed_precision="none", log=log,
-                                 calibration_method=method)
+                                 **({"calibration_method": method} if method else {}))
         t_cal = next(s.seconds for s in compiled.stages if s.name == "calibrate")
         r = row(ROWS[1], compiled, compiled.top_model, t_cal,
                 {"calibrate": t_cal, "compile total": time.perf_counter() - t0})
@@ -234,7 +234,7 @@ def tftpu_sides(path, shapes, calib: list[dict], held: dict, chip: str, with_def
             try:
                 compiled = tftpu.compile(str(path), chip=chip, calibration_data=calib, test_input=held,
                                          input_shapes=shapes, space_to_depth=s2d, log=log,
-                                         calibration_method=method)
+                                         **({"calibration_method": method} if method else {}))
                 break
             except Exception as e:  # noqa: BLE001 - a failing compile is a figure too
                 why = f"FAILED after {time.perf_counter() - t0:.0f} s: {type(e).__name__}: {e}"[:300]
@@ -495,7 +495,7 @@ def main() -> None:
     ap.add_argument("--held-out", default="astronaut.png", help="--model's held-out photo")
     ap.add_argument("--calib", type=int, default=20, help="calibration photos (default 20: 9 photos + mirrored)")
     ap.add_argument("--chip", default="npu1")
-    ap.add_argument("--calibration-method", default="mse", help="tftpu.compile's calibration_method (default mse)")
+    ap.add_argument("--calibration-method", help="tftpu.compile's calibration_method (default: compile's own)")
     ap.add_argument("--sides", default="tftpu,ort,litert", help="rows to run: tftpu (default and pure INT8), pure (pure INT8 only), ort, litert")
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args()

@@ -210,11 +210,11 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None,
     bounded memory (`tftpu.quant.iter_samples`: images enter as pixels, mean 0 and scale 1; map
     a tf.data.Dataset to preprocess them); without it a deterministic synthetic set stands in
     and the report says so.
-    `calibration_method` (INT8): a `tftpu.quant.calibrate` method, or several joined by commas,
-    each giving a table from the same statistics, the one whose all-INT8 program comes nearest
-    the float outputs on the test input and samples kept (`tftpu.pipelines.calibration_choice`;
-    the default "mse,minmax": mse's clipping suits most tensors, but a detector's head carries its
-    objects in the rare large values mse clips).
+    `calibration_method` (INT8): a `tftpu.quant.calibrate` method ("mse" by default; "minmax"
+    does better on some detectors, whose heads carry their objects in the rare large values mse
+    clips), or several joined by commas ("mse,minmax"), each giving a table from the same
+    statistics, the one whose plain all-INT8 program comes nearest the float outputs on the test
+    input and samples kept (`tftpu.pipelines.calibration_choice`).
     `test_input` (default: the first calibration sample) is what every stage is checked on.
     `space_to_depth`: rewrite the stem where the chip's cost model gains (the host then makes the
     space-to-depth input). `asymmetric` (INT8): "auto" gives a zero point to the activations

@@ -1,12 +1,15 @@
-"""Calibration judged at the outputs (`tftpu.compile(calibration_method="mse,minmax")`, the
-default): one statistics pass, a table per method, and the table whose all-INT8 program comes
-nearest the float outputs on the test input and samples kept.
+"""Calibration judged at the outputs (`tftpu.compile(calibration_method="mse,minmax")`,
+`tftpu-calibrate --calibration_method=mse,minmax`): one statistics pass, a table per method,
+and the table whose all-INT8 program comes nearest the float outputs on the test input and
+samples kept.
 
 A method that is best for each tensor on its own need not be best for the model: `mse` clips a
 tensor's rare large values to round the common ones finer, and a detector's head carries its
 objects in exactly those values, while other models lose more to `minmax`'s coarser grid
-(docs/guides/quantize.md has the figures). So each listed method's table is lowered all INT8 and
-judged where it matters."""
+(docs/guides/quantize.md has the figures). The judged program is the plain all-INT8 lowering
+(no equalization, refit or conv links), which is what makes the choice cheap and also why it is
+not `tftpu.compile`'s default: on the detectors measured it did not predict which table the
+finally lowered program does better with."""
 
 from __future__ import annotations
 
@@ -17,11 +20,9 @@ from tftpu import errors
 
 __all__ = ["CALIBRATION_DEFAULT", "CHOICE_MARGIN", "methods_of", "Chosen", "choose_table"]
 
-CALIBRATION_DEFAULT = "mse,minmax"
-# a method listed later is kept only where it beats the one kept so far by this much (dB): the
-# program finally lowered (refit weights, float ops, 16-bit links) keeps a large lead of the
-# plain all-INT8 one, not a small one (measured on issue 22's detectors: leads of 0.8-0.9 dB for
-# minmax turned into losses of 0.6-1.2 dB by default; leads of 3.5-4.7 dB into gains of 1.1-2.6)
+CALIBRATION_DEFAULT = "mse"
+# a method listed later is kept only where it beats the one kept so far by this much (dB), as
+# equalization's margin: a small lead of the plain all-INT8 program need not survive the rest
 CHOICE_MARGIN = 1.0
 
 
