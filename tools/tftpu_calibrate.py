@@ -18,13 +18,15 @@ warning. A progress bar (images/s, time left) goes to stderr when it is a termin
 --noprogress to choose). It writes, for every float
 tensor, the INT8 threshold chosen by the method (mse, the default: least expected squared error;
 kl: TensorRT's entropy method; percentile: 99.99% of |x|; minmax: the largest |x|;
-aciq_gauss / aciq_laplace: ACIQ's closed-form clip of a fitted Gaussian / Laplace; auto: per
+aciq_gauss / aciq_laplace: ACIQ's closed-form clip of a fitted Gaussian / Laplace; tail_mse: mse
+with the clipped values' error counted 64 times, for detectors' rare large values; auto: per
 tensor, whichever of those changes the ops it feeds least, judged on the first --tune_num
 inputs) with the observed min and max (with --asymmetric: the method's clipped range for INT8
-asymmetric mode), in TPU-MLIR's table layout. Several methods joined by commas (mse,minmax, as
-tftpu.compile calibrates) each give a table from the same statistics; each table's all-INT8
+asymmetric mode), in TPU-MLIR's table layout. Several methods joined by commas (mse,minmax)
+each give a table from the same statistics; each table's all-INT8
 program for --chip runs the first 9 inputs, and the table whose outputs come nearest float is
-written (a method listed later needs 1 dB more SQNR than the one before it). Then (`--simulate`, on by default) it runs the
+written (a method listed later needs 1 dB more SQNR than the one before it; tftpu.compile
+instead builds its whole program with each table in turn). Then (`--simulate`, on by default) it runs the
 inputs again with simulated INT8 weights and activations and prints each output's worst cosine
 and mean SQNR against float. The same inputs give a byte-identical table.
 
@@ -42,9 +44,9 @@ flags.DEFINE_string("mlir", None, "TOP .mlir to calibrate (its weights .npz besi
 cli.define_dataset_flags(20, "calibration")
 flags.DEFINE_string("calibration_method", "mse",
                     "threshold method: minmax, percentile, kl, mse (the default: kl broke mtcnn O-Net), aciq_gauss, "
-                    "aciq_laplace, auto (picks per tensor); or several joined by commas (mse,minmax: what "
-                    "tftpu.compile does), each table's all-INT8 program for --chip judged at the outputs on the "
-                    "first inputs and the best written")
+                    "aciq_laplace, tail_mse (mse counting the clipped values' error 64 times), auto (picks per "
+                    "tensor); or several joined by commas (mse,minmax), each table's all-INT8 program for --chip "
+                    "judged at the outputs on the first inputs and the best written")
 flags.DEFINE_string("chip", "npu1", "chip whose all-INT8 programs judge several methods")
 flags.DEFINE_bool("asymmetric", True, "also calibrate each tensor's [min, max] for INT8 asymmetric mode "
                   "(written in the min/max columns; the header says so), which tftpu-deploy then reads for the "

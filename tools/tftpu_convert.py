@@ -41,8 +41,8 @@ flags.DEFINE_bool("skip_unreadable", False, "skip (with a warning) representativ
                   "instead of stopping at the first")
 flags.DEFINE_bool("progress", None, "a progress bar (images/s, time left) on stderr; by default only when "
                   "stderr is a terminal")
-flags.DEFINE_enum("calibration_method", None, ["mse", "kl", "percentile", "minmax", "aciq_gauss", "aciq_laplace",
-                                               "auto"],
+flags.DEFINE_enum("calibration_method", None, ["mse", "tail_mse", "kl", "percentile", "minmax", "aciq_gauss",
+                                               "aciq_laplace", "auto"],
                   "tftpu's ranges for INT8 (default mse with --quantize=int8)")
 flags.DEFINE_string("report", None, "write the JSON report here")
 

@@ -78,37 +78,60 @@ def test_compile_keras_on_the_edge_chip_in_f16():
     np.testing.assert_allclose(out, model(x0).numpy(), rtol=0.05, atol=0.05)
 
 
-def test_calibration_methods_are_judged_at_the_outputs(case):
-    """Given mse,minmax each gives a table from one statistics pass, and the one whose all-INT8
-    program comes nearer float on the test input and samples is kept: its figure is what the
-    judge gives that program; a single method (mse by default) is taken as it is."""
-    from tftpu.pipelines.calibration_choice import CALIBRATION_DEFAULT, CHOICE_MARGIN, choose_table
-    from tftpu.pipelines.judge import Judge
-    from tftpu.transforms.lowering import lower
+def test_tables_are_tried_in_order_until_one_meets_the_target():
+    """try_tables builds the next table only where the one before misses the target, and keeps
+    the best built (the first on a tie), judged pooled and on the test input alone."""
+    from types import SimpleNamespace
+
+    from tftpu.pipelines.calibration_choice import try_tables
+
+    def builder(figures):
+        built = []
+
+        def build(method, table):
+            built.append(method)
+            return (method, SimpleNamespace(search=SimpleNamespace(lowered=figures[method])))
+        return build, built
+
+    build, built = builder({"a": (25.0, 21.0), "b": (30.0, 30.0)})
+    tried = try_tables({"a": 1, "b": 2}, build, 20.0)
+    assert built == ["a"] and tried.method == "a" and tried.built[0] == "a"
+    build, built = builder({"a": (25.0, 17.0), "b": (19.0, 18.0), "c": (16.0, 16.0)})
+    lines = []
+    tried = try_tables({"a": 1, "b": 2, "c": 3}, build, 20.0, lines.append)
+    assert built == ["a", "b", "c"] and tried.method == "b" and tried.built[0] == "b"
+    assert "below the 20 dB target: built again with b" in lines[0] and len(lines) == 2
+    assert tried.as_dict()["judged_db"] == {"a": [25.0, 17.0], "b": [19.0, 18.0], "c": [16.0, 16.0]}
+    build, built = builder({"a": (18.0, 18.0), "b": (18.0, 18.0)})
+    assert try_tables({"a": 1, "b": 2}, build, 20.0).method == "a"        # a tie keeps the first
+
+
+def test_calibration_methods_are_judged_by_the_program_they_make(case):
+    """Given mse,minmax with a target neither reaches, compile builds the program with each table
+    and keeps the one whose worst output comes nearer float (what deploy itself reports for that
+    table); a single method is taken as it is, and the default tries tail_mse after mse."""
+    from tftpu.pipelines.calibration_choice import CALIBRATION_DEFAULT
+    from tftpu.pipelines.deploy import deploy
 
     model, _, samples = case
-    compiled = tftpu.compile(model, chip="npu1", calibration_data=samples, space_to_depth=False,
-                             calibration_method="mse, minmax", mixed_precision="none", weight_refit=False,
-                             weight_rounding=False, bias_correction=False)
+    flags = dict(space_to_depth=False, weight_refit=False, weight_rounding=False, bias_correction=False,
+                 equalize=False, wide_links=False)
+    compiled = tftpu.compile(model, chip="npu1", calibration_data=samples, calibration_method="mse, minmax",
+                             mixed_precision="0.99,99", **flags)
     chose = compiled.report["calibration"]
-    assert set(chose["judged_db"]) == {"mse", "minmax"}
-    judged = chose["judged_db"]
-    assert chose["method"] == ("minmax" if judged["minmax"] > judged["mse"] + CHOICE_MARGIN else "mse")
-    assert f"{chose['method']} kept" in compiled.stages[1].check
+    judged = {m: min(f) for m, f in chose["judged_db"].items()}
+    assert set(judged) == {"mse", "minmax"} and chose["target_db"] == 99
+    assert chose["method"] == ("minmax" if judged["minmax"] > judged["mse"] else "mse")
+    assert compiled.stages[2].name == "calibration choice" and f"{chose['method']} kept" in compiled.stages[2].check
     tables = quant.calibrate_each(model, samples, ["mse", "minmax"], asymmetric=True)
-    held = samples[:9]
-    judge = Judge(model, held)
     for method, table in tables.items():
-        figure = min(judge(lower(model, "npu1", "INT8", table, asymmetric="auto")[0]))
-        assert round(figure, 3) == chose["judged_db"][method], method
-    # a tie, or a lead under the margin, keeps the method listed first
-    same = choose_table(model, {"minmax": tables["minmax"], "again": tables["minmax"]}, held, "npu1", "auto")
-    assert same.method == "minmax" and same.figures["again"] == same.figures["minmax"]
-    flipped = choose_table(model, dict(reversed(tables.items())), held, "npu1", "auto")
-    assert flipped.method == ("mse" if judged["mse"] > judged["minmax"] + CHOICE_MARGIN else "minmax")
-    single = tftpu.compile(model, chip="npu1", calibration_data=samples, space_to_depth=False,
-                           mixed_precision="none", weight_refit=False, weight_rounding=False, bias_correction=False)
-    assert CALIBRATION_DEFAULT == "mse"
+        alone = deploy(model, quantize="INT8", chip="npu1", calibration_table=table, asymmetric="auto",
+                       test_input=samples[0], samples=samples[1:9], mixed_precision="0.99,99",
+                       bias_correction=False, weight_rounding=False, weight_refit=False, wide_links=False)
+        assert [round(v, 3) for v in alone.search.lowered] == chose["judged_db"][method], method
+    single = tftpu.compile(model, chip="npu1", calibration_data=samples, calibration_method="mse",
+                           mixed_precision="none", **flags)
+    assert CALIBRATION_DEFAULT == "mse,tail_mse"
     assert "calibration" not in single.report and single.stages[1].check.startswith("mse over")
     for bad in ("entropy", "mse,", "", 3):
         with pytest.raises(errors.UsageError, match="calibration_method"):

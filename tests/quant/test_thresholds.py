@@ -107,3 +107,62 @@ def test_kl_prefix_sum_form_equals_the_definition(dist):
     absmax = float(mags.max())
     hist = np.histogram(mags[mags != 0], 512, (0.0, absmax))[0]   # 512 bins keep the loop quick
     assert T.kl(hist, absmax) == pytest.approx(_kl_reference(hist, absmax), abs=absmax / 512)
+
+
+def _expected_error(hist, centres, a, b, levels, clip_weight):
+    """The error model the mse family minimises: rounding (step^2/12) inside [a, b], clipping outside."""
+    inside = (centres >= a) & (centres <= b)
+    clipped = np.where(centres < a, a - centres, np.where(centres > b, centres - b, 0.0))
+    return clip_weight * float(np.dot(hist, clipped ** 2)) + hist[inside].sum() * ((b - a) / levels) ** 2 / 12.0
+
+
+@pytest.mark.parametrize("dist", ["gauss", "laplace", "relu_gauss", "two_bumps"])
+@pytest.mark.parametrize("method", ["mse", "tail_mse"])
+def test_the_mse_family_picks_its_least_error_threshold(dist, method):
+    """mse and tail_mse against a direct search of every bin edge under their own weighting."""
+    x = {"gauss": lambda: RNG.normal(size=50000),
+         "laplace": lambda: RNG.laplace(size=50000),
+         "relu_gauss": lambda: np.maximum(RNG.normal(size=50000), 0),
+         "two_bumps": lambda: np.concatenate([RNG.normal(1, 0.1, 20000), RNG.normal(6, 0.5, 300)])}[dist]()
+    hist, absmax = _hist(x)
+    hist = hist.astype(np.float64)
+    centres = (np.arange(BINS) + 0.5) * absmax / BINS
+    weight = T.CLIP_WEIGHTS[method]
+    edges = (np.arange(BINS) + 1) * absmax / BINS
+    errors = [_expected_error(hist, centres, -t, t, 2 * T.QMAX, weight) for t in edges]
+    t = T.threshold(method, hist, absmax)
+    assert t == pytest.approx((int(np.argmin(errors)) + 1) * absmax / BINS)
+
+
+def test_tail_mse_clips_less_than_mse():
+    """Counting the clipped tail more moves every threshold out, never in (minmax bounds it)."""
+    for seed in range(20):
+        rng = np.random.default_rng(seed)
+        x = np.concatenate([rng.laplace(size=20000) * rng.uniform(0.1, 3), rng.uniform(5, 40, rng.integers(0, 50))])
+        hist, absmax = _hist(x)
+        assert T.mse(hist, absmax) <= T.tail_mse(hist, absmax) <= absmax
+    x = np.concatenate([RNG.normal(size=100000), [19.0, 20.0]])   # an object's few large values
+    hist, absmax = _hist(x)
+    assert T.mse(hist, absmax) < 0.85 * absmax and T.tail_mse(hist, absmax) > 0.95 * absmax
+
+
+@pytest.mark.parametrize("bins", [300, 1500])   # all pairs searched; coarse search then refined
+@pytest.mark.parametrize("method", ["mse", "tail_mse"])
+def test_asymmetric_mse_family_is_the_least_error_pair(bins, method):
+    rng = np.random.default_rng(bins)
+    x = np.concatenate([rng.gamma(2.0, 1.0, 50000) - 1.5, rng.uniform(8, 12, 20), [-4.0]])
+    lo, hi = float(x.min()), float(x.max())
+    width = (hi - lo) / bins
+    k0 = int(np.floor(lo / width))
+    edges0 = k0 * width
+    n = int(np.ceil((hi - edges0) / width))
+    hist = np.histogram(x, n, (edges0, edges0 + n * width))[0].astype(np.float64)
+    centres = edges0 + (np.arange(n) + 0.5) * width
+    edges = edges0 + np.arange(n + 1) * width
+    weight = T.CLIP_WEIGHTS[method]
+    a, b = T.asymmetric_range(method, hist, edges0, width, lo, hi)
+    got = _expected_error(hist, centres, a, b, 255, weight)
+    neg, pos = edges[edges <= 0], edges[edges >= 0]
+    best = min(_expected_error(hist, centres, p, q, 255, weight) for p in neg[::max(1, len(neg) // 150)]
+               for q in pos[::max(1, len(pos) // 150)])
+    assert a <= 0 <= b and got <= best * (1.0 if bins <= 512 else 1.02)

@@ -5,7 +5,7 @@ observed min/max in its `quantization` table), then `mlir_quantize` turns those 
 scales and zero points. Here the calibrated float model is run on the same representative
 samples with every tensor kept; each float activation gets `tftpu.quant`'s streaming statistics
 (`TensorStatistics`: one pass, signed histogram, exact zeros left out), the same code as
-`tftpu.quant.calibrate`. `mse` takes the joint asymmetric range of least expected error on a
+`tftpu.quant.calibrate`. `mse` (and `tail_mse`) take the joint asymmetric range of least expected error on a
 256-level grid (`TensorStatistics.range_of`, i.e. `thresholds.asymmetric_range`), which is
 TFLite's INT8 activation grid; the other methods clip at their symmetric threshold t (on
 mtcnn O-Net, kl and ACIQ judged each side of zero on its own lose accuracy). The range written
@@ -28,7 +28,7 @@ import numpy as np
 from tftpu import errors
 from tftpu.lite import runtime
 from tftpu.quant.calibrate import BINS, TensorStatistics
-from tftpu.quant.thresholds import METHODS
+from tftpu.quant.thresholds import CLIP_WEIGHTS, METHODS
 from tftpu.tac import tflite_io
 from tftpu.utils.progress import progress
 
@@ -140,7 +140,7 @@ def _changes(acts: dict, stats: dict, method: str) -> list[RangeChange]:
             t, written = max(-lo, hi), (lo, hi)          # TFLite's own ranges, untouched
         else:
             t = st.threshold(method)
-            a, b = st.range_of(method) if method == "mse" else (-t, t)
+            a, b = st.range_of(method) if method in CLIP_WEIGHTS else (-t, t)
             written = (max(lo, a), min(hi, b))
             if not written[0] < written[1]:
                 written = (lo, hi)

@@ -1,15 +1,19 @@
-"""Calibration judged at the outputs (`tftpu.compile(calibration_method="mse,minmax")`,
-`tftpu-calibrate --calibration_method=mse,minmax`): one statistics pass, a table per method,
-and the table whose all-INT8 program comes nearest the float outputs on the test input and
-samples kept.
+"""Calibration judged at the outputs: one statistics pass, a table per method, the one whose
+program comes nearest the float outputs kept.
 
 A method that is best for each tensor on its own need not be best for the model: `mse` clips a
 tensor's rare large values to round the common ones finer, and a detector's head carries its
-objects in exactly those values, while other models lose more to `minmax`'s coarser grid
-(docs/guides/quantize.md has the figures). The judged program is the plain all-INT8 lowering
-(no equalization, refit or conv links), which is what makes the choice cheap and also why it is
-not `tftpu.compile`'s default: on the detectors measured it did not predict which table the
-finally lowered program does better with."""
+objects in exactly those values, while other models lose more to a coarser grid
+(docs/guides/quantize.md has the figures). Two judges:
+
+- `try_tables` (`tftpu.compile`, by default "mse,tail_mse"): the whole program (equalization,
+  search, refit, conv links) built with each table in order, the next only where the one before
+  misses the target on the test input and samples; the best kept. A model that meets the target
+  with the first table costs nothing more.
+- `choose_table` (`tftpu-calibrate --calibration_method=mse,minmax`, which has no program to
+  build): each table's plain all-INT8 lowering (no equalization, refit or conv links); cheap,
+  but on the detectors measured it did not predict which table the final program does better
+  with."""
 
 from __future__ import annotations
 
@@ -18,9 +22,10 @@ import time
 
 from tftpu import errors
 
-__all__ = ["CALIBRATION_DEFAULT", "CHOICE_MARGIN", "methods_of", "Chosen", "choose_table"]
+__all__ = ["CALIBRATION_DEFAULT", "CHOICE_MARGIN", "methods_of", "target_of", "Chosen", "choose_table", "Tried",
+           "try_tables"]
 
-CALIBRATION_DEFAULT = "mse"
+CALIBRATION_DEFAULT = "mse,tail_mse"
 # a method listed later is kept only where it beats the one kept so far by this much (dB), as
 # equalization's margin: a small lead of the plain all-INT8 program need not survive the rest
 CHOICE_MARGIN = 1.0
@@ -68,3 +73,65 @@ def choose_table(top_model, tables: dict, held: list[dict], chip, asymmetric) ->
     line = ("all INT8 judged on " + judge.where + ": " + ", ".join(f"{m} {figures[m]:.2f} dB" for m in tables)
             + f"; {best} kept (a later method needs {CHOICE_MARGIN:g} dB more)")
     return Chosen(best, tables[best], figures, line, time.perf_counter() - t0)
+
+
+def target_of(mixed_precision) -> float:
+    """The SQNR (dB) a program must reach for `try_tables` to stop: the mixed-precision target's."""
+    from tftpu.pipelines.deploy import AUTO_TARGET
+    from tftpu.transforms.lowering.search import parse_target
+
+    spec = mixed_precision if mixed_precision not in (None, "none", "auto") else AUTO_TARGET
+    return parse_target(spec)[1]
+
+
+@dataclasses.dataclass
+class Tried:
+    """The method kept, what its build returned, each built method's (pooled, test input) SQNR."""
+
+    method: str
+    built: tuple
+    figures: dict
+    target: float
+    seconds: dict
+
+    def as_dict(self) -> dict:
+        return {"method": self.method, "target_db": self.target,
+                "judged_db": {m: [round(v, 3) for v in f] for m, f in self.figures.items()},
+                "seconds": {m: round(v, 3) for m, v in self.seconds.items()}}
+
+    @property
+    def line(self) -> str:
+        tried = "; ".join(f"{m} {min(f):.1f} dB" for m, f in self.figures.items())
+        return f"programs built with {tried} (worst part, test input and samples); {self.method} kept"
+
+
+def _reached(deployed) -> tuple[float, float]:
+    """(pooled, test input alone) worst SQNR of a deployed program, as its search judged it last."""
+    lowered = getattr(deployed.search, "lowered", None)
+    if lowered is not None:
+        return tuple(lowered)
+    rows = list(deployed.outputs) + [r for _, part in deployed.parts for r in part]
+    worst = min((r.sqnr for r in rows), default=float("-inf"))
+    return worst, worst
+
+
+def try_tables(tables: dict, build, target: float, say=lambda line: None) -> Tried:
+    """Build the program with each of `tables` (method -> table, in order) through `build(method,
+    table) -> (..., DeployResult)`, stopping at the first whose worst output part reaches `target`
+    dB pooled and on the test input alone; the best so far (the first on a tie) kept."""
+    figures, seconds, best, kept = {}, {}, None, None
+    methods = list(tables)
+    for i, method in enumerate(methods):
+        t0 = time.perf_counter()
+        built = build(method, tables[method])
+        seconds[method] = time.perf_counter() - t0
+        figures[method] = _reached(built[-1])
+        if best is None or min(figures[method]) > min(figures[best]):
+            best, kept = method, built
+        if min(figures[method]) >= target:
+            break
+        if i + 1 < len(methods):
+            say(f"    (calibration {method}: the program reaches {figures[method][0]:.1f} dB pooled, "
+                f"{figures[method][1]:.1f} dB on the test input, below the {target:g} dB target: "
+                f"built again with {methods[i + 1]})")
+    return Tried(best, kept, figures, target, seconds)

@@ -37,12 +37,11 @@ def check_equalize(equalize) -> None:
         raise errors.UsageError(f"equalize={equalize!r}: expected True, False or 'auto'")
 
 
-def equalize_step(top_model, table, samples, check, chip, asymmetric, method: str, equalize,
-                  judged: float | None = None) -> Equalized | None:
+def equalize_step(top_model, table, samples, check, chip, asymmetric, method: str, equalize) -> Equalized | None:
     """`top_model` with its depthwise conv inputs equalized on `samples` (input dicts), its new
     tensors calibrated by `method`, where `equalize` is True, or "auto" and its all-INT8 program
-    judged better than the plain one's by `EQUALIZE_MARGIN` on `check` and the samples (`judged`:
-    the plain one's figure there, where already known); None where no conv input applies."""
+    judged better than the plain one's by `EQUALIZE_MARGIN` on `check` and the samples; None where
+    no conv input applies."""
     from tftpu import quant
     from tftpu.interp.similarity import max_relative_difference
     from tftpu.interp.top_interpreter import TopInterpreter
@@ -66,8 +65,7 @@ def equalize_step(top_model, table, samples, check, chip, asymmetric, method: st
     keep = passed
     if equalize == "auto" and passed:
         judge = Judge(top_model, [check] + [x for x in samples if x is not check][:8])
-        plain = judged if judged is not None else min(judge(lower(top_model, chip, "INT8", table,
-                                                                 asymmetric=asymmetric)[0]))
+        plain = min(judge(lower(top_model, chip, "INT8", table, asymmetric=asymmetric)[0]))
         mine = min(judge(lower(eq.model, chip, "INT8", eq_table, asymmetric=asymmetric)[0]))
         keep = mine > plain + EQUALIZE_MARGIN
         line += f"; all INT8 judged {mine:.2f} dB against {plain:.2f} dB on {judge.where}, " + \

@@ -41,7 +41,7 @@ from tftpu.interp.top_interpreter import TopInterpreter
 from tftpu.quant.dataset import Samples
 from tftpu.quant.simulation import fake_quant, fake_quant_asymmetric
 from tftpu.quant.table import CalibrationTable
-from tftpu.quant.thresholds import METHODS, asymmetric_range, mse, threshold
+from tftpu.quant.thresholds import CLIP_WEIGHTS, METHODS, asymmetric_range, mse, threshold
 from tftpu.utils.progress import progress
 
 __all__ = ["calibrate", "calibrate_each", "calibrate_two_pass", "TensorStatistics", "BINS", "TUNE_NUM",
@@ -230,8 +230,8 @@ class TensorStatistics:
 
     def threshold(self, method: str) -> float:
         hist, extent = self.magnitudes()
-        if method == "mse":
-            t = mse(hist, extent, candidates=_short_edges(len(hist)))
+        if method in CLIP_WEIGHTS:
+            t = mse(hist, extent, candidates=_short_edges(len(hist)), clip_weight=CLIP_WEIGHTS[method])
         else:
             t = significant(threshold(method, hist, extent), up=method == "percentile")
         return min(t, extent)

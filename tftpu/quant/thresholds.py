@@ -12,6 +12,9 @@ returns the threshold t that INT8 quantization maps to 127 (values beyond t clip
   against the candidate-by-candidate definition).
 - `mse`: t minimises the expected squared error: uniform rounding noise (t/127)^2/12 for the
   values inside, (|x| - t)^2 for the clipped ones, with |x| at its bin's centre.
+- `tail_mse`: mse with the clipped values' error counted TAIL_WEIGHT times. A detector's objects
+  are its rare large activations: plain mse clips them to spare the many small values rounding
+  noise, and the outputs lose the objects (`docs/guides/quantize.md` has the figures).
 - `aciq_gauss`, `aciq_laplace`: ACIQ (Banner, Nahshan & Soudry, "Post training 4-bit
   quantization", 2019): fit a zero-centred Gaussian / Laplace to x (symmetric INT8's grid is
   centred on 0, so the fit is to |x|: sigma = RMS of x, b = mean |x|, from the histogram) and clip
@@ -19,7 +22,7 @@ returns the threshold t that INT8 quantization maps to 127 (values beyond t clip
   here from the paper's expected-error formula (`aciq_alpha`), not copied.
 
 Asymmetric ranges (`asymmetric_range`) come from a signed histogram over [lo, hi]: `minmax` the
-observed range, `mse` the joint (lo, hi) of least expected error on a 256-level grid, `kl` and
+observed range, `mse` (`tail_mse`) the joint (lo, hi) of least expected error on a 256-level grid, `kl` and
 `percentile` each side of zero clipped as its own magnitude histogram, ACIQ mu -/+ alpha around
 the mean (the paper's setting). A range always holds 0, as an INT8 zero point must be one of the
 256 levels (TFLite and onnxruntime widen ranges the same way), so exact zeros stay exact.
@@ -35,10 +38,11 @@ import math
 
 import numpy as np
 
-__all__ = ["METHODS", "threshold", "minmax", "percentile", "kl", "mse", "aciq_gauss", "aciq_laplace",
-           "aciq_alpha", "asymmetric_range"]
+__all__ = ["METHODS", "CLIP_WEIGHTS", "TAIL_WEIGHT", "threshold", "minmax", "percentile", "kl", "mse", "tail_mse",
+           "aciq_gauss", "aciq_laplace", "aciq_alpha", "asymmetric_range"]
 
 QMAX = 127
+TAIL_WEIGHT = 64.0
 _LEVELS = 128
 
 
@@ -86,8 +90,9 @@ def kl(hist: np.ndarray, absmax: float) -> float:
     return float((i + 0.5) * absmax / n) if i < n else float(absmax)
 
 
-def mse(hist: np.ndarray, absmax: float, candidates: np.ndarray | None = None) -> float:
-    """`candidates`, if given, masks the bins' upper edges it may pick (the last must be allowed)."""
+def mse(hist: np.ndarray, absmax: float, candidates: np.ndarray | None = None, clip_weight: float = 1.0) -> float:
+    """`candidates`, if given, masks the bins' upper edges it may pick (the last must be allowed);
+    `clip_weight` multiplies the clipped values' error."""
     n = len(hist)
     if absmax == 0 or hist.sum() == 0:
         return float(absmax)
@@ -100,10 +105,14 @@ def mse(hist: np.ndarray, absmax: float, candidates: np.ndarray | None = None) -
     s1 = np.concatenate([np.cumsum((h * centre)[::-1])[::-1][1:], [0.0]])
     s2 = np.concatenate([np.cumsum((h * centre ** 2)[::-1])[::-1][1:], [0.0]])
     inside = h.sum() - s0
-    err = inside * (t / QMAX) ** 2 / 12.0 + s2 - 2.0 * t * s1 + t * t * s0
+    err = inside * (t / QMAX) ** 2 / 12.0 + clip_weight * (s2 - 2.0 * t * s1 + t * t * s0)
     if candidates is not None:
         err = np.where(candidates, err, np.inf)
     return float(t[int(np.argmin(err))])
+
+
+def tail_mse(hist: np.ndarray, absmax: float, candidates: np.ndarray | None = None) -> float:
+    return mse(hist, absmax, candidates, clip_weight=TAIL_WEIGHT)
 
 
 @functools.lru_cache(maxsize=None)
@@ -149,8 +158,9 @@ def aciq_laplace(hist: np.ndarray, absmax: float) -> float:
     return float(min(aciq_alpha("laplace") * b, absmax))
 
 
-METHODS = {"minmax": minmax, "percentile": percentile, "kl": kl, "mse": mse,
+METHODS = {"minmax": minmax, "percentile": percentile, "kl": kl, "mse": mse, "tail_mse": tail_mse,
            "aciq_gauss": aciq_gauss, "aciq_laplace": aciq_laplace}
+CLIP_WEIGHTS = {"mse": 1.0, "tail_mse": TAIL_WEIGHT}  # the mse family: its weight of the clipping error
 
 
 def threshold(method: str, hist: np.ndarray, absmax: float) -> float:
@@ -169,14 +179,15 @@ def _side(method: str, hist: np.ndarray, width: float, extent: float) -> float:
     return min(threshold(method, hist, len(hist) * width), float(extent))
 
 
-def _asym_mse(h: np.ndarray, lo: float, width: float, vmin: float, vmax: float) -> tuple[float, float]:
-    """The (lo, hi) bin-edge pair of least expected error (rounding inside, clipping outside)."""
+def _asym_mse(h: np.ndarray, lo: float, width: float, vmin: float, vmax: float,
+              clip_weight: float = 1.0) -> tuple[float, float]:
+    """The (lo, hi) bin-edge pair of least expected error (rounding inside, clipping outside x `clip_weight`)."""
     n = len(h)
     if n > _COARSE:  # search all pairs on at most _COARSE merged bins, then refine each end finely
         f = -(-n // _COARSE)
         hc = np.concatenate([h, np.zeros(-n % f)]).reshape(-1, f).sum(1)
-        clo, chi = _asym_mse(hc, lo, width * f, vmin, vmax)
-        return _asym_refine(h, lo, width, f, clo, chi, vmin, vmax)
+        clo, chi = _asym_mse(hc, lo, width * f, vmin, vmax, clip_weight)
+        return _asym_refine(h, lo, width, f, clo, chi, vmin, vmax, clip_weight)
     edges = lo + np.arange(n + 1) * width
     c = lo + (np.arange(n) + 0.5) * width
     cnt = np.concatenate([[0.0], np.cumsum(h)])
@@ -189,7 +200,7 @@ def _asym_mse(h: np.ndarray, lo: float, width: float, vmin: float, vmax: float) 
     below = cnt[i] * a * a - 2 * a * m1[i] + m2[i]
     above = (total - cnt[j]) * b * b - 2 * b * (m1[-1] - m1[j]) + (m2[-1] - m2[j])
     inside = cnt[j] - cnt[i]
-    err = np.where(j > i, below + above + inside * ((b - a) / _ASYM_LEVELS) ** 2 / 12.0, np.inf)
+    err = np.where(j > i, clip_weight * (below + above) + inside * ((b - a) / _ASYM_LEVELS) ** 2 / 12.0, np.inf)
     err = np.where(_keeps_zero(a, b, vmin, vmax), err, np.inf)
     k = int(np.argmin(err))
     return float(edges[k // (n + 1)]), float(edges[k % (n + 1)])
@@ -199,7 +210,7 @@ def _keeps_zero(a, b, vmin: float, vmax: float):
     return (a <= 0) & (b >= 0)
 
 
-def _asym_refine(h, lo, width, f, clo, chi, vmin, vmax):
+def _asym_refine(h, lo, width, f, clo, chi, vmin, vmax, clip_weight):
     """Refine a coarse (lo, hi) one end at a time over the fine edges within `f` bins of it."""
     n = len(h)
     edges = lo + np.arange(n + 1) * width
@@ -208,7 +219,7 @@ def _asym_refine(h, lo, width, f, clo, chi, vmin, vmax):
     def err(a, b):
         inside = (c >= a) & (c <= b)
         clipped = np.where(c < a, a - c, np.where(c > b, c - b, 0.0))
-        return float(np.dot(h, clipped ** 2) + h[inside].sum() * ((b - a) / _ASYM_LEVELS) ** 2 / 12.0)
+        return float(clip_weight * np.dot(h, clipped ** 2) + h[inside].sum() * ((b - a) / _ASYM_LEVELS) ** 2 / 12.0)
 
     best = (clo, chi)
     for _ in range(2):
@@ -238,8 +249,8 @@ def asymmetric_range(method: str, hist: np.ndarray, lo: float, width: float,
         return vmin, vmax
     n = len(h)
     c = lo + (np.arange(n) + 0.5) * width
-    if method == "mse":
-        a, b = _asym_mse(h, lo, width, vmin, vmax)
+    if method in CLIP_WEIGHTS:
+        a, b = _asym_mse(h, lo, width, vmin, vmax, CLIP_WEIGHTS[method])
     elif method in ("aciq_gauss", "aciq_laplace"):
         total = h.sum()
         mu = float(np.dot(h, c)) / total
