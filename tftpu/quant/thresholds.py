@@ -105,7 +105,8 @@ def mse(hist: np.ndarray, absmax: float, candidates: np.ndarray | None = None, c
     s1 = np.concatenate([np.cumsum((h * centre)[::-1])[::-1][1:], [0.0]])
     s2 = np.concatenate([np.cumsum((h * centre ** 2)[::-1])[::-1][1:], [0.0]])
     inside = h.sum() - s0
-    err = inside * (t / QMAX) ** 2 / 12.0 + clip_weight * (s2 - 2.0 * t * s1 + t * t * s0)
+    w = clip_weight  # (term by term: weight 1 sums exactly as mse always did)
+    err = inside * (t / QMAX) ** 2 / 12.0 + w * s2 - w * 2.0 * t * s1 + w * t * t * s0
     if candidates is not None:
         err = np.where(candidates, err, np.inf)
     return float(t[int(np.argmin(err))])
