@@ -18,6 +18,7 @@ objects in exactly those values, while other models lose more to a coarser grid
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 
 from tftpu import errors
@@ -111,7 +112,7 @@ def _reached(deployed) -> tuple[float, float]:
     if lowered is not None:
         return tuple(lowered)
     rows = list(deployed.outputs) + [r for _, part in deployed.parts for r in part]
-    worst = min((r.sqnr for r in rows), default=float("-inf"))
+    worst = min((r.sqnr for r in rows if not math.isnan(r.sqnr)), default=-math.inf)
     return worst, worst
 
 
