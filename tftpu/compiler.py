@@ -344,7 +344,7 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None,
             state += f"; rewritten TOP vs TOP: max relative difference {s2d['max_rel_diff']:.1e}"
             passed = s2d["max_rel_diff"] <= 1e-4
         stages.append(Stage("space-to-depth", secs.get("space-to-depth", 0.0), state, passed))
-    out_rows = list(deployed.outputs) + [r for _, part in deployed.parts for r in part]
+    out_rows = deployed.rows
     worst = min(out_rows, key=lambda r: (r.passed, r.cosine, r.sqnr)) if out_rows else None
     lowering = ", ".join(f"{n} {m}" for m, n in sorted(deployed.lowering.counts().items()))
     shares = deployed.lowering.flop_shares()

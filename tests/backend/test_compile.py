@@ -104,10 +104,10 @@ def test_tables_are_tried_in_order_until_one_meets_the_target():
     assert tried.as_dict()["judged_db"] == {"a": [25.0, 17.0], "b": [19.0, 18.0], "c": [16.0, 16.0]}
     build, built = builder({"a": (18.0, 18.0), "b": (18.0, 18.0)})
     assert try_tables({"a": 1, "b": 2}, build, 20.0).method == "a"        # a tie keeps the first
-    # a pure-INT8 build (no search) is judged by its verified output and part rows, NaN left out
+    # a pure-INT8 build (no search) is judged by its verified output and part rows (`DeployResult.rows`), NaN left out
     row = lambda db: SimpleNamespace(sqnr=db)  # noqa: E731
-    pure = {"a": SimpleNamespace(search=None, outputs=[row(25.0), row(float("nan"))], parts=[("o", [row(19.0)])]),
-            "b": SimpleNamespace(search=None, outputs=[row(21.0)], parts=[])}
+    pure = {"a": SimpleNamespace(search=None, rows=[row(25.0), row(float("nan")), row(19.0)]),
+            "b": SimpleNamespace(search=None, rows=[row(21.0)])}
     tried = try_tables({"a": 1, "b": 2}, lambda m, t: (m, pure[m]), 20.0)
     assert tried.method == "b" and tried.figures == {"a": (19.0, 19.0), "b": (21.0, 21.0)}
 

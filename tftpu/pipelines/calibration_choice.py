@@ -111,8 +111,7 @@ def _reached(deployed) -> tuple[float, float]:
     lowered = getattr(deployed.search, "lowered", None)
     if lowered is not None:
         return tuple(lowered)
-    rows = list(deployed.outputs) + [r for _, part in deployed.parts for r in part]
-    worst = min((r.sqnr for r in rows if not math.isnan(r.sqnr)), default=-math.inf)
+    worst = min((r.sqnr for r in deployed.rows if not math.isnan(r.sqnr)), default=-math.inf)
     return worst, worst
 
 

@@ -83,10 +83,14 @@ class DeployResult:
         return bool(self.outputs)
 
     @property
+    def rows(self) -> list:
+        """Each output's row and each part's of a concatenated output."""
+        return list(self.outputs) + [r for _, part in self.parts for r in part]
+
+    @property
     def failed(self) -> list:
         """Output rows (and parts of concatenated outputs) under tolerance."""
-        rows = list(self.outputs) + [r for _, part in self.parts for r in part]
-        failed = [r for r in rows if not r.passed]
+        failed = [r for r in self.rows if not r.passed]
         if self.simulator is not None and not self.simulator["passed"]:
             failed.append(_SimulatorRow(self.simulator))
         return failed
