@@ -16,17 +16,17 @@ and turned into `(pixel - mean) * scale`; `.npz`/`.npy` files are taken as they 
 cannot be read stops the run naming it (exit 2), or with --skip_unreadable is skipped with a
 warning. A progress bar (images/s, time left) goes to stderr when it is a terminal (--progress /
 --noprogress to choose). It writes, for every float
-tensor, the INT8 threshold chosen by the method (mse, the default: least expected squared error;
+tensor, the INT8 threshold chosen by the method (mse: least expected squared error;
 kl: TensorRT's entropy method; percentile: 99.99% of |x|; minmax: the largest |x|;
 aciq_gauss / aciq_laplace: ACIQ's closed-form clip of a fitted Gaussian / Laplace; tail_mse: mse
 with the clipped values' error counted 64 times, for detectors' rare large values; auto: per
 tensor, whichever of those changes the ops it feeds least, judged on the first --tune_num
 inputs) with the observed min and max (with --asymmetric: the method's clipped range for INT8
-asymmetric mode), in TPU-MLIR's table layout. Several methods joined by commas (mse,minmax)
-each give a table from the same statistics; each table's all-INT8
-program for --chip runs the first 9 inputs, and the table whose outputs come nearest float is
-written (a method listed later needs 1 dB more SQNR than the one before it; tftpu.compile
-instead builds its whole program with each table in turn). Then (`--simulate`, on by default) it runs the
+asymmetric mode), in TPU-MLIR's table layout. Several methods joined by commas (the default
+mse,tail_mse) each give a table from the same statistics: the first one's rows are written, the
+others' follow as alternates in comment lines (`#tail_mse name threshold min max`, which
+TPU-MLIR's reader skips), and tftpu-deploy with a --test_input builds the program with each in
+turn where the one before misses its target, the best kept, as tftpu.compile does. Then (`--simulate`, on by default) it runs the
 inputs again with simulated INT8 weights and activations and prints each output's worst cosine
 and mean SQNR against float. The same inputs give a byte-identical table.
 
@@ -42,12 +42,12 @@ from tftpu import cli
 
 flags.DEFINE_string("mlir", None, "TOP .mlir to calibrate (its weights .npz beside it)")
 cli.define_dataset_flags(20, "calibration")
-flags.DEFINE_string("calibration_method", "mse",
-                    "threshold method: minmax, percentile, kl, mse (the default: kl broke mtcnn O-Net), aciq_gauss, "
-                    "aciq_laplace, tail_mse (mse counting the clipped values' error 64 times), auto (picks per "
-                    "tensor); or several joined by commas (mse,minmax), each table's all-INT8 program for --chip "
-                    "judged at the outputs on the first inputs and the best written")
-flags.DEFINE_string("chip", "npu1", "chip whose all-INT8 programs judge several methods")
+flags.DEFINE_string("calibration_method", "mse,tail_mse",
+                    "threshold method: minmax, percentile, kl, mse (kl broke mtcnn O-Net), aciq_gauss, aciq_laplace, "
+                    "tail_mse (mse counting the clipped values' error 64 times), auto (picks per tensor); or several "
+                    "joined by commas: the first one's table is written with the others' as alternates, which "
+                    "tftpu-deploy with a --test_input builds with in turn where the one before misses its target "
+                    "(default mse,tail_mse, as tftpu.compile)")
 flags.DEFINE_bool("asymmetric", True, "also calibrate each tensor's [min, max] for INT8 asymmetric mode "
                   "(written in the min/max columns; the header says so), which tftpu-deploy then reads for the "
                   "activations whose range is one-sided, as tftpu.compile does; --noasymmetric: the observed min/max")
@@ -57,31 +57,19 @@ flags.DEFINE_bool("simulate", True, "then run the calibration inputs with simula
                   "the outputs stay to float")
 
 FLAGS = flags.FLAGS
-JUDGED = 9          # inputs several methods are judged on (the first ones), as tftpu.compile judges
-
 
 
 def main(args):
-    from tftpu import errors, quant
+    from tftpu import quant
     from tftpu.ir.module import load
-    from tftpu.pipelines.calibration_choice import choose_table, methods_of
+    from tftpu.pipelines.calibration_choice import methods_of
 
     cluster = cli.dataset_tool("mlir", "dataset", "o")
     methods = methods_of(FLAGS.calibration_method)
-    if len(methods) > 1 and (FLAGS.workers > 1 or cluster is not None):
-        raise errors.UsageError("--calibration_method with several methods judges them in one process: "
-                                "give one method with --workers / --tf_config")
     model = load(FLAGS.mlir)
     samples = cli.dataset_samples(model)
-    chosen = None
-    if len(methods) > 1:
-        held = samples.head(JUDGED)
-        tables = quant.calibrate_each(model, samples, methods, asymmetric=FLAGS.asymmetric, tune_num=FLAGS.tune_num)
-        chosen = choose_table(model, tables, held, FLAGS.chip, "auto" if FLAGS.asymmetric else False)
-        table = chosen.table
-    else:
-        table = quant.calibrate(model, samples, methods[0], asymmetric=FLAGS.asymmetric,
-                                tune_num=FLAGS.tune_num, workers=FLAGS.workers, cluster=cluster)
+    table = quant.calibrate(model, samples, ",".join(methods), asymmetric=FLAGS.asymmetric,
+                            tune_num=FLAGS.tune_num, workers=FLAGS.workers, cluster=cluster)
     if FLAGS["input_num"].present and FLAGS.input_num and table.samples < FLAGS.input_num:  # asked for more
         logging.warning("--input_num=%d, but %s holds %d input(s): calibrating on those %d",
                         FLAGS.input_num, FLAGS.dataset, table.samples, table.samples)
@@ -92,8 +80,9 @@ def main(args):
     kind = " and asymmetric ranges" if FLAGS.asymmetric else ""
     print(f"{FLAGS.o}: {len(table.entries)} tensors, {table.method} thresholds{kind} "
           f"from {table.samples} inputs{cli.skipped_note(samples)}")
-    if chosen is not None:
-        print(f"{', '.join(methods)}: {chosen.line}")
+    if table.alternates:
+        print(f"alternates: {', '.join(table.alternates)} (tftpu-deploy with --test_input builds with them in turn "
+              "where the table before misses its target)")
     if table.chosen:
         print("auto chose: " + ", ".join(f"{m} for {n} tensors" for m, n in table.counts().items()))
     if FLAGS.simulate and (FLAGS.workers > 1 or cluster is not None):

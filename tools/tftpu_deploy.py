@@ -145,6 +145,8 @@ def main(args):
                     equalize={"auto": "auto", "on": True, "off": False}[FLAGS.equalize],
                     wide_links=FLAGS.wide_links and {"auto": "auto", "on": "tables", "off": True}[FLAGS.wide_tables],
                     conv_links=FLAGS.conv_links)
+    if result.calibration is not None:
+        print(f"calibration: {result.calibration.line}")
     if result.equalize:
         print(f"equalize: {result.equalize}")
     print(result.lowering)

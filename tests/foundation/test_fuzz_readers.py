@@ -77,8 +77,9 @@ def _small_tflite() -> bytes:
 
 
 def _cali_table() -> bytes:
-    return (b"# genetated time: -\n# method: mse\n# samples: 2\n# bins: 2048\n"
-            b"x 1.0 -1.0 1.0\nconv 2.5 0.0 2.5\nout 0.75 -0.5 0.75\n")
+    return (b"# genetated time: -\n# method: mse\n# samples: 2\n# bins: 2048\n# alternates: tail_mse\n"
+            b"x 1.0 -1.0 1.0\nconv 2.5 0.0 2.5\nout 0.75 -0.5 0.75\n"
+            b"#tail_mse x 1.0 -1.0 1.0\n#tail_mse conv 2.75 0.0 2.75\n#tail_mse out 0.75 -0.5 0.75\n")
 
 
 def _chip_yaml() -> bytes:

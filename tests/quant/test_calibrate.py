@@ -80,3 +80,27 @@ def test_bad_datasets_and_tables(resnet, tmp_path):
     bad.write_text("conv1 nan -1 1\n")
     with pytest.raises(errors.ModelFileError, match="finite"):
         quant.read_table(bad)
+    bad.write_text("# alternates: tail_mse\nconv1 1 -1 1\n#tail_mse conv1 1 -1\n")
+    with pytest.raises(errors.ModelFileError, match=r"table.txt:3"):
+        quant.read_table(bad)
+    bad.write_text("# alternates: tail_mse\nconv1 1 -1 1\n#tail_mse conv1 1 -1 1\n#tail_mse conv1 2 -1 1\n")
+    with pytest.raises(errors.ModelFileError, match=r"table.txt:4: tensor 'conv1' listed twice"):
+        quant.read_table(bad)
+    bad.write_text("# alternates: tail_mse\nconv1 1 -1 1\n")
+    with pytest.raises(errors.ModelFileError, match="no '#tail_mse' rows"):
+        quant.read_table(bad)
+
+
+def test_alternates_come_from_the_same_statistics_and_read_back(resnet, photo_dir, tmp_path):
+    samples = quant.load_samples(resnet, photo_dir)
+    table = quant.calibrate(resnet, samples, "mse, tail_mse,minmax", asymmetric=True)
+    assert table.method == "mse" and list(table.alternates) == ["tail_mse", "minmax"]
+    for method, got in table.tables().items():
+        assert got.entries == quant.calibrate(resnet, samples, method, asymmetric=True).entries
+        assert not got.alternates and got.asymmetric and got.samples == 4
+    assert quant.calibrate_each(resnet, samples, ["mse", "tail_mse", "minmax"]).keys() == table.tables().keys()
+    table.save(tmp_path / "t.txt")
+    back = quant.read_table(tmp_path / "t.txt")
+    assert back.text() == table.text()
+    assert {m: t.entries for m, t in back.tables().items()} == {m: t.entries for m, t in table.tables().items()}
+    assert quant.CalibrationTable.from_json(table.to_json()).text() == table.text()

@@ -414,6 +414,45 @@ def test_zero_points_follow_the_table(cnn_case):
     assert text(table) == text(table, asymmetric=False)
 
 
+def test_a_table_with_alternates_builds_each_until_one_meets_the_target(cnn_case, tmp_path):
+    """tftpu-calibrate's default table (mse, tail_mse as an alternate): deploy with a test input
+    builds the program with each table while the one before misses the target, keeps the better
+    (what deploy reports for that table alone) and writes only it; a target met by the first
+    builds once; without a test input the first table is lowered."""
+    model, _, samples = cnn_case
+    table = quant.calibrate(model, samples, "mse,minmax", asymmetric=True)
+    fixed = dict(quantize="INT8", chip="npu1", test_input=samples[0], samples=samples[1:], wide_links=False)
+    out = tmp_path / "kept.tpu.mlir"
+    res = deploy(model, calibration_table=table, mixed_precision="0.99,99", tpu_mlir=out,
+                 report=tmp_path / "r.json", **fixed)
+    judged = res.calibration.figures
+    assert list(judged) == ["mse", "minmax"] and res.calibration.target == 99
+    kept = res.calibration.method
+    assert kept == max(judged, key=lambda m: (min(judged[m]), m == "mse"))
+    assert res.seconds["calibration choice"] > 0 and json.loads((tmp_path / "r.json").read_text())[
+        "calibration"]["method"] == kept
+    for method, alone_table in table.tables().items():
+        alone = deploy(model, calibration_table=alone_table, mixed_precision="0.99,99", **fixed)
+        assert alone.search.lowered == judged[method] and alone.calibration is None
+        if method == kept:
+            assert alone.model.text() == load(out).text()
+    met = deploy(model, calibration_table=table, **fixed)              # 20 dB: mse meets it
+    assert list(met.calibration.figures) == ["mse"] and met.passed
+    untested = deploy(model, quantize="INT8", chip="npu1", calibration_table=table)
+    assert untested.calibration is None and untested.model.text() == deploy(
+        model, quantize="INT8", chip="npu1", calibration_table=table.tables()["mse"]).model.text()
+    # the tool reads the alternates from the file and says which table it kept
+    model.save(tmp_path / "cnn.top.mlir")
+    table.save(tmp_path / "cali")
+    np.savez(tmp_path / "in.npz", **samples[0])
+    done = _tool("deploy", f"--mlir={tmp_path / 'cnn.top.mlir'}", "--quantize=INT8", "--chip=npu1",
+                 f"--calibration_table={tmp_path / 'cali'}", f"--test_input={tmp_path / 'in.npz'}",
+                 "--mixed_precision=0.99,99", "--nowide_links", "--tolerance=0,0")
+    assert done.returncode == 0, done.stderr
+    line = next(x for x in done.stdout.splitlines() if x.startswith("calibration: programs built with mse"))
+    assert "minmax" in line and line.endswith(" kept")
+
+
 def test_the_tool_fits_the_weights_on_samples(cnn_case, tmp_path):
     """tftpu-deploy --samples refits the weights on them by default (as tftpu.compile does on its
     calibration data); without it nothing is fitted to the test input it is judged on."""

@@ -4,16 +4,13 @@ program comes nearest the float outputs kept.
 A method that is best for each tensor on its own need not be best for the model: `mse` clips a
 tensor's rare large values to round the common ones finer, and a detector's head carries its
 objects in exactly those values, while other models lose more to a coarser grid
-(docs/guides/quantize.md has the figures). Two judges:
-
-- `try_tables` (`tftpu.compile`, by default "mse,tail_mse"): the whole program (equalization,
-  search, refit, conv links) built with each table in order, the next only where the one before
-  misses the target on the test input and samples; the best kept. A model that meets the target
-  with the first table costs nothing more.
-- `choose_table` (`tftpu-calibrate --calibration_method=mse,minmax`, which has no program to
-  build): each table's plain all-INT8 lowering (no equalization, refit or conv links); cheap,
-  but on the detectors measured it did not predict which table the final program does better
-  with."""
+(docs/guides/quantize.md has the figures). So `try_tables` (`tftpu.compile`, by default
+"mse,tail_mse", and `tftpu.pipelines.deploy` given a table with alternates, as tftpu-calibrate
+writes) builds the whole program (equalization, search, refit, conv links) with each table in
+order, the next only where the one before misses the target on the test input and samples, and
+keeps the best. A model that meets the target with the first table costs nothing more. (Judging
+each table's plain all-INT8 program instead, cheaper, did not predict on the detectors measured
+which table the final program does better with.)"""
 
 from __future__ import annotations
 
@@ -23,13 +20,9 @@ import time
 
 from tftpu import errors
 
-__all__ = ["CALIBRATION_DEFAULT", "CHOICE_MARGIN", "methods_of", "target_of", "Chosen", "choose_table", "Tried",
-           "try_tables"]
+__all__ = ["CALIBRATION_DEFAULT", "methods_of", "target_of", "Tried", "try_tables"]
 
 CALIBRATION_DEFAULT = "mse,tail_mse"
-# a method listed later is kept only where it beats the one kept so far by this much (dB), as
-# equalization's margin: a small lead of the plain all-INT8 program need not survive the rest
-CHOICE_MARGIN = 1.0
 
 
 def methods_of(spec) -> tuple[str, ...]:
@@ -44,36 +37,6 @@ def methods_of(spec) -> tuple[str, ...]:
         if m not in CALIBRATION_METHODS:
             raise errors.UsageError(f"calibration_method {m!r}: expected one of {', '.join(CALIBRATION_METHODS)}")
     return methods
-
-
-@dataclasses.dataclass
-class Chosen:
-    """The method kept, its table, each method's judged figure (dB) and the verdict line."""
-
-    method: str
-    table: object
-    figures: dict
-    line: str
-    seconds: float
-
-
-def choose_table(top_model, tables: dict, held: list[dict], chip, asymmetric) -> Chosen:
-    """Of `tables` (method -> table, in order of preference), the one whose all-INT8 program's
-    worst output (or part) SQNR on `held` (the test input first), pooled and on the test input
-    alone, is highest, a later method needing `CHOICE_MARGIN` more than the one kept before it."""
-    from tftpu.pipelines.judge import Judge
-    from tftpu.transforms.lowering import lower
-
-    t0 = time.perf_counter()
-    judge = Judge(top_model, held)
-    figures = {m: min(judge(lower(top_model, chip, "INT8", t, asymmetric=asymmetric)[0])) for m, t in tables.items()}
-    best = next(iter(tables))
-    for m in tables:
-        if figures[m] > figures[best] + CHOICE_MARGIN:
-            best = m
-    line = ("all INT8 judged on " + judge.where + ": " + ", ".join(f"{m} {figures[m]:.2f} dB" for m in tables)
-            + f"; {best} kept (a later method needs {CHOICE_MARGIN:g} dB more)")
-    return Chosen(best, tables[best], figures, line, time.perf_counter() - t0)
 
 
 def target_of(mixed_precision) -> float:

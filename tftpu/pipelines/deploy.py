@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import math
 import time
 from pathlib import Path
@@ -39,6 +40,7 @@ DEFAULT_TOLERANCE = {"F32": (0.99, 0.99), "F16": (0.95, 0.85), "BF16": (0.95, 0.
 # under wide_links="auto", dense convs read 16-bit links while the program stays within this much
 # latency of the one with 8-bit conv inputs
 CONV_LINKS_LATENCY = 1.10
+_LOG = logging.getLogger("tftpu.deploy")
 AUTO_TARGET = "0.99,20"      # what INT8 must reach before `mixed_precision="auto"` keeps ops in float
 # after the refit, the last quarter of the search's float ops (in its ranking) is tried back in
 # INT8 (one more build). Measured on the detectors (benchmarks/detectors.py, see quantize.md):
@@ -77,6 +79,7 @@ class DeployResult:
     int8_latency_us: float | None = None        # where priced: the all-INT8 program's with 8-bit conv inputs
     wide_links: bool | str = True               # the links the program was lowered with (WIDE_LINKS)
     equalize: str | None = None                 # depthwise input equalization: what it did, and its verdict
+    calibration: object | None = None           # a table with alternates: each one's program (calibration_choice.Tried)
 
     @property
     def checked(self) -> bool:
@@ -270,7 +273,13 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     on a 16-bit link) scaled per channel nearer its widest
     channel on `samples`, the conv's weights taking the factors back
     (`tftpu.pipelines.equalization`); "auto" keeps it where the all-INT8 programs judge it 1 dB
-    better; the model lowered and checked is then the equalized one (the same in float)."""
+    better; the model lowered and checked is then the equalized one (the same in float).
+    A calibration table with alternates (`calibrate(..., method="mse,tail_mse")`, tftpu-calibrate's
+    default) and a test input: the program is built with each of its tables in turn, the next only
+    where the one before misses the target (`mixed_precision`'s, else 0.99 / 20 dB) on the test
+    input and samples, the best kept and written (`result.calibration` says); without a test
+    input, with the first."""
+    call = dict(locals())                 # (the arguments, to deploy again with each table)
     from tftpu.backend import estimate
     from tftpu.ir.module import TopModel, TpuModel, load
     from tftpu.quant.qtable import read_qtable
@@ -293,6 +302,10 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     if isinstance(top_model, TpuModel):
         raise errors.ModelFileError(mlir, "is already a TPU module: tftpu-deploy takes a TOP .mlir")
     table = read_table(calibration_table) if isinstance(calibration_table, (str, Path)) else calibration_table
+    if mode == "INT8" and table is not None and table.alternates:
+        if test_input is not None:
+            return _deploy_each(call, top_model, table)
+        table = table.tables()[table.method]
     qtable = read_qtable(quantize_table) if isinstance(quantize_table, (str, Path)) else quantize_table
     if asymmetric is None:          # the table's: its calibrated asymmetric ranges, where it holds them
         asymmetric = "auto" if mode == "INT8" and table is not None and table.asymmetric else False
@@ -604,23 +617,49 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
         t1 = time.perf_counter()
         result.simulator = check_simulator(program, tpu_model, inputs)
         seconds["simulate"] = time.perf_counter() - t1
+    result.seconds = seconds
+    _write(result, tpu_mlir=tpu_mlir, model=model, trace=trace, report=report)
+    return result
+
+
+def _write(result: DeployResult, *, tpu_mlir=None, model=None, trace=None, report=None) -> None:
+    """Write what `deploy` was asked for: the TPU module, the model file, the trace, the report."""
+    seconds = result.seconds
     if tpu_mlir is not None:
         t1 = time.perf_counter()
-        result.mlir, result.weights = tpu_model.save(tpu_mlir)
+        result.mlir, result.weights = result.model.save(tpu_mlir)
         seconds["save"] = time.perf_counter() - t1
     if model is not None:
         from tftpu.backend import tpumodel
         t1 = time.perf_counter()
-        result.model_file = tpumodel.save(program, model, meta={"estimate": {
+        prof = result.profile
+        result.model_file = tpumodel.save(result.program, model, meta={"estimate": {
             "latency_us": round(prof.latency_us, 3), "flops": prof.flops, "utilisation": round(prof.utilisation, 6)}})
         seconds["write model file"] = time.perf_counter() - t1
     if trace is not None:
-        prof.write_trace(trace)
+        result.profile.write_trace(trace)
         result.trace = Path(trace)
-    result.seconds = seconds
     if report is not None:
         from tftpu.pipelines.deploy_report import write_report
         write_report(report, result)
+
+
+def _deploy_each(call: dict, top_model, table) -> DeployResult:
+    """`deploy` with each of `table`'s tables in turn (`try_tables`), what it was asked to write
+    written for the one kept."""
+    from tftpu.pipelines.calibration_choice import target_of, try_tables
+    from tftpu.utils.files import check_writable
+
+    writes = {k: call[k] for k in ("tpu_mlir", "report", "model", "trace")}
+    if any(p is not None for p in writes.values()):
+        check_writable(*(p for p in writes.values() if p is not None))
+    once = {**call, "mlir": top_model, **dict.fromkeys(writes)}
+    tried = try_tables(table.tables(), lambda m, t: (deploy(**{**once, "calibration_table": t}),),
+                       target_of(call["mixed_precision"]), _LOG.info)
+    result = tried.built[-1]
+    result.calibration = tried
+    result.seconds["calibration choice"] = sum(v for m, v in tried.seconds.items() if m != tried.method)
+    _write(result, **writes)
     return result
 
 

@@ -76,6 +76,8 @@ def report_data(result) -> dict:
         data["conv_links"] = result.conv_links
     if result.equalize:
         data["equalize"] = result.equalize
+    if result.calibration is not None:
+        data["calibration"] = result.calibration.as_dict()
     if result.memory is not None:
         data["memory"] = result.memory.as_dict()
     if result.profile is not None:

@@ -341,7 +341,9 @@ def calibrate(model, samples, method: str = "mse", bins: int = BINS, asymmetric:
     `method` defaults to mse: on mtcnn O-Net with its real weights, kl's thresholds cost 1.5% of
     the face/non-face accuracy in simulated INT8 and mse's none (`benchmarks/calibration_quality.py`).
     With `asymmetric`, each entry's min/max is the method's clipped range for INT8 asymmetric
-    mode (the header says so); otherwise the observed min/max.
+    mode (the header says so); otherwise the observed min/max. Several methods joined by commas
+    ("mse,tail_mse") give the first one's table with the others' as its `alternates` (the same
+    statistics), which `tftpu.pipelines.deploy` tries in order where the one before misses.
 
     `workers=N` spreads the statistics over N worker processes on this machine, and `cluster`
     (`tftpu.utils.distributed.Cluster.from_tf_config()`) over the tf.distribute workers of
@@ -351,15 +353,17 @@ def calibrate(model, samples, method: str = "mse", bins: int = BINS, asymmetric:
     byte-identical to the one-process table (see `tftpu.utils.distributed`).
     """
     from tftpu.utils import distributed
-    _check(method, samples, bins)
+    methods = _methods(method)
+    for m in methods:
+        _check(m, samples, bins)
     if isinstance(tune_num, bool) or not isinstance(tune_num, (int, np.integer)) or tune_num < 1:
         raise UsageError(f"tune_num {tune_num!r}: give at least 1")
     distributed.check_workers(workers, cluster)
     if workers > 1:
         return _launch(model, samples, workers, method=method, bins=bins, asymmetric=asymmetric, tune_num=tune_num)
     if cluster is None or cluster.size == 1:
-        stats, count, head = _collect(model, samples, bins, keep=tune_num if method == "auto" else 0)
-        return _table(model, stats, count, head, method, bins, asymmetric)
+        stats, count, head = _collect(model, samples, bins, keep=tune_num if "auto" in methods else 0)
+        return _with_alternates(model, stats, count, head, methods, bins, asymmetric)
     if not isinstance(samples, Samples):
         samples = Samples(model, samples, what="calibration samples")
     part = samples.shard(cluster.rank, cluster.size)
@@ -373,8 +377,8 @@ def calibrate(model, samples, method: str = "mse", bins: int = BINS, asymmetric:
             f" ({len(samples.skipped)} unreadable skipped)" if samples.skipped else ""))
     table = None
     if cluster.is_chief:                 # the thresholds (and auto's judging) once, then shared
-        head = list(itertools.islice(samples, tune_num)) if method == "auto" else []
-        table = _table(model, stats, count, head, method, bins, asymmetric)
+        head = list(itertools.islice(samples, tune_num)) if "auto" in methods else []
+        table = _with_alternates(model, stats, count, head, methods, bins, asymmetric)
     return CalibrationTable.from_json(cluster.broadcast_json(table.to_json() if table else None))
 
 
@@ -385,12 +389,21 @@ def calibrate_each(model, samples, methods, bins: int = BINS, asymmetric: bool =
     methods = list(dict.fromkeys(methods))
     if not methods:
         raise UsageError("calibrate_each needs at least one method")
-    for method in methods:
-        _check(method, samples, bins)
-    if isinstance(tune_num, bool) or not isinstance(tune_num, (int, np.integer)) or tune_num < 1:
-        raise UsageError(f"tune_num {tune_num!r}: give at least 1")
-    stats, count, head = _collect(model, samples, bins, keep=tune_num if "auto" in methods else 0)
-    return {m: _table(model, stats, count, head, m, bins, asymmetric) for m in methods}
+    return calibrate(model, samples, ",".join(methods), bins, asymmetric, tune_num).tables()
+
+
+def _methods(spec: str) -> list[str]:
+    """The methods of "mse" or "mse,tail_mse", in order, each once."""
+    if not isinstance(spec, str):
+        raise UsageError(f"calibration method {spec!r}: expected one of {', '.join(CALIBRATION_METHODS)}")
+    return list(dict.fromkeys(m.strip() for m in spec.split(",")))
+
+
+def _with_alternates(model, stats, count, head, methods, bins, asymmetric) -> CalibrationTable:
+    """The first method's table, the others' its alternates."""
+    first, *rest = (_table(model, stats, count, head, m, bins, asymmetric) for m in methods)
+    first.alternates = {t.method: t for t in rest}
+    return first
 
 
 def _table(model, stats, count, head, method, bins, asymmetric) -> CalibrationTable:
