@@ -41,8 +41,7 @@ def methods_of(spec) -> tuple[str, ...]:
 
 def target_of(mixed_precision) -> float:
     """The SQNR (dB) a program must reach for `try_tables` to stop: the mixed-precision target's."""
-    from tftpu.pipelines.deploy import AUTO_TARGET
-    from tftpu.transforms.lowering.search import parse_target
+    from tftpu.transforms.lowering.search import AUTO_TARGET, parse_target
 
     spec = mixed_precision if mixed_precision not in (None, "none", "auto") else AUTO_TARGET
     return parse_target(spec)[1]

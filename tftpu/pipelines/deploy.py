@@ -30,8 +30,8 @@ from tftpu.quant.refit import INPUT_BUDGET as REFIT_INPUTS
 from tftpu.transforms.lowering.decode_tail import decode_tail
 from tftpu.pipelines.equalization import check_equalize, equalize_step
 from tftpu.pipelines.judge import Judge as _Judge
-from tftpu.transforms.lowering.search import (FLOAT_BUDGET, LATENCY_BUDGET, RANK_SAMPLES, References, output_parts,
-                                              parse_target, part_slices)
+from tftpu.transforms.lowering.search import (AUTO_TARGET, FLOAT_BUDGET, LATENCY_BUDGET, RANK_SAMPLES, References,
+                                              output_parts, parse_target, part_slices)
 
 __all__ = ["deploy", "DeployResult", "DEFAULT_TOLERANCE", "verify", "output_parts"]
 
@@ -41,7 +41,6 @@ DEFAULT_TOLERANCE = {"F32": (0.99, 0.99), "F16": (0.95, 0.85), "BF16": (0.95, 0.
 # latency of the one with 8-bit conv inputs
 CONV_LINKS_LATENCY = 1.10
 _LOG = logging.getLogger("tftpu.deploy")
-AUTO_TARGET = "0.99,20"      # what INT8 must reach before `mixed_precision="auto"` keeps ops in float
 # after the refit, the last quarter of the search's float ops (in its ranking) is tried back in
 # INT8 (one more build). Measured on the detectors (benchmarks/detectors.py, see quantize.md):
 # taken on five of nine, and each of those gained; half the set, or another quarter, did worse

@@ -50,6 +50,7 @@ REACH_MARGIN_DB = 3.0  # an out-of-reach target becomes what all-float reaches, 
 # 95% of its FLOPs in INT8 and runs at most 1.15x as long as all in INT8 (issue 22's bar)
 FLOAT_BUDGET = 0.05
 LATENCY_BUDGET = 1.15
+AUTO_TARGET = "0.99,20"      # what INT8 must reach before `mixed_precision="auto"` keeps ops in float
 
 
 def parse_target(text) -> tuple[float, float]:
