@@ -620,8 +620,9 @@ def test_a_depthwise_conv_reads_a_16_bit_link_in_two_passes_bit_exactly(data):
 def test_every_conv_reads_a_16_bit_link_in_two_passes_bit_exactly(data):
     """wide_links="convs" (W8A16 in two INT8 passes): conv -> activation -> dense conv (kernels,
     strides, groups, layouts, zero points; channels enough that the 16-bit sums run past int32)
-    -> 1x1 conv; every conv but the one reading the model input reads the tensor before it on
-    16 bits, no cast; INT8 inference equals the integer reference; the report names those convs."""
+    -> 1x1 conv; every conv reads the tensor before it on 16 bits (the first the model input, cast
+    to 16 bits where it enters), no other cast; INT8 inference equals the integer reference; the
+    report names those convs."""
     from tftpu.transforms.lowering.lower import TWO_PASSES
     d = data.draw
     c, groups = d(st.sampled_from([2, 8, 48]), "channels"), d(st.sampled_from([1, 2]), "groups")
@@ -652,9 +653,9 @@ def test_every_conv_reads_a_16_bit_link_in_two_passes_bit_exactly(data):
     convs = {name: next(op for op in tm.ops if op.name == "tpu.Conv" and op.loc.startswith(name))
              for name in ("c0", "dense", "out")}
     assert {name: "i16" in str(op.operands[0].type) for name, op in convs.items()} == \
-        {"c0": False, "dense": True, "out": True}
+        {"c0": True, "dense": True, "out": True}
     assert not [op for op in tm.ops if op.name == "tpu.Cast" and "i16" in str(op.operands[0].type)]
-    assert sorted(x.name for x in report.decisions if x.reason == TWO_PASSES) == ["dense", "out"]
+    assert sorted(x.name for x in report.decisions if x.reason == TWO_PASSES) == ["c0", "dense", "out"]
     seen = R.check_model(tm, TpuInterpreter(tm).run(inputs, dump_all=True))
     assert seen.get("tpu.Conv", 0) == 3
 
@@ -684,3 +685,39 @@ def test_conv_links_lower_the_int8_error_of_a_conv_stack():
     assert sqnr[True] == sqnr[False] and sqnr["convs"] > sqnr[True] + 1.5, sqnr   # (no Add: no other link)
     with pytest.raises(UsageError, match="wide_links"):
         lower(model, "npu1", "INT8", table, wide_links="every")
+
+
+@pytest.mark.parametrize("nhwc", [False, True])
+def test_the_convs_reading_a_model_input_read_it_on_16_bits(nhwc):
+    """`InputConvs`: the convs reading a model input (through an NHWC model's transpose too) read
+    it on 16 bits in two INT8 passes, the input cast to 16 bits where it enters, every other conv
+    on 8 bits and no table interpolated; INT8 inference equals the integer reference, and the
+    outputs get closer to float where the input's 8-bit rounding is the noise that counts."""
+    from tftpu.quant.links import InputConvs, input_convs, reach
+    from tftpu.transforms.lowering.lower import TWO_PASSES
+    rng = np.random.default_rng(5)
+    shape = (1, 12, 12, 3) if nhwc else (1, 3, 12, 12)
+
+    def body(b, xs):
+        x = b.op("Permute", [xs[0]], {"order": [0, 3, 1, 2]}, "to_nchw") if nhwc else xs[0]
+        y = b.op("Conv", [x, b.weight("w0", W(rng, 8, 3, 3, 3, scale=0.5)), b.weight("b0", W(rng, 8))],
+                 {"kernel_shape": [3, 3], "pads": [1] * 4, "strides": [2, 2]}, "c0")
+        y = b.op("Sigmoid", [y], {}, "s0")
+        return b.op("Conv", [y, b.weight("w1", W(rng, 4, 8, 1, 1)), b.none()], {"kernel_shape": [1, 1]}, "c1")
+
+    model = make_model({"x": shape}, body)
+    assert input_convs(model) == {"c0"}
+    assert reach(InputConvs({"c0"})) == (False, frozenset({"c0"}))
+    inputs = feeds({"x": shape}, 5)
+    table = table_for(model, inputs, 5)
+    ref = TopInterpreter(model).run(inputs)[model.output_names[0]]
+    got = {}
+    for links in (True, InputConvs({"c0"})):
+        tm, report = lower(model, "npu1", "INT8", table, wide_links=links)
+        tm.verify()
+        two = sorted(d.name for d in report.decisions if d.reason == TWO_PASSES)
+        assert two == ([] if links is True else ["c0"])
+        assert [op.name for op in tm.ops if op.name == "tpu.Lut"] == ["tpu.Lut"] * 1
+        assert R.check_model(tm, TpuInterpreter(tm).run(inputs, dump_all=True)).get("tpu.Conv", 0) == 2
+        got[links is True] = _sqnr(ref, TpuInterpreter(tm).run(inputs)[model.output_names[0]])
+    assert got[False] > got[True], got

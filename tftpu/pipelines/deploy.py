@@ -26,6 +26,7 @@ from tftpu.interp.top_interpreter import TopInterpreter
 from tftpu.interp.tpu import TpuInterpreter
 from tftpu.ir import top
 from tftpu.ir.base import value_name
+from tftpu.quant.links import InputConvs, input_convs
 from tftpu.quant.refit import INPUT_BUDGET as REFIT_INPUTS
 from tftpu.transforms.lowering.decode_tail import decode_tail
 from tftpu.pipelines.equalization import check_equalize, equalize_step
@@ -40,6 +41,11 @@ DEFAULT_TOLERANCE = {"F32": (0.99, 0.99), "F16": (0.95, 0.85), "BF16": (0.95, 0.
 # under wide_links="auto", dense convs read 16-bit links while the program stays within this much
 # latency of the one with 8-bit conv inputs
 CONV_LINKS_LATENCY = 1.10
+# the convs reading a model input read it on 16 bits where that keeps the all-INT8 program's
+# estimated latency within this multiple (a stem of few channels on a large image pays little)
+INPUT_LINKS_LATENCY = 1.03
+# ... or up to the float ops' latency budget where all INT8 misses the target and they lift it this many dB
+INPUT_LINKS_GAIN = 1.0
 _LOG = logging.getLogger("tftpu.deploy")
 # after the refit, the last quarter of the search's float ops (in its ranking) is tried back in
 # INT8 (one more build). Measured on the detectors (benchmarks/detectors.py, see quantize.md):
@@ -366,12 +372,26 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
         return _Judge(top_model, pool, references())
 
     int8_known = (None, None)      # (worst figures as the search judges, latency) of all INT8, 8-bit conv inputs
+    inputs_note = base_plain = None
+    if wide_links == "auto" and mode == "INT8" and table is not None:
+        t1 = time.perf_counter()
+        need = parse_target(mixed_precision or AUTO_TARGET)[1]
+        links, inputs_note, eight_us, inputs_us, base_plain = _input_links(
+            top_model, the_chip, table, qtable, asymmetric, float_tail, mixed_precision_latency or LATENCY_BUDGET,
+            the_judge() if pool else None, need)
+        if isinstance(links, InputConvs):        # their price counts against the float ops' budget
+            int8_us = eight_us
+            if float_latency is not None:
+                float_latency = max(1.0, float_latency * eight_us / inputs_us)
+        seconds["input links"] = time.perf_counter() - t1
+    base_links = links                           # the default links, the model input's where they are taken
+    base_latency = float_latency                 # what the float ops may cost on top of them
 
     if wide_links == "auto" and conv_links and mode == "INT8" and table is not None and pool:
         t1 = time.perf_counter()
         need = parse_target(mixed_precision or AUTO_TARGET)[1]
-        plain = lower(top_model, the_chip, mode, table, qtable=qtable, asymmetric=asymmetric, wide_links=True,
-                      float_tail=float_tail)
+        plain = base_plain or lower(top_model, the_chip, mode, table, qtable=qtable, asymmetric=asymmetric,
+                                    wide_links=links, float_tail=float_tail)
         reached = min(the_judge()(plain[0]))
         if rounded is None:                       # the search's own all-INT8 program with these links
             int8_known = (the_judge().worst(plain[0], inputs is not None), None)
@@ -379,13 +399,16 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
             priced = f"dense convs read 8 bits: all INT8 reaches {reached:.1f} dB (target {need:g} dB)"
         else:
             limit = min(CONV_LINKS_LATENCY, mixed_precision_latency or CONV_LINKS_LATENCY)
-            links, priced, int8_us, links_us = _conv_links(top_model, the_chip, table, qtable, asymmetric,
-                                                            float_tail, limit, pool[0], plain,
-                                                            (references().dumps(1) or [None])[0])
+            if isinstance(base_links, InputConvs):      # (against the program with an 8-bit input too)
+                limit *= eight_us / inputs_us
+            links, priced, plain_us, links_us = _conv_links(top_model, the_chip, table, qtable, asymmetric,
+                                                             float_tail, limit, pool[0], plain,
+                                                             (references().dumps(1) or [None])[0], base_links)
             if float_latency is not None and links_us:
-                float_latency = max(1.0, float_latency * int8_us / links_us)
-            if rounded is None and int8_us is not None:
-                int8_known = (int8_known[0], int8_us)
+                float_latency = max(1.0, float_latency * plain_us / links_us)
+            if rounded is None and plain_us is not None:
+                int8_known = (int8_known[0], plain_us)
+            int8_us = int8_us or plain_us
         seconds["conv links"] = time.perf_counter() - t1
     search = None
     rival = None                                 # the isolated ranking's result, built and judged below
@@ -403,19 +426,19 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
                                           latency_budget=latency_budget,
                                           latency=lambda m: _profile(m, the_chip).latency_us,
                                           judge_first=inputs is not None, references=references(),
-                                          int8_known=int8_known if links is True else (None, None))
+                                          int8_known=int8_known if links is base_links else (None, None))
         search = search_by(mixed_precision_ranking)
-        if wide_links == "auto" and links not in (True, False) and not search.met:
+        if wide_links == "auto" and links is not base_links and not search.met:
             # the dense convs' 16-bit inputs took latency the float ops may need (measured: PP-OCRv6
             # met the target without them, not with them): the search once more with 8-bit conv
             # inputs and the whole latency budget, the one that reaches more kept
-            eight = search_by(mixed_precision_ranking, True, mixed_precision_latency)
+            eight = search_by(mixed_precision_ranking, base_links, base_latency)
             taken = eight.reached[1] > search.reached[1]
             priced += (f"; the float ops then reach {search.reached[1]:.2f} dB (worst part), with 8-bit conv "
                        f"inputs and the whole latency budget {eight.reached[1]:.2f} dB: "
                        + ("8-bit conv inputs kept" if taken else "16-bit inputs kept"))
             if taken:
-                links, search, float_latency = True, eight, mixed_precision_latency
+                links, search, float_latency = base_links, eight, base_latency
         # under auto, the gain ranking's float set is weighed against the isolated ranking's on the
         # weights finally lowered (after the refit, which the search does not see); the better is kept
         if mixed_precision_ranking == "auto" and search.ranking == "gain" and search.kept and inputs is not None:
@@ -435,16 +458,19 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
 
     # under "auto", the program is also built with interpolated tables where they change a grid (of
     # the float set chosen, or of all INT8 where the search kept float ops)
-    trying_tables = wide_links == "auto" and links is True and mode == "INT8" and table is not None and (
+    trying_tables = wide_links == "auto" and links is base_links and mode == "INT8" and table is not None and (
         interpolates(qtable) or search is not None and bool(search.kept) and interpolates(given_qtable))
     if inputs is not None and (rounded is not None or correcting or search is not None and search.kept
                                or trying_tables):
         judge = the_judge()                                    # what verify judges
 
-    def build(q, notes_of_rounding, links=links):
+    settled: list = []     # (refit, kept) the first build chose, which the trials after it take as given
+
+    def build(q, notes_of_rounding, links=links, given=None):
         """(TPU model, lowering, weights lowered, bias-correction report) for quantize table `q`:
         the rounded and bias-corrected (or refit) weights, kept only where the outputs verify
-        judges do not lose; a refit gives way to plain bias correction where that does better."""
+        judges do not lose; a refit gives way to plain bias correction where that does better.
+        `given` (refit, kept): that correction, neither weighed against the other nor judged."""
         plain: list = []
 
         def attempt(refit_now: bool):
@@ -457,7 +483,7 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
             if rounded is not None:
                 from tftpu.quant.weight_rounding import restore_weights
                 lowered = restore_weights(rounded, top_model, float_ops)
-            if correcting:       # a refit fits the convs to the INT8 inputs they get with these float ops
+            if correcting and (given is None or given[1]):  # a refit fits the convs to their INT8 inputs
                 from tftpu.quant.bias_correction import INPUT_BUDGET, correct_biases
                 t1 = time.perf_counter()
                 lowered, corrected = correct_biases(lowered, table, samples or [inputs], asymmetric=asymmetric,
@@ -472,7 +498,9 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
             tpu_model.verify()
             seconds["lower"] = seconds.get("lower", 0.0) + time.perf_counter() - t1
             reports = [r for r in (notes_of_rounding, corrected) if r is not None]
-            if reports and judge is not None:
+            if given is not None and corrected is not None:
+                corrected.check = "kept: the correction the first float set lowered took (not judged again)"
+            elif reports and judge is not None:
                 t1 = time.perf_counter()
                 if not plain:
                     plain.append(lower(top_model, the_chip, mode, table, qtable=q, asymmetric=asymmetric,
@@ -483,19 +511,25 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
                 seconds["keep check"] = seconds.get("keep check", 0.0) + time.perf_counter() - t1
             return tpu_model, lowering, lowered, corrected
 
+        if given is not None:
+            return attempt(given[0])
         built = attempt(refitting)
         if refitting and bias_correction and judge is not None:
             other = attempt(False)           # plain bias correction: where it does better, it is lowered
             if other[3].kept and (not built[3].kept or min(judge(other[0])) > min(judge(built[0]))):
                 other[3].check += f" (weight refit {built[3].check})"
                 built = other
+        if built[3] is not None and rounded is None and not settled:
+            settled.append((bool(built[3].refit), built[3].kept))
         return built
 
     def trial(q, links=links):
         """build(q) with its own copy of the rounding report (which the guard writes its verdict
-        on), for a float set weighed against the one built"""
+        on), for a float set weighed against the one built: with the correction that one took
+        (the trials differ by a few ops; each correction's own choice and check cost as much as
+        the search)"""
         notes = dataclasses.replace(rounding) if rounding is not None else None
-        return build(q, notes, links), notes
+        return build(q, notes, links, settled[0] if settled else None), notes
 
     tpu_model, lowering, lowered, corrected = build(qtable, rounding)
     if rival is not None:                        # judge is set: the search kept ops, given a test input
@@ -544,8 +578,9 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
         # ops were chosen without it: the program is built with it too, and the better kept
         t1 = time.perf_counter()
         taken, tables = False, "activation tables interpolated from 16-bit conv outputs"
+        with_tables = frozenset(links) if isinstance(links, InputConvs) else "tables"   # (a set: with the tables)
         if interpolates(qtable):
-            other, other_rounding = trial(qtable, "tables")
+            other, other_rounding = trial(qtable, with_tables)
             mine, theirs = judge(tpu_model), judge(other[0])
             taken = min(theirs) > min(mine)
             tables += (f": judged {min(theirs):.2f} dB on the weights lowered against {min(mine):.2f} dB, "
@@ -554,15 +589,15 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
             tables += ": they change no grid of the float set kept"
         if taken:
             tpu_model, lowering, lowered, corrected = other
-            rounding, links = other_rounding, "tables"
+            rounding, links = other_rounding, with_tables
             pure = None                          # the all-INT8 program below is lowered with them too
         if search is not None and search.kept and interpolates(given_qtable):
             # all INT8 with the tables may beat the float ops
-            other, other_rounding = trial(given_qtable, "tables")
+            other, other_rounding = trial(given_qtable, with_tables)
             undone = _float_ops_fail(judge(tpu_model), judge(other[0]), target)
             if undone is not None:
                 tpu_model, lowering, lowered, corrected = other
-                rounding, links, pure = other_rounding, "tables", other[:2]
+                rounding, links, pure = other_rounding, with_tables, other[:2]
                 search = dataclasses.replace(search, qtable=dict(given_qtable or {}), kept=[], undone=undone)
                 qtable = search.qtable
                 tables += f"; all INT8 with them: {min(judge(tpu_model)):.2f} dB, taken"
@@ -605,7 +640,8 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
         search.latency_ratio = prof.latency_us / all_int8_us if all_int8_us > 0 else 1.0
     result = DeployResult(tpu_model, lowering, tol, search=search, memory=memory, cycles=cycles, s2d=stem,
                           program=program, profile=prof, bias_correction=corrected, weight_rounding=rounding,
-                          tables=tables, conv_links=priced, wide_links=links, int8_latency_us=int8_us,
+                          tables=tables,
+                          conv_links="; ".join(n for n in (inputs_note, priced) if n) or None, wide_links=links, int8_latency_us=int8_us,
                           equalize=equalized.line if equalized is not None else None)
     if inputs is not None:
         t1 = time.perf_counter()
@@ -662,14 +698,57 @@ def _deploy_each(call: dict, top_model, table) -> DeployResult:
     return result
 
 
+def _input_links(top_model, chip, table, qtable, asymmetric, float_tail: bool, budget: float, judge, need: float):
+    """(links, note, latency with an 8-bit input, latency with the links, the all-INT8 lowering with
+    the links taken or None): `InputConvs` of the convs reading a model input where their 16-bit
+    reads (two INT8 passes) keep the all-INT8 program's estimated latency within
+    `INPUT_LINKS_LATENCY`; or within `budget` where all INT8 misses `need` dB by `judge` and they
+    lift it by `INPUT_LINKS_GAIN` dB, with the interpolated tables or without (a detector whose
+    output turns on the image's least differences: PP-OCRv4's text map); else True."""
+    from tftpu.transforms.lowering import lower
+    from tftpu.transforms.lowering.lower import TWO_PASSES
+
+    names = input_convs(top_model)
+    none = True, None, None, None, None
+    if not names:
+        return none
+    built = {links: lower(top_model, chip, "INT8", table, qtable=qtable, asymmetric=asymmetric, wide_links=links,
+                          float_tail=float_tail) for links in (True, InputConvs(names))}
+    taken = {d.name for d in built[InputConvs(names)][1].decisions if d.reason == TWO_PASSES} & names
+    if not taken:                               # (a conv kept in float, or one that cannot read them)
+        return none[:4] + (built[True],)
+    us = {k: _profile(m, chip).latency_us for k, (m, _) in built.items()}
+    ratio = us[InputConvs(names)] / max(us[True], 1e-9)
+    why = f"limit {INPUT_LINKS_LATENCY:.2f}x"
+    if ratio > INPUT_LINKS_LATENCY:
+        if judge is None or ratio > budget:
+            return none[:4] + (built[True],)
+        eight, wide = min(judge(built[True][0])), min(judge(built[InputConvs(names)][0]))
+        if eight >= need:
+            return none[:4] + (built[True],)
+        with_tables = ""
+        if wide < eight + INPUT_LINKS_GAIN:     # (measured: PP-OCRv4's input counts only once its tables interpolate)
+            tabled = [min(judge(lower(top_model, chip, "INT8", table, qtable=qtable, asymmetric=asymmetric,
+                                      wide_links=links, float_tail=float_tail)[0]))
+                      for links in ("tables", frozenset(names))]
+            if tabled[1] < tabled[0] + INPUT_LINKS_GAIN:
+                return none[:4] + (built[True],)
+            (eight, wide), with_tables = tabled, " with interpolated tables"
+        why = (f"all INT8{with_tables} {eight:.1f} -> {wide:.1f} dB, below the {need:g} dB target, within the "
+               f"{budget:.2f}x latency budget")
+    note = (f"the model input read on 16 bits by {len(taken)} conv{'s' if len(taken) > 1 else ''} "
+            f"(two INT8 passes): estimated latency {ratio:.3f}x the 8-bit input's ({why})")
+    return InputConvs(taken), note, us[True], us[InputConvs(names)], built[InputConvs(names)]
+
+
 def _conv_links(top_model, chip, table, qtable, asymmetric, float_tail: bool, limit: float, sample: dict,
-                plain: tuple, dump: dict | None = None) -> tuple:
+                plain: tuple, dump: dict | None = None, base=True) -> tuple:
     """(links, note, latency with 8-bit conv inputs, latency with the links): the dense convs that
     read their data on 16 bits (two INT8 passes; with the interpolated tables), the most noise
     spared per cycle first (the noise each conv's 8-bit input adds to its output on `sample`,
     `tftpu.quant.links.input_rounding_noise`, over the conv's own extra cycles in the program with
     every conv so), as many as keep the all-INT8 program's estimated latency within `limit` times
-    the one with the default links (`plain`: that lowering, done; True where none fits). A conv
+    the one with the default links `base` (`plain`: that lowering, done; `base` where none fits). A conv
     that waits on DDR pays little for it; one that keeps the matrix unit busy runs at half speed.
     `dump`: TOP's every tensor on `sample`, where already run."""
     from tftpu.backend.cycles import estimate
@@ -684,24 +763,25 @@ def _conv_links(top_model, chip, table, qtable, asymmetric, float_tail: bool, li
     def two_passes(report) -> set:
         return {d.name for d in report.decisions if d.reason == TWO_PASSES}
 
-    (base, base_report), (every, every_report) = plain, build("convs")
+    stems = frozenset() if base is True else frozenset(base)      # (the model input's convs, read wide already)
+    (base_model, base_report), (every, every_report) = plain, build("convs")
     convs = two_passes(every_report) - two_passes(base_report)
     if not convs:
-        return True, None, None, None
+        return base, None, None, None
     extra: dict[str, int] = dict.fromkeys(convs, 0)
-    before = {o.name: o.cycles for o in estimate(base, chip).ops}
+    before = {o.name: o.cycles for o in estimate(base_model, chip).ops}
     for o in estimate(every, chip).ops:        # a conv writing a model output is renamed <name>_<dtype>
         name = o.name if o.name in extra else o.name.rsplit("_", 1)[0]
         if name in extra and o.type == "tpu.Conv":
             extra[name] += o.cycles - before.get(o.name, 0)
     noise = input_rounding_noise(top_model, table, asymmetric, sample, convs, dump)
     order = sorted(convs, key=lambda n: (-noise.get(n, 0.0) / max(extra[n], 1), extra[n], n))
-    us = {0: _profile(base, chip).latency_us, len(order): _profile(every, chip).latency_us}
+    us = {0: _profile(base_model, chip).latency_us, len(order): _profile(every, chip).latency_us}
     most = us[0] * limit
 
     def latency(k: int) -> float:
         if k not in us:
-            us[k] = _profile(build(frozenset(order[:k]))[0], chip).latency_us
+            us[k] = _profile(build(frozenset(order[:k]) | stems)[0], chip).latency_us
         return us[k]
 
     lo, hi = 0, len(order)                      # the most convs that fit: latency(lo) fits
@@ -711,10 +791,10 @@ def _conv_links(top_model, chip, table, qtable, asymmetric, float_tail: bool, li
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if latency(mid) <= most else (lo, mid)
     if lo == 0:                                 # (the bisection has priced the first alone)
-        return True, (f"no dense conv reads 16 bits: the first of {len(order)} in the order (the most noise "
+        return base, (f"no dense conv reads 16 bits: the first of {len(order)} in the order (the most noise "
                       f"spared per cycle) alone takes the estimated latency to {us[1]:,.1f} us against "
                       f"{us[0]:,.1f} us ({us[1] / max(us[0], 1e-9):.2f}x; limit {limit:.2f}x)"), us[0], us[0]
-    links = "convs" if lo == len(order) else frozenset(order[:lo])
+    links = "convs" if lo == len(order) else frozenset(order[:lo]) | stems
     return links, (f"16-bit inputs to {lo} of {len(order)} dense convs (two INT8 passes; "
                    "the most noise spared per cycle first): "
                    f"estimated latency {us[lo]:,.1f} us against {us[0]:,.1f} us ({us[lo] / max(us[0], 1e-9):.2f}x; "

@@ -11,6 +11,7 @@ import json
 import math
 from pathlib import Path
 
+from tftpu.quant.links import InputConvs
 from tftpu.transforms.lowering.search import KEPT_FIGURES, lowered_text
 from tftpu.utils.files import write_text
 
@@ -69,7 +70,8 @@ def report_data(result) -> dict:
     if result.search is not None:
         data["mixed_precision"] = result.search.as_dict()
     links = result.wide_links               # a set of conv names reading 16 bits: listed
-    data["wide_links"] = sorted(links) if isinstance(links, (set, frozenset)) else links
+    data["wide_links"] = {"input_convs": sorted(links)} if isinstance(links, InputConvs) else \
+        sorted(links) if isinstance(links, (set, frozenset)) else links
     if result.tables:
         data["interpolated_tables"] = result.tables
     if result.conv_links:
