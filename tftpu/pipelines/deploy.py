@@ -257,7 +257,10 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     smooth activation tables
     read (SiLU, HardSwish, GELU, ...) as well, each table interpolating 513 knots from 16 bits;
     "convs": with the tables, every conv reads its data on 16 bits (W8A16, two INT8 passes);
-    "auto": where all INT8 misses the target (`mixed_precision`'s, else 0.99 / 20 dB) on the test
+    "auto": the convs reading a model input read it on 16 bits where that keeps the all-INT8
+    latency within `INPUT_LINKS_LATENCY`, or lifts a missed target by `INPUT_LINKS_GAIN` dB within
+    the latency budget (`_input_links`; their price counts against the float ops'); and
+    where all INT8 misses the target (`mixed_precision`'s, else 0.99 / 20 dB) on the test
     input and samples, the dense convs reading 16 bits too, the most noise spared per cycle
     first, as many as keep the all-INT8 program's estimated latency within `CONV_LINKS_LATENCY`
     (or `mixed_precision_latency`, if lower) of the one with 8-bit conv inputs
