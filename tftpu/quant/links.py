@@ -37,7 +37,8 @@ from tftpu.ir import top
 from tftpu.ir.base import value_name
 from tftpu.quant import params as P
 
-__all__ = ["wide_grids", "reach", "InputConvs", "input_convs", "input_rounding_noise", "reads_wide", "int8_reads_wide", "reads_link",
+__all__ = ["wide_grids", "reach", "InputConvs", "input_convs", "input_rounding_noise", "reads_wide", "int8_reads_wide",
+           "reads_link",
            "is_depthwise", "WIDE_PRODUCERS",
            "WIDE_READERS", "INTERPOLATED", "MAX_TAPS", "PASS_THROUGH", "LOOKUP_TABLES", "I16_MAX", "HEADROOM"]
 
