@@ -475,7 +475,7 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
         """(TPU model, lowering, weights lowered, bias-correction report) for quantize table `q`:
         the rounded and bias-corrected (or refit) weights, kept only where the outputs verify
         judges do not lose; a refit gives way to plain bias correction where that does better.
-        `given` (refit, kept): that correction, neither weighed against the other nor judged."""
+        `given` (refit, kept, check): that correction, neither weighed against the other nor judged."""
         plain: list = []
 
         def attempt(refit_now: bool):
@@ -504,7 +504,7 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
             seconds["lower"] = seconds.get("lower", 0.0) + time.perf_counter() - t1
             reports = [r for r in (notes_of_rounding, corrected) if r is not None]
             if given is not None and corrected is not None:
-                corrected.check = "kept: the correction the first float set lowered took (not judged again)"
+                corrected.check = f"{given[2]} (the first float set's check; this one not judged again)"
             elif reports and judge is not None:
                 t1 = time.perf_counter()
                 if not plain:
@@ -525,7 +525,7 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
                 other[3].check += f" (weight refit {built[3].check})"
                 built = other
         if built[3] is not None and rounded is None and not settled:
-            settled.append((bool(built[3].refit), built[3].kept))
+            settled.append((bool(built[3].refit), built[3].kept, built[3].check))
         return built
 
     def trial(q, links=links):
@@ -587,9 +587,12 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
         if interpolates(qtable):
             other, other_rounding = trial(qtable, with_tables)
             mine, theirs = judge(tpu_model), judge(other[0])
-            taken = min(theirs) > min(mine)
+            # (within the latency budget, where the 8-bit program's latency is known: tables cost DMA)
+            over = not (int8_us is None or mixed_precision_latency is None or search is None or not search.kept
+                        or _profile(other[0], the_chip).latency_us <= mixed_precision_latency * int8_us * (1 + 1e-9))
+            taken = min(theirs) > min(mine) and not over
             tables += (f": judged {min(theirs):.2f} dB on the weights lowered against {min(mine):.2f} dB, "
-                       + ("taken" if taken else "not taken"))
+                       + ("taken" if taken else "not taken" + (" (over the latency budget)" if over else "")))
         else:
             tables += ": they change no grid of the float set kept"
         if taken:
