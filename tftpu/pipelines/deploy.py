@@ -378,9 +378,9 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
 
     int8_known = (None, None)      # (worst figures as the search judges, latency) of all INT8, 8-bit conv inputs
     inputs_note = base_plain = None
+    need = parse_target(mixed_precision or AUTO_TARGET)[1]      # (the SQNR target the links are priced for)
     if wide_links == "auto" and mode == "INT8" and table is not None:
         t1 = time.perf_counter()
-        need = parse_target(mixed_precision or AUTO_TARGET)[1]
         links, inputs_note, eight_us, inputs_us, base_plain = _input_links(
             top_model, the_chip, table, qtable, asymmetric, float_tail, mixed_precision_latency or LATENCY_BUDGET,
             the_judge() if pool else None, need, searching=bool(mixed_precision))
@@ -394,7 +394,6 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
 
     if wide_links == "auto" and conv_links and mode == "INT8" and table is not None and pool:
         t1 = time.perf_counter()
-        need = parse_target(mixed_precision or AUTO_TARGET)[1]
         plain = base_plain or lower(top_model, the_chip, mode, table, qtable=qtable, asymmetric=asymmetric,
                                     wide_links=links, float_tail=float_tail)
         reached = min(the_judge()(plain[0]))
@@ -469,7 +468,7 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
                                or trying_tables):
         judge = the_judge()                                    # what verify judges
 
-    settled: list = []     # (refit, kept) the first build chose, which the trials after it take as given
+    settled: list = []     # (refit, kept, check) of the first build's correction, which the trials take as given
 
     def build(q, notes_of_rounding, links=links, given=None):
         """(TPU model, lowering, weights lowered, bias-correction report) for quantize table `q`:
