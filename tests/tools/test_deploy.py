@@ -539,6 +539,30 @@ def test_removal_gains_carry_an_ops_own_rounding_to_the_outputs(cnn_case):
     got = np.concatenate([TopInterpreter(rounded).run(s, observe=on_grid)["prob"].ravel() for s in samples[:2]])
     assert gains["o"] == pytest.approx(sqnr(want, got), abs=1e-3)
 
+def test_input_rounding_effects_carry_a_convs_8_bit_input_to_the_outputs():
+    """The conv links' measure: per conv, the outputs' noise (over their power) with only that
+    conv's input on its calibrated 8-bit grid, the float model after it; a full run with that
+    tensor so rounded (read by that conv alone) gives the same."""
+    from tftpu.interp.similarity import sqnr
+    from tftpu.interp.top_interpreter import TopInterpreter
+    from tftpu.quant import params as P
+    from tftpu.quant.bias_correction import _fake_quant
+    from tftpu.transforms.lowering.search import input_rounding_effects
+
+    model = conv_net([(16, 3), (16, 3), (4, 1)], 3, 16)
+    samples = samples_for(model, n=3)
+    table = quant.calibrate(model, samples, "mse")
+    names = {"c0", "c1", "c2"}
+    effects = input_rounding_effects(model, table, False, samples[0], names)
+    assert set(effects) == names and all(0 < v < 1 for v in effects.values())
+    reads = {"c0": "x", "c1": "c0", "c2": "c1"}
+    want = TopInterpreter(model).run(samples[0])[model.output_names[0]]
+    for conv, tensor in reads.items():
+        grid = P.activation(*table.entries[tensor][:3], asymmetric=False)
+        got = TopInterpreter(model).run(samples[0], observe=lambda n, a: _fake_quant(a, grid) if n == tensor else a)
+        assert effects[conv] == pytest.approx(10 ** (-sqnr(want, got[model.output_names[0]]) / 10), rel=1e-3)
+
+
 def test_error_drops_find_where_the_noise_appears(cnn_case):
     """The effect ranking's measure: an op's loss against its inputs, 0 for an exact op, the
     noise it adds roughly additive (linear, not dB), and nothing charged for a folded tensor."""

@@ -263,9 +263,9 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     latency within `INPUT_LINKS_LATENCY`, or lifts a missed target by `INPUT_LINKS_GAIN` dB within
     the latency budget (`_input_links`; their price counts against the float ops'); and
     where all INT8 misses the target (`mixed_precision`'s, else 0.99 / 20 dB) on the test
-    input and samples, the dense convs reading 16 bits too, the most noise spared per cycle
-    first, as many as keep the all-INT8 program's estimated latency within `CONV_LINKS_LATENCY`
-    (or `mixed_precision_latency`, if lower) of the one with 8-bit conv inputs
+    input and samples, the dense convs reading 16 bits too, the most noise spared at the outputs
+    per cycle first, as many as keep the all-INT8 program's estimated latency within
+    `CONV_LINKS_LATENCY` (or `mixed_precision_latency`, if lower) of the one with 8-bit conv inputs
     (`result.conv_links` says; `conv_links=False`: none), the float ops then held to what is left
     of `mixed_precision_latency` (their ratio and `result.int8_latency_us` are against the
     program with 8-bit conv inputs); where the search then misses the target, it runs once more
@@ -754,20 +754,34 @@ def _input_links(top_model, chip, table, qtable, asymmetric, float_tail: bool, b
     return InputConvs(taken), note, us[True], us[InputConvs(names)], built[InputConvs(names)]
 
 
+# the conv links are ranked by their inputs' noise carried to the outputs where that costs at
+# most this many FLOPs (each conv's rerun of the ops after it, on the test input), else by the
+# noise at each conv's output. Measured (`benchmarks/detectors.py`, held-out photo, worst part,
+# default / pure INT8): face full range 21.6 / 22.3 -> 26.2 / 24.4 dB, palm lite 20.7 / 18.4 ->
+# 20.9 / 19.7, palm full 17.6 / 13.7 -> 18.0 / 14.6, pose 22.9 / 17.0 -> 26.0 / 17.7, YOLOv8n
+# 29.2 / 27.2 -> 27.7 / 27.7 (5-58 GFLOP); PP-OCRv6's text detector
+# (250 GFLOP) 20.3 / 19.4 -> 21.4 / 18.3, but its calibration and search 40 -> 72 s (beside a CI
+# run), past the 60 s a 640x640 detector's may take
+LINK_EFFECT_WORK = 1e11
+
+
 def _conv_links(top_model, chip, table, qtable, asymmetric, float_tail: bool, limit: float, sample: dict,
                 plain: tuple, dump: dict | None = None, base=True) -> tuple:
     """(links, note, latency with 8-bit conv inputs, latency with the links): the dense convs that
     read their data on 16 bits (two INT8 passes; with the interpolated tables), the most noise
-    spared per cycle first (the noise each conv's 8-bit input adds to its output on `sample`,
-    `tftpu.quant.links.input_rounding_noise`, over the conv's own extra cycles in the program with
-    every conv so), as many as keep the all-INT8 program's estimated latency within `limit` times
-    the one with the default links `base` (`plain`: that lowering, done; `base` where none fits). A conv
-    that waits on DDR pays little for it; one that keeps the matrix unit busy runs at half speed.
+    spared per cycle first (the noise each conv's 8-bit input alone adds at the outputs on
+    `sample`, `search.input_rounding_effects`, or where carrying it there costs more than
+    `LINK_EFFECT_WORK`, at the conv's own output, `tftpu.quant.links.input_rounding_noise`; over
+    the conv's own extra cycles in the program with every conv so), as many as keep the all-INT8
+    program's estimated latency within `limit` times the one with the default links `base`
+    (`plain`: that lowering, done; `base` where none fits). A conv that waits on DDR pays little
+    for it; one that keeps the matrix unit busy runs at half speed.
     `dump`: TOP's every tensor on `sample`, where already run."""
     from tftpu.backend.cycles import estimate
     from tftpu.quant.links import input_rounding_noise
     from tftpu.transforms.lowering import lower
     from tftpu.transforms.lowering.lower import TWO_PASSES
+    from tftpu.transforms.lowering.search import carrying_work, input_rounding_effects
 
     def build(links):
         return lower(top_model, chip, "INT8", table, qtable=qtable, asymmetric=asymmetric, wide_links=links,
@@ -787,7 +801,10 @@ def _conv_links(top_model, chip, table, qtable, asymmetric, float_tail: bool, li
         name = o.name if o.name in extra else o.name.rsplit("_", 1)[0]
         if name in extra and o.type == "tpu.Conv":
             extra[name] += o.cycles - before.get(o.name, 0)
-    noise = input_rounding_noise(top_model, table, asymmetric, sample, convs, dump)
+    if carrying_work(top_model, convs, samples=1) <= LINK_EFFECT_WORK:
+        noise, spared = input_rounding_effects(top_model, table, asymmetric, sample, convs, dump), "at the outputs"
+    else:
+        noise, spared = input_rounding_noise(top_model, table, asymmetric, sample, convs, dump), "at the conv"
     order = sorted(convs, key=lambda n: (-noise.get(n, 0.0) / max(extra[n], 1), extra[n], n))
     us = {0: _profile(base_model, chip).latency_us, len(order): _profile(every, chip).latency_us}
     most = us[0] * limit
@@ -805,11 +822,11 @@ def _conv_links(top_model, chip, table, qtable, asymmetric, float_tail: bool, li
         lo, hi = (mid, hi) if latency(mid) <= most else (lo, mid)
     if lo == 0:                                 # (the bisection has priced the first alone)
         return base, (f"no dense conv reads 16 bits: the first of {len(order)} in the order (the most noise "
-                      f"spared per cycle) alone takes the estimated latency to {us[1]:,.1f} us against "
+                      f"spared {spared} per cycle) alone takes the estimated latency to {us[1]:,.1f} us against "
                       f"{us[0]:,.1f} us ({us[1] / max(us[0], 1e-9):.2f}x; limit {limit:.2f}x)"), us[0], us[0]
     links = "convs" if lo == len(order) else frozenset(order[:lo]) | stems
     return links, (f"16-bit inputs to {lo} of {len(order)} dense convs (two INT8 passes; "
-                   "the most noise spared per cycle first): "
+                   f"the most noise spared {spared} per cycle first): "
                    f"estimated latency {us[lo]:,.1f} us against {us[0]:,.1f} us ({us[lo] / max(us[0], 1e-9):.2f}x; "
                    f"limit {limit:.2f}x)"), us[0], us[lo]
 

@@ -410,6 +410,39 @@ def removal_gains(top_model, tpu_model, samples: list[dict], names: set, floor: 
     return gains
 
 
+def input_rounding_effects(top_model, table, asymmetric, sample: dict, names: set,
+                           dump: dict | None = None) -> dict[str, float]:
+    """Per conv named in `names` (a calibrated input, constant weights): the noise its input's
+    8-bit rounding alone adds at the outputs, over their power (`10 ** (-SQNR / 10)` of the worst
+    output or part on `sample`): the conv computed from its input rounded to its calibrated grid,
+    the float model after it rerun from TOP's tensors (`dump`, run where not given). Unlike the
+    noise at the conv's own output (`tftpu.quant.links.input_rounding_noise`), it weighs what the
+    network does with it: an early depthwise block's pointwise conv whose noise the backbone
+    carries to every output."""
+    from tftpu.quant import params as P
+    from tftpu.quant.bias_correction import _fake_quant
+
+    interp = TopInterpreter(top_model)
+    ref = dump if dump is not None else interp.run(sample, dump_all=True)
+    parts = [spec for specs in output_parts(top_model).values() for spec in specs]
+    effects: dict[str, float] = {}
+    for kernel, ins, outs, attrs, _, loc in interp.steps:
+        if loc not in names or ins[1] not in interp.consts:
+            continue
+        x = interp.names[ins[0]]
+        entry = table.entries.get(x)
+        if entry is None or ref[x].dtype.kind != "f":
+            continue
+        args = [None if s is None else interp.consts[s] if s in interp.consts else ref[interp.names[s]] for s in ins]
+        args[0] = _fake_quant(ref[x], P.activation(*entry[:3], asymmetric=asymmetric))
+        changed = {interp.names[s]: np.asarray(r).astype(ref[interp.names[s]].dtype, copy=False)
+                   for s, r in zip(outs, kernel(args, attrs))}
+        pairs = output_pairs(top_model, parts, ref, {**ref, **interp.rerun(ref, changed)})
+        db = worst_figures(judge_runs([pairs], 0.0))[1]
+        effects[loc] = 10.0 ** (-min(db, _CAP) / 10.0)
+    return effects
+
+
 RANKINGS = ("auto", "effect", "isolated", "alone", "gain")
 # "auto" ranks by `removal_gains` where carrying every op's rounding to the outputs costs at most
 # this many FLOPs over the ranking's samples, by `isolated_errors` above it. Measured with
