@@ -198,7 +198,7 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None,
             test_input=None, input_shapes=None, space_to_depth: bool = True, asymmetric: bool | str = "auto",
             mixed_precision: str | None = "auto", quantize_table=None, tolerance=None,
             bias_correction: bool = True, weight_rounding: bool = True, weight_refit: bool = True,
-            mixed_precision_budget: float | None = FLOAT_BUDGET, mixed_precision_latency: float | None = LATENCY_BUDGET,
+            refit_rounding: str = "auto", mixed_precision_budget: float | None = FLOAT_BUDGET, mixed_precision_latency: float | None = LATENCY_BUDGET,
             wide_links: bool | str = "auto", float_tail: bool = True, equalize: bool | str = "auto",
             log=None) -> CompiledModel:
     """Compile `model` (an ONNX path or ModelProto, a Keras model or file, a SavedModel
@@ -232,7 +232,9 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None,
     bias refit, by ridge-regularized least squares, from the simulated INT8 inputs it gets with
     the float ops chosen to its float output (`tftpu.quant.refit`: AdaQuant's layer-wise fit in
     closed form; a conv kept in float likewise, its weights staying float), kept on the same
-    condition. `mixed_precision_budget`: the most of the model's FLOPs the mixed-precision
+    condition. `refit_rounding` (with `weight_refit`): "nearest", "gptq" (the refit weights
+    rounded with GPTQ's error feedback, the bias taking back the rounding's mean) or "auto" (both
+    built, the better on the test input and samples kept). `mixed_precision_budget`: the most of the model's FLOPs the mixed-precision
     search may keep in float (5% by default: an INT8 program stays INT8;
     None or 1: as many as the target needs); where the target needs more, the search keeps what
     fits and reports the target missed. `mixed_precision_latency`: the most the float ops may
@@ -307,7 +309,7 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None,
             quantize_table=quantize_table, test_input=check, tolerance=tolerance,
             mixed_precision=mixed_precision, samples=[s for s in samples if s is not check][:8],
             space_to_depth=space_to_depth, bias_correction=bias_correction,
-            weight_rounding=weight_rounding, weight_refit=weight_refit,
+            weight_rounding=weight_rounding, weight_refit=weight_refit, refit_rounding=refit_rounding,
             mixed_precision_budget=mixed_precision_budget,
             mixed_precision_latency=mixed_precision_latency, wide_links=wide_links,
             float_tail=float_tail)

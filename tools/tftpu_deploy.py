@@ -75,6 +75,10 @@ flags.DEFINE_bool("weight_refit", None, "INT8 (instead of --weight_rounding): re
                   "biases corrected as --bias_correction does; kept only where the outputs get no further from TOP "
                   "(on by default with --samples: fitted to --test_input alone, it would be judged on what it "
                   "was fitted to)")
+flags.DEFINE_enum("refit_rounding", "auto", ["auto", "nearest", "gptq"], "INT8, with --weight_refit: how the "
+                  "refit weights reach their INT8 grid: nearest, gptq (each conv's rounding errors fed back through "
+                  "its INT8 inputs' covariance, the bias taking back their mean) or auto (both built, the better "
+                  "on --test_input and --samples kept)")
 flags.DEFINE_bool("wide_links", True, "INT8: a tensor that INT8 Add/Sub/PReLU ops read (a residual branch, "
                   "a conv before its PReLU, a block's output) is written on a 16-bit grid by its conv or Add "
                   "(other readers take it through a cast to 8 bits), the FLOPs staying INT8; --nowide_links "
@@ -141,7 +145,7 @@ def main(args):
                     mixed_precision_budget=FLAGS.mixed_precision_budget,
                     mixed_precision_latency=FLAGS.mixed_precision_latency,
                     space_to_depth=FLAGS.space_to_depth, model=FLAGS.model, trace=FLAGS.trace,
-                    samples=samples, float_tail=FLAGS.float_tail, **fitting,
+                    samples=samples, float_tail=FLAGS.float_tail, **fitting, refit_rounding=FLAGS.refit_rounding,
                     equalize={"auto": "auto", "on": True, "off": False}[FLAGS.equalize],
                     wide_links=FLAGS.wide_links and {"auto": "auto", "on": "tables", "off": True}[FLAGS.wide_tables],
                     conv_links=FLAGS.conv_links)

@@ -15,6 +15,7 @@ from tftpu import quant
 from tftpu.interp.kernels import KERNELS
 from tftpu.ir import TopBuilder, top
 from tftpu.pipelines.deploy import deploy
+from tftpu.quant import params as P
 from tftpu.quant.bias_correction import correct_biases
 from tftpu.quant.refit import Fit
 from tftpu.quant.weight_rounding import restore_weights
@@ -74,6 +75,37 @@ def test_a_high_pass_conv_refit_to_noisy_inputs_is_closer_on_unseen_ones(group):
         err_plain += float(np.square(_conv(xq, w, b, attrs) - want).sum())
         err_fit += float(np.square(_conv(xq, w2.astype(np.float32), b2.astype(np.float32), attrs) - want).sum())
     assert err_fit < 0.8 * err_plain, (err_fit, err_plain)
+
+
+@pytest.mark.parametrize("group,cin,cout", [(1, 6, 5), (6, 6, 6), (2, 4, 6)], ids=["dense", "depthwise", "grouped"])
+def test_gptq_rounded_refit_stays_on_the_lowering_grid_and_fits_closer_than_nearest(group, cin, cout):
+    """`Fit.rounded`: levels the lowering takes as given (its per-channel scale, max |level| 127),
+    whose output on the fitted inputs is nearer the float output than nearest rounding's, with
+    the bias taking back the rounding's mean."""
+    attrs = {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "group": group, "strides": [1, 1], "dilations": [1, 1]}
+    rng = np.random.default_rng(group * 100 + cout)
+    w = rng.standard_normal((cout, cin // group, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(cout).astype(np.float32)
+    xs = [_smooth(1, cin, 12, 12, rng) + 1.0 for _ in range(4)]         # a mean the bias must take
+    xqs = [np.round(x * 4) / 4 for x in xs]
+    fit = Fit(w, b, attrs)
+    for x, xq in zip(xs, xqs):
+        fit.observe(x, xq)
+    w_fit, b_fit = fit.solve()
+    w_fit = w_fit.astype(np.float32)
+    w_g, b_g = fit.rounded(w_fit, b_fit)
+    levels, scales = P.weights_per_channel(w_g, 0)
+    _, fit_scales = P.weights_per_channel(w_fit, 0)
+    np.testing.assert_allclose(scales, fit_scales, rtol=1e-6)
+    np.testing.assert_allclose(w_g / scales[:, None, None, None], levels, rtol=0, atol=1e-3)       # on the grid
+    assert np.all(np.abs(levels).reshape(cout, -1).max(axis=1) == 127)
+    nearest = (P.weights_per_channel(w_fit, 0)[0] * fit_scales[:, None, None, None]).astype(np.float32)
+
+    def error(wq, bq):
+        return sum(float(np.square(_conv(xq, wq, np.asarray(bq, np.float32), attrs) - _conv(x, w, b, attrs)).sum())
+                   for x, xq in zip(xs, xqs))
+
+    assert error(w_g, b_g) < error(nearest, b_fit)
 
 
 def chain():
@@ -173,3 +205,25 @@ def test_a_refit_that_does_worse_gives_way_to_bias_correction(case, monkeypatch)
     alone = deploy(model, quantize="INT8", chip="npu1", calibration_table=table, mixed_precision="none",
                    samples=samples, bias_correction=True, test_input=samples[0])
     assert got.bias_correction.kept == alone.bias_correction.kept
+
+
+def test_deploy_rounds_the_refit_by_gptq_or_keeps_the_better_of_both(case):
+    from tftpu.errors import UsageError
+
+    model, table, samples = case
+    common = dict(quantize="INT8", chip="npu1", calibration_table=table, mixed_precision="none", samples=samples,
+                  weight_refit=True, test_input=samples[0])
+    nearest = deploy(model, refit_rounding="nearest", **common)
+    gptq = deploy(model, refit_rounding="gptq", **common)
+    auto = deploy(model, **common)
+    assert nearest.bias_correction.rounding == "nearest" and "GPTQ" not in nearest.bias_correction.check
+    assert gptq.bias_correction.rounding == "gptq" and gptq.bias_correction.refit == 3
+    assert "rounded by GPTQ's error feedback" in str(gptq.bias_correction)
+    # auto: the first program built both ways, the one the guard judges better lowered
+    taken = gptq if auto.bias_correction.rounding == "gptq" else nearest
+    assert auto.bias_correction.rounding in ("nearest", "gptq")
+    assert auto.bias_correction.kept == taken.bias_correction.kept
+    if auto.bias_correction.rounding == "gptq":
+        assert "(rounded to nearest: " in auto.bias_correction.check
+    with pytest.raises(UsageError, match="refit_rounding"):
+        deploy(model, refit_rounding="adaround", **common)

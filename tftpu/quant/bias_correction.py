@@ -66,6 +66,7 @@ class BiasCorrection:
     kept: bool = True                                           # False: the lowering took the model as given
     check: str = ""                                             # how that was decided, when it was
     refit: int = 0                                              # convs whose weights were refit as well
+    rounding: str = "nearest"                                   # how the refit weights reach their grid
 
     @property
     def mean_steps(self) -> float:
@@ -81,7 +82,9 @@ class BiasCorrection:
 
     def __str__(self) -> str:
         d = self.as_dict()
-        refit = f"{self.refit} conv weights refit to their INT8 inputs, " if self.refit else ""
+        refit = (f"{self.refit} conv weights refit to their INT8 inputs"
+                 + (" (rounded by GPTQ's error feedback)" if self.rounding == "gptq" else "") + ", "
+                 if self.refit else "")
         return (refit + f"{d['ops']} conv/matmul/deconv biases corrected over {d['samples']} samples: mean |correction| "
                 f"{d['mean_abs_correction_steps']:.3f} output steps (largest {d['max_abs_correction_steps']:.2f})"
                 + (f", {d['skipped']} skipped" if d["skipped"] else "") + (f"; {self.check}" if self.check else ""))
@@ -153,7 +156,7 @@ def _refittable(op, model: TopModel) -> bool:
 
 def correct_biases(model: TopModel, table, samples: list[dict], asymmetric: bool | str = False, *,
                    float_ops: set | None = None, fixed: set | None = None, max_samples: int = MAX_SAMPLES,
-                   wide_links: bool | str = True, refit: bool = False,
+                   wide_links: bool | str = True, refit: bool = False, rounding: str = "nearest",
                    input_budget: int = INPUT_BUDGET) -> tuple[TopModel, BiasCorrection]:
     """(corrected copy of `model`, report): each Conv / Deconv / MatMul with constant weights
     and calibrated input and output gets the bias that cancels the mean per-channel difference
@@ -167,7 +170,8 @@ def correct_biases(model: TopModel, table, samples: list[dict], asymmetric: bool
     tail, float by design). `wide_links`: the lowering's (16-bit links simulated on their grid).
     `refit`: each 2-D conv's weights and bias are refit to the simulated INT8 inputs it gets
     (`tftpu.quant.refit`: its bias takes the mean shift in the fit), the other ops' biases
-    corrected as before. `input_budget`: the most input values the samples used hold together."""
+    corrected as before; `rounding` ("nearest", "gptq": `Fit.rounded`) how those weights reach
+    their INT8 grid. `input_budget`: the most input values the samples used hold together."""
     t0 = time.perf_counter()
     samples = list(samples)
     size = max(sum(int(np.asarray(a).size) for a in samples[0].values()), 1) if samples else 1
@@ -238,6 +242,8 @@ def correct_biases(model: TopModel, table, samples: list[dict], asymmetric: bool
                 fit.observe(ef[ins[0]] if ins[0] in ef else consts[ins[0]], x_q)
             w_fit, b_fit = fit.solve()
             w_fit = w_fit.astype(w.dtype)
+            if rounding == "gptq" and not in_float:
+                w_fit, b_fit = fit.rounded(w_fit, b_fit)
             w_used = w_fit if in_float else _quantized_weight(op, w_fit)
             bias_q = b_fit.astype(np.float32)
             refits[op.loc] = (w_fit, b_fit)
@@ -292,7 +298,8 @@ def correct_biases(model: TopModel, table, samples: list[dict], asymmetric: bool
             for env in envs_f + envs_q:
                 env.pop(s, None)
     corrected = _apply(model, corrections, refits)
-    return corrected, BiasCorrection(rows, len(samples), time.perf_counter() - t0, skipped, refit=len(refits))
+    return corrected, BiasCorrection(rows, len(samples), time.perf_counter() - t0, skipped, refit=len(refits),
+                                     rounding=rounding if refits else "nearest")
 
 
 def _slope(op, attrs: dict, y: np.ndarray, model: TopModel) -> np.ndarray | None:

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from tftpu.quant.weight_rounding import conv_patches
+from tftpu.quant import params as P
+from tftpu.quant.weight_rounding import conv_patches, gptq, keep_scale
 
-__all__ = ["Fit", "RIDGE", "MAX_ROWS", "INPUT_BUDGET"]
+__all__ = ["Fit", "RIDGE", "MAX_ROWS", "INPUT_BUDGET", "ROUNDINGS"]
 
 # lam over the mean diagonal of X_q^T X_q, per group. Measured on PP-OCRv4's detector (8 photos,
 # judged on two held-out text photos): 0.3 and 1 fit alike, 3 gives back half the gain, 0 learns
@@ -35,6 +36,9 @@ MIN_ROWS = 512
 # the fit's samples hold at most this many input values together: 8 images of 640x640 (4 fit a
 # 640x640 detector clearly worse)
 INPUT_BUDGET = 8 * 3 * 640 * 640
+
+
+ROUNDINGS = ("nearest", "gptq")     # how a refit conv's weights reach their INT8 grid
 
 
 class Fit:
@@ -75,3 +79,21 @@ class Fit:
         sol = np.linalg.solve(self.qq + lam, self.qf @ self.wb + lam @ self.wb)    # [g, d + 1, O/g]
         sol = np.swapaxes(sol, 1, 2)
         return sol[:, :, :-1].reshape(self.shape), sol[:, :, -1].reshape(-1)
+
+    def rounded(self, w: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(weights on the lowering's per-channel INT8 grid, bias) for the fit `w`, `b`: each
+        channel rounded one input column at a time with the error fed back through the INT8
+        inputs' covariance (GPTQ, `tftpu.quant.weight_rounding.gptq`), the bias taking back the
+        rounding's mean (the inputs' mean times the weights' change). One level of each channel
+        stays at +-127, so the lowering derives the same scale and takes these levels as given."""
+        g, o = self.group, w.shape[0]
+        qq = self.qq / np.maximum(self.qq[:, -1:, -1:], 1.0)      # per row; the last column counts
+        mu = qq[:, -1, :-1]                                        # [g, d] the inputs' mean
+        cov = qq[:, :-1, :-1] - mu[:, :, None] * mu[:, None, :]
+        blocks = np.asarray(w, np.float64).reshape(g, o // g, -1)
+        _, scales = P.weights_per_channel(w, 0)
+        scales = scales.reshape(g, o // g)
+        levels = keep_scale(gptq(blocks, cov, scales), blocks)
+        on_grid = levels * scales[:, :, None]
+        bias = np.asarray(b, np.float64) + ((blocks - on_grid) @ mu[:, :, None]).reshape(-1)
+        return on_grid.reshape(w.shape).astype(w.dtype), bias

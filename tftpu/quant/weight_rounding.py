@@ -34,7 +34,7 @@ from tftpu.ir.base import value_name
 from tftpu.ir.module import TopModel
 from tftpu.quant import params as P
 
-__all__ = ["reconstruct_rounding", "restore_weights", "WeightRounding", "gptq", "conv_patches", "MAX_SAMPLES"]
+__all__ = ["reconstruct_rounding", "restore_weights", "WeightRounding", "gptq", "keep_scale", "conv_patches", "MAX_SAMPLES"]
 
 MAX_SAMPLES = 8
 INPUT_BUDGET = 4 * 3 * 640 * 640     # input values held by the samples used, as bias correction
@@ -122,13 +122,19 @@ def gptq(w: np.ndarray, h: np.ndarray, scales: np.ndarray) -> np.ndarray:
     return q
 
 
+def keep_scale(levels: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """`levels` [B, O, d] of `w` with each nonzero row's largest weight at +-127 where no level
+    is (in place): the lowering derives each channel's scale from that level."""
+    amax = np.abs(w).max(axis=2)
+    for bi, oi in zip(*np.nonzero((amax > 0) & (np.abs(levels).max(axis=2) < QMAX))):
+        j = int(np.argmax(np.abs(w[bi, oi])))
+        levels[bi, oi, j] = QMAX * np.sign(w[bi, oi, j])
+    return levels
+
+
 def _levels(w: np.ndarray, h: np.ndarray, scales: np.ndarray) -> tuple[np.ndarray, float, float]:
     """(integer levels [B, O, d], nearest rounding's and the reconstruction's layer-output SQNR in dB)."""
-    q = gptq(w, h, scales)
-    amax = np.abs(w).max(axis=2)
-    for bi, oi in zip(*np.nonzero((amax > 0) & (np.abs(q).max(axis=2) < QMAX))):
-        j = int(np.argmax(np.abs(w[bi, oi])))            # the lowering's scale needs one level at +-127
-        q[bi, oi, j] = QMAX * np.sign(w[bi, oi, j])
+    q = keep_scale(gptq(w, h, scales), w)
     near = _nearest(w, scales)
 
     def power(x):
