@@ -198,7 +198,8 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None,
             test_input=None, input_shapes=None, space_to_depth: bool = True, asymmetric: bool | str = "auto",
             mixed_precision: str | None = "auto", quantize_table=None, tolerance=None,
             bias_correction: bool = True, weight_rounding: bool = True, weight_refit: bool = True,
-            refit_rounding: str = "auto", mixed_precision_budget: float | None = FLOAT_BUDGET, mixed_precision_latency: float | None = LATENCY_BUDGET,
+            refit_rounding: str = "auto",
+            mixed_precision_budget: float | None = FLOAT_BUDGET, mixed_precision_latency: float | None = LATENCY_BUDGET,
             wide_links: bool | str = "auto", float_tail: bool = True, equalize: bool | str = "auto",
             log=None) -> CompiledModel:
     """Compile `model` (an ONNX path or ModelProto, a Keras model or file, a SavedModel
@@ -234,9 +235,9 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None,
     closed form; a conv kept in float likewise, its weights staying float), kept on the same
     condition. `refit_rounding` (with `weight_refit`): "nearest", "gptq" (the refit weights
     rounded with GPTQ's error feedback, the bias taking back the rounding's mean) or "auto" (both
-    built, the better on the test input and samples kept). `mixed_precision_budget`: the most of the model's FLOPs the mixed-precision
-    search may keep in float (5% by default: an INT8 program stays INT8;
-    None or 1: as many as the target needs); where the target needs more, the search keeps what
+    built, the better on the test input and samples kept). `mixed_precision_budget`: the most of
+    the model's FLOPs the mixed-precision search may keep in float (5% by default: an INT8
+    program stays INT8; None or 1: as many as the target needs); where the target needs more, the search keeps what
     fits and reports the target missed. `mixed_precision_latency`: the most the float ops may
     slow the program, as a multiple of its estimated all-INT8 latency (1.15 by default; None: no
     limit), the same way. `wide_links` (INT8): a tensor that

@@ -530,17 +530,20 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
 
         if given is not None:
             return attempt(given[0])
+        def better(built, how, instead: str):
+            """`built`, or the build with correction `how` where that one is kept and judged
+            better (its check then quoting `built`'s, as `instead`)."""
+            other = attempt(how)
+            if other[3].kept and (not built[3].kept or min(judge(other[0])) > min(judge(built[0]))):
+                other[3].check += f" ({instead} {built[3].check})"
+                return other
+            return built
+
         built = attempt("gptq" if refitting and refit_rounding == "gptq" else refitting)
         if refitting and refit_rounding == "auto" and judge is not None and built[3] is not None and built[3].refit:
-            other = attempt("gptq")          # the refit rounded by GPTQ: where it does better, it is lowered
-            if other[3].kept and (not built[3].kept or min(judge(other[0])) > min(judge(built[0]))):
-                other[3].check += f" (rounded to nearest: {built[3].check})"
-                built = other
+            built = better(built, "gptq", "rounded to nearest:")      # the refit rounded by GPTQ
         if refitting and bias_correction and judge is not None:
-            other = attempt(False)           # plain bias correction: where it does better, it is lowered
-            if other[3].kept and (not built[3].kept or min(judge(other[0])) > min(judge(built[0]))):
-                other[3].check += f" (weight refit {built[3].check})"
-                built = other
+            built = better(built, False, "weight refit")               # plain bias correction
         if built[3] is not None and rounded is None and not settled:
             how = "gptq" if built[3].rounding == "gptq" else bool(built[3].refit)
             settled.append((how, built[3].kept, built[3].check))
