@@ -79,6 +79,11 @@ flags.DEFINE_enum("refit_rounding", "auto", ["auto", "nearest", "gptq"], "INT8, 
                   "refit weights reach their INT8 grid: nearest, gptq (each conv's rounding errors fed back through "
                   "its INT8 inputs' covariance, the bias taking back their mean) or auto (both built, the better "
                   "on --test_input and --samples kept)")
+flags.DEFINE_bool("input_grid", None, "INT8: where the samples' image values lie on 256 evenly spaced levels per "
+                  "channel (pixels normalized per channel: (p / 255 - mean) / std), the stem conv reads those "
+                  "levels exactly (computed in float, cast to INT8 without rounding; the conv takes the step and "
+                  "origin into its weights and bias) instead of through one INT8 grid for all channels (on by "
+                  "default with --samples or --test_input)")
 flags.DEFINE_bool("wide_links", True, "INT8: a tensor that INT8 Add/Sub/PReLU ops read (a residual branch, "
                   "a conv before its PReLU, a block's output) is written on a 16-bit grid by its conv or Add "
                   "(other readers take it through a cast to 8 bits), the FLOPs staying INT8; --nowide_links "
@@ -148,11 +153,15 @@ def main(args):
                     samples=samples, float_tail=FLAGS.float_tail, **fitting, refit_rounding=FLAGS.refit_rounding,
                     equalize={"auto": "auto", "on": True, "off": False}[FLAGS.equalize],
                     wide_links=FLAGS.wide_links and {"auto": "auto", "on": "tables", "off": True}[FLAGS.wide_tables],
-                    conv_links=FLAGS.conv_links)
+                    conv_links=FLAGS.conv_links,
+                    input_grid=(samples is not None or FLAGS.test_input is not None) if FLAGS.input_grid is None
+                    else FLAGS.input_grid)
     if result.calibration is not None:
         print(f"calibration: {result.calibration.line}")
     if result.equalize:
         print(f"equalize: {result.equalize}")
+    if result.input_grid:
+        print(f"input grid: {result.input_grid}")
     print(result.lowering)
     if result.search is not None:
         print(result.search)

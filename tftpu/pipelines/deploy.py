@@ -88,6 +88,7 @@ class DeployResult:
     wide_links: bool | str = True               # the links the program was lowered with (WIDE_LINKS)
     equalize: str | None = None                 # depthwise input equalization: what it did, and its verdict
     calibration: object | None = None           # a table with alternates: each one's program (calibration_choice.Tried)
+    input_grid: str | None = None               # the stem conv reading the pixel levels exactly: what was done, or why not
 
     @property
     def checked(self) -> bool:
@@ -217,7 +218,7 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
            trace=None, bias_correction: bool = False, weight_rounding: bool = False,
            wide_links: bool | str = "auto", float_tail: bool = True, weight_refit: bool = False,
            refit_rounding: str = "auto", conv_links: bool = True,
-           equalize: bool | str = False) -> DeployResult:
+           equalize: bool | str = False, input_grid: bool = False) -> DeployResult:
     """Lower the TOP model `mlir` (a path or TopModel) for `chip` in `quantize` mode.
 
     `asymmetric` (INT8): True gives every activation a zero point, False none, "auto" those whose
@@ -291,7 +292,12 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     channel on `samples`, the conv's weights taking the factors back
     (`tftpu.pipelines.equalization`); "auto" keeps it where the all-INT8 programs judge it 1 dB
     better; the model lowered and checked is then the equalized one (the same in float).
-    A calibration table with alternates (`calibrate(..., method="mse,tail_mse")`, tftpu-calibrate's
+    `input_grid` (INT8, with samples or a test input, asymmetric not False): where their values
+    at the stem conv's input lie on at most 256 evenly spaced levels per channel (pixels
+    normalized per channel), the conv reads those levels exactly: computed in float, cast to INT8
+    without rounding, the step and origin folded into the conv (`tftpu.quant.input_grid`; the
+    model lowered and checked is the rewritten one, the same in float; `result.input_grid` says
+    what was done or why not). A calibration table with alternates (`calibrate(..., method="mse,tail_mse")`, tftpu-calibrate's
     default) and a test input: the program is built with each of its tables in turn, the next only
     where the one before misses the target (`mixed_precision`'s, else 0.99 / 20 dB) on the test
     input and samples, the best kept and written (`result.calibration` says); without a test
@@ -359,6 +365,17 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
         if table is not None:
             table = _entries_for_moves(top_model, table)
         seconds["space-to-depth"] = time.perf_counter() - t1
+    grid_line = None
+    if input_grid and mode == "INT8" and table is not None and asymmetric is not False and (samples or inputs):
+        from tftpu.quant.input_grid import exact_input_grid
+        from tftpu.transforms.lowering.lower import float_mode_of
+        t1 = time.perf_counter()
+        top_model, table, grid = exact_input_grid(top_model, table, ([inputs] if inputs is not None else [])
+                                                  + [s for s in (samples or []) if s is not inputs], asymmetric)
+        grid_line = grid.line
+        if grid.applied:                          # the levels computed in float, cast to INT8 exactly
+            qtable = {**(qtable or {}), **dict.fromkeys(grid.float_ops, float_mode_of(the_chip))}
+        seconds["input grid"] = time.perf_counter() - t1
     rounded = rounding = None
     fitting = mode == "INT8" and table is not None and (samples or inputs is not None)
     refitting = weight_refit and fitting
@@ -672,7 +689,7 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
                           tables=tables,
                           conv_links="; ".join(n for n in (inputs_note, priced) if n) or None, wide_links=links,
                           int8_latency_us=int8_us,
-                          equalize=equalized.line if equalized is not None else None)
+                          equalize=equalized.line if equalized is not None else None, input_grid=grid_line)
     if inputs is not None:
         t1 = time.perf_counter()
         pool = [inputs] + [s for s in (samples or []) if s is not inputs]
