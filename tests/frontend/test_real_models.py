@@ -212,7 +212,7 @@ def test_a_yolo_detectors_scores_survive_pure_int8():
     compiled = tftpu.compile(str(path), chip="npu1", calibration_data=calib, test_input={"images": x},
                              input_shapes=shapes, mixed_precision="none")
     tail = [d for d in compiled.deployed.lowering.decisions if d.mode != "INT8"]
-    assert tail and all("decode tail" in d.reason for d in tail)
+    assert tail and all("decode tail" in d.reason or d.reason.startswith("input grid") for d in tail)
     assert compiled.deployed.lowering.flop_shares()["INT8"] > 0.99
     got = TpuInterpreter(compiled.deployed.model).run({"images": x})["output0"]
     want = onnx_tensors(frontend.to_onnx(path, shapes), {"images": x}, all_tensors=False)["output0"]

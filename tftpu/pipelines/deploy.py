@@ -365,7 +365,7 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
         if table is not None:
             table = _entries_for_moves(top_model, table)
         seconds["space-to-depth"] = time.perf_counter() - t1
-    grid_line = None
+    grid_line, grid_ops = None, set()
     if input_grid and mode == "INT8" and table is not None and asymmetric is not False and (samples or inputs):
         from tftpu.quant.input_grid import exact_input_grid
         from tftpu.transforms.lowering.lower import float_mode_of
@@ -374,7 +374,8 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
                                                   + [s for s in (samples or []) if s is not inputs], asymmetric)
         grid_line = grid.line
         if grid.applied:                          # the levels computed in float, cast to INT8 exactly
-            qtable = {**(qtable or {}), **dict.fromkeys(grid.float_ops, float_mode_of(the_chip))}
+            grid_ops = set(grid.float_ops)
+            qtable = {**(qtable or {}), **dict.fromkeys(grid_ops, float_mode_of(the_chip))}
         seconds["input grid"] = time.perf_counter() - t1
     rounded = rounding = None
     fitting = mode == "INT8" and table is not None and (samples or inputs is not None)
@@ -684,6 +685,8 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
                                                                original.output_names)
     if all_int8_us is not None and search is not None:
         search.latency_ratio = prof.latency_us / all_int8_us if all_int8_us > 0 else 1.0
+    lowering.decisions = [dataclasses.replace(d, reason=GRID_REASON)     # (the quantize table carried them)
+                          if d.name in grid_ops and d.mode != "INT8" else d for d in lowering.decisions]
     result = DeployResult(tpu_model, lowering, tol, search=search, memory=memory, cycles=cycles, s2d=stem,
                           program=program, profile=prof, bias_correction=corrected, weight_rounding=rounding,
                           tables=tables,
@@ -702,6 +705,9 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     result.seconds = seconds
     _write(result, tpu_mlir=tpu_mlir, model=model, trace=trace, report=report)
     return result
+
+
+GRID_REASON = "input grid: the image's levels computed in float, cast to INT8 exactly"
 
 
 def _write(result: DeployResult, *, tpu_mlir=None, model=None, trace=None, report=None) -> None:
