@@ -108,14 +108,17 @@ def _chain(conv) -> bool:
     return isinstance(v, top.Input)
 
 
-def _conv_input(conv, model: TopModel, sample: dict) -> np.ndarray:
-    """The conv's data input on `sample`: the model input through the moves before it."""
+def _conv_input(conv, sample: dict) -> np.ndarray | None:
+    """The conv's data input on `sample`: the model input through the moves before it (None
+    where `sample` does not hold that input: named otherwise, among several)."""
     ops, v = [], conv.operands[0].owner
     while isinstance(v, _MOVES):
         ops.append(v)
         v = v.operands[0].owner
-    names = [value_name(v.results[0])]
-    x = np.asarray(sample[names[0]] if names[0] in sample else next(iter(sample.values())), np.float32)
+    name = value_name(v.results[0])
+    if name not in sample and len(sample) != 1:
+        return None
+    x = np.asarray(sample[name] if name in sample else next(iter(sample.values())), np.float32)
     for op in reversed(ops):
         x = KERNELS[op.name]([x], op.attrs())[0]
     return x
@@ -138,7 +141,9 @@ def exact_input_grid(model: TopModel, table, samples: list[dict],
     if not samples:
         return model, table, InputGrid(conv.loc, "no samples to find the input's levels in")
     axis = 3 if a["layout"] == "NHWC" else 1
-    data = [_conv_input(conv, model, s) for s in samples]
+    data = [_conv_input(conv, s) for s in samples]
+    if any(x is None for x in data):
+        return model, table, InputGrid(conv.loc, "the samples do not name the input it reads")
     grids = []
     for c in range(data[0].shape[axis]):
         got = pixel_grid(np.concatenate([np.take(x, c, axis=axis).ravel() for x in data]))
