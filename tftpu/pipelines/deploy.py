@@ -444,6 +444,7 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
         seconds["conv links"] = time.perf_counter() - t1
     search = None
     rival = None                                 # the isolated ranking's result, built and judged below
+    dropped = None                               # the dense convs' 16-bit inputs, where the search gave them up
     if mixed_precision:
         from tftpu.transforms.lowering.search import search_mixed_precision
         # what verify then judges: the test input and the samples, pooled; the test input alone too
@@ -470,6 +471,7 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
                        f"inputs and the whole latency budget {eight.reached[1]:.2f} dB: "
                        + ("8-bit conv inputs kept" if taken else "16-bit inputs kept"))
             if taken:
+                dropped = links
                 links, search, float_latency = base_links, eight, base_latency
         # under auto, the gain ranking's float set is weighed against the isolated ranking's on the
         # weights finally lowered (after the refit, which the search does not see); the better is kept
@@ -607,11 +609,15 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     pure = None                                  # the program all in INT8, where it was lowered
     if search is not None and search.kept and judge is not None:
         t1 = time.perf_counter()                 # the float ops must beat what mixed_precision="none" makes
-        pure, pure_rounding = trial(given_qtable)
+        # (with the dense convs' 16-bit inputs the search gave up, as mixed_precision="none" keeps
+        # them: judged before the refit, they may still pay after it; PP-OCRv4 14.3 -> 17.6 dB)
+        pure, pure_rounding = trial(given_qtable, dropped or links)
         undone = _float_ops_fail(judge(tpu_model), judge(pure[0]), target)
         if undone is not None:
             tpu_model, lowering, lowered, corrected = pure
             rounding = pure_rounding
+            if dropped is not None:
+                links, trying_tables = dropped, False
             search = dataclasses.replace(search, qtable=dict(given_qtable or {}), kept=[], undone=undone)
             qtable = search.qtable
         pure = pure[:2]
