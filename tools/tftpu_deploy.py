@@ -83,7 +83,7 @@ flags.DEFINE_bool("input_grid", None, "INT8: where the samples' image values lie
                   "channel (pixels normalized per channel: (p / 255 - mean) / std), the stem conv reads those "
                   "levels exactly (computed in float, cast to INT8 without rounding; the conv takes the step and "
                   "origin into its weights and bias) instead of through one INT8 grid for all channels (on by "
-                  "default with --samples or --test_input)")
+                  "default with --samples: the levels are found in them and the test input)")
 flags.DEFINE_bool("wide_links", True, "INT8: a tensor that INT8 Add/Sub/PReLU ops read (a residual branch, "
                   "a conv before its PReLU, a block's output) is written on a 16-bit grid by its conv or Add "
                   "(other readers take it through a cast to 8 bits), the FLOPs staying INT8; --nowide_links "
@@ -154,8 +154,7 @@ def main(args):
                     equalize={"auto": "auto", "on": True, "off": False}[FLAGS.equalize],
                     wide_links=FLAGS.wide_links and {"auto": "auto", "on": "tables", "off": True}[FLAGS.wide_tables],
                     conv_links=FLAGS.conv_links,
-                    input_grid=(samples is not None or FLAGS.test_input is not None) if FLAGS.input_grid is None
-                    else FLAGS.input_grid)
+                    input_grid=samples is not None if FLAGS.input_grid is None else FLAGS.input_grid)
     if result.calibration is not None:
         print(f"calibration: {result.calibration.line}")
     if result.equalize:
