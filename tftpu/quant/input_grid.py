@@ -100,21 +100,20 @@ def pixel_grid(values: np.ndarray) -> tuple[float, float] | str:
     return step, origin
 
 
-def _chain(conv) -> bool:
-    """Whether `conv`'s data input is a model input, reached through data moves only."""
-    v = conv.operands[0].owner
+def _moves(op) -> tuple[list, object]:
+    """(the data moves before `op`'s data input, nearest it first; the op they start from: a
+    `top.Input` where `op` reads one through moves alone)."""
+    ops, v = [], op.operands[0].owner
     while isinstance(v, _MOVES):
+        ops.append(v)
         v = v.operands[0].owner
-    return isinstance(v, top.Input)
+    return ops, v
 
 
 def _conv_input(conv, sample: dict) -> np.ndarray | None:
     """The conv's data input on `sample`: the model input through the moves before it (None
     where `sample` does not hold that input: named otherwise, among several)."""
-    ops, v = [], conv.operands[0].owner
-    while isinstance(v, _MOVES):
-        ops.append(v)
-        v = v.operands[0].owner
+    ops, v = _moves(conv)
     name = value_name(v.results[0])
     if name not in sample and len(sample) != 1:
         return None
@@ -132,7 +131,7 @@ def exact_input_grid(model: TopModel, table, samples: list[dict],
     rewritten to read them exactly (module docstring); `table` gains the new tensors' entries.
     Elsewhere the model and table as given."""
     conv = next((op for op in model.ops if isinstance(op, top.Conv)), None)
-    if conv is None or not _chain(conv):
+    if conv is None or not isinstance(_moves(conv)[1], top.Input):
         return model, table, InputGrid(None, "no conv reads a model input through data moves alone")
     a = conv.attrs()
     if a.get("kernel_layout", "OIHW") != "OIHW" or not isinstance(conv.operands[1].owner, top.Weight) \
@@ -170,10 +169,9 @@ def exact_input_grid(model: TopModel, table, samples: list[dict],
     # levels -128..127 on a grid of step 1 and zero point 0 (the threshold marks the range one-sided
     # enough for asymmetric="auto" to give it one: a symmetric grid holds 255 levels, not 256)
     entries[scaled] = (float(LEVELS - 1), -float(_MID), float(LEVELS - 1 - _MID))
-    moved, v = [], next(op for op in new.ops if op.loc == conv.loc).operands[0].owner
-    while isinstance(v, (*_MOVES, top.Scale)):          # the image reaches the levels in float
-        moved.append(v.loc)
-        v = v.operands[0].owner
+    # the image reaches the levels in float: the Scale and the moves before it
+    scale = next(op for op in new.ops if op.loc == conv.loc).operands[0].owner
+    moved = [scale.loc] + [op.loc for op in _moves(scale)[0]]
     return new, dataclasses.replace(table, entries=entries), InputGrid(
         conv.loc, f"{sum(math.prod(x.shape) for x in data)} input values over {len(samples)} samples on the grid",
         scaled, step.tolist(), origin.tolist(), moved[::-1])
