@@ -495,7 +495,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default=",".join(MODELS), help=f"of {', '.join(MODELS)} (or their file names)")
     ap.add_argument("--model", help="any other ONNX/TFLite file (then --models is ignored)")
-    ap.add_argument("--size", help="--model's input H,W (default: its own shape)")
+    ap.add_argument("--size", help="--model's input H,W or one side (default: its own shape)")
     ap.add_argument("--range", default="-1,1", help="--model's input range, RGB (default -1,1)")
     ap.add_argument("--held-out", default="astronaut.png", help="--model's held-out photo")
     ap.add_argument("--calib", type=int, default=20, help="calibration photos (default 20: 9 photos + mirrored)")
@@ -517,6 +517,7 @@ def main() -> None:
         layout = "nchw" if len(dims) == 4 and dims[1] == 3 else "nhwc"
         if args.size:
             size = tuple(int(v) for v in args.size.split(","))
+            size = size * 2 if len(size) == 1 else size           # --size 128: square
         elif len(dims) == 4 and all(dims):
             size = tuple(dims[2:4]) if layout == "nchw" else tuple(dims[1:3])
         else:
