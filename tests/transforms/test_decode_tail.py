@@ -57,6 +57,26 @@ def classifier(seed=0):
     return b.finish([b.op("Softmax", [fc], {"axis": 1}, "prob")])
 
 
+def regressor(seed=0, c=24, hw=8):
+    """A landmark regressor's end: feature convs, a global average pool, two matmul heads; the
+    coordinates are small differences of large pooled features (channel pairs 2% apart)."""
+    rng = np.random.default_rng(seed)
+    b = TopBuilder("reg")
+    x = b.input("x", (1, 3, hw, hw))
+    f0 = _conv(b, rng, x, 3, c, 3, "f0", relu=True)
+    w = (rng.normal(size=(c, c, 3, 3)) / np.sqrt(9 * c)).astype(np.float32)
+    bias = rng.uniform(0.5, 1.0, size=c).astype(np.float32)
+    w[c // 2:], bias[c // 2:] = w[:c // 2] * 1.02, bias[:c // 2] * 1.02
+    f = b.op("Conv", [f0, b.weight("w_f", w), b.weight("b_f", bias)],
+             {"kernel_shape": [3, 3], "pads": [1] * 4, "do_relu": True}, "f")
+    flat = b.op("Reshape", [b.op("GlobalAvgPool", [f], {}, "gap")], {"shape": [1, c]}, "flat")
+    pairs = np.zeros((c, c // 2), np.float32)
+    pairs[np.arange(c // 2), np.arange(c // 2)], pairs[np.arange(c // 2) + c // 2, np.arange(c // 2)] = 10.0, -10.0
+    coords = b.op("MatMul", [flat, b.weight("wc", pairs), b.none()], {}, "coords")
+    flag = b.op("MatMul", [flat, b.weight("wf", rng.normal(size=(c, 1)).astype(np.float32)), b.none()], {}, "flag")
+    return b.finish([coords, b.op("Sigmoid", [flag], {}, "score")])
+
+
 def _samples(model, n, seed=1):
     rng = np.random.default_rng(seed)
     shape = model.func.function_type.inputs.data[0].get_shape()
@@ -124,3 +144,36 @@ def test_deploy_keeps_the_tail_out_of_weight_rounding_and_bias_correction():
     tail = decode_tail(model)
     assert _float_ops(model, None) == set(tail)
     assert _float_ops(model, {"scores": "INT8", "f1": "F16"}) == set(tail) - {"scores"} | {"f1"}
+
+
+def test_a_pooled_head_runs_in_float_and_a_classifier_does_not():
+    """The pool averages its input's rounding away, an 8-bit grid on its output puts it back and
+    the matmul amplifies it: the pool, its moves and the matmuls reading it are the tail."""
+    assert set(decode_tail(regressor())) == {"gap", "flat", "coords", "flag", "score"}
+    assert decode_tail(classifier()) == {}                    # (its softmax: argmax is what counts)
+    b = TopBuilder("shared")                                  # the pool read by a conv as well: not a head
+    rng = np.random.default_rng(0)
+    x = b.input("x", (1, 3, 8, 8))
+    f = _conv(b, rng, x, 3, 8, 3, "f", relu=True)
+    gap = b.op("GlobalAvgPool", [f], {}, "gap")
+    fc = b.op("MatMul", [b.op("Reshape", [gap], {"shape": [1, 8]}, "flat"),
+                         b.weight("w", rng.normal(size=(8, 4)).astype(np.float32)), b.none()], {}, "fc")
+    model = b.finish([fc, _conv(b, rng, gap, 8, 8, 1, "se")])
+    assert decode_tail(model) == {}
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_float_head_gains_over_int8(seed):
+    model = regressor(seed)
+    samples = _samples(model, 6, seed)
+    table = quant.calibrate(model, samples, "mse", asymmetric=True)
+    ref = TopInterpreter(model).run(samples[0])
+    got = {}
+    for float_tail in (False, True):
+        tm, report = lower(model, "npu1", "INT8", table, asymmetric="auto", float_tail=float_tail)
+        tm.verify()
+        run = TpuInterpreter(tm).run(samples[0], dequantize=True)
+        got[float_tail] = sqnr(ref["coords"], np.asarray(run["coords"], np.float32).reshape(ref["coords"].shape))
+        assert {d.name for d in report.decisions if d.mode != "INT8"} == (
+            {"gap", "flat", "coords", "flag", "score"} if float_tail else set())
+    assert got[True] > got[False] + 3.0, got
