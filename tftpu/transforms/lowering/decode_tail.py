@@ -8,10 +8,11 @@ A tail is made of data moves, scores (sigmoid, exp), a DFL's softmax and expecta
 arithmetic and clamps, and pooled heads: a global average pool read (through moves) only by
 matmuls, as a landmark or box regressor ends. The pool averages its input's rounding noise away,
 an 8-bit grid on its output puts it back, and the matmul, whose outputs are small differences of
-large products, amplifies it (mediapipe's hand landmarks: 14.6 dB in INT8, 24.7 dB with the pool
-and matmuls in F16, for 0.1% of the FLOPs). A classifier's (a pool, a matmul, a softmax) stays INT8. It is kept only where it starts at feature layers (convs, deconvs,
-matmuls), holds a score or an expectation (a tail of reshapes alone gains nothing from float,
-and a classifier's softmax stays INT8), and holds at most `SHARE` of the model's FLOPs.
+large products, amplifies it (mediapipe's hand landmarks: 14.6 dB in INT8, 24.4 dB with the pool
+and matmuls in F16, for 0.1% of the FLOPs). It is kept only where it starts at feature layers
+(convs, deconvs, matmuls), holds a score or an expectation (a tail of reshapes alone gains nothing
+from float, and a classifier's pool, matmul and softmax stay INT8), and holds at most `SHARE` of
+the model's FLOPs.
 """
 
 from __future__ import annotations
@@ -80,26 +81,26 @@ def _pooled_heads(model) -> set:
     none of them feeding a softmax."""
     heads: set = set()
     for op in model.ops:
-        if op.name not in _POOLS or not op.results:
-            continue
-        src, out = op.operands[0].type.get_shape(), op.results[0].type.get_shape()
-        if int(np.prod(src)) < _POOLED * max(int(np.prod(out)), 1):
-            continue
-        ops, todo, ok = {op}, [op], True
-        while todo and ok:
-            for u in [u.operation for r in todo.pop().results for u in r.uses]:
-                if u.name in _MOVES:
-                    ops.add(u)
-                    todo.append(u)
-                elif u.name == "top.MatMul" and getattr(u.operands[1].owner, "name", "") == "top.Weight" \
-                        and not _feeds_softmax(u):
-                    ops.add(u)
-                else:
-                    ok = False
-                    break
-        if ok and any(o.name == "top.MatMul" for o in ops):
-            heads |= ops
+        if op.name in _POOLS and op.results:
+            src, out = op.operands[0].type.get_shape(), op.results[0].type.get_shape()
+            if int(np.prod(src)) >= _POOLED * max(int(np.prod(out)), 1):
+                heads |= _head_of(op)
     return heads
+
+
+def _head_of(pool) -> set:
+    """`pool`, the moves after it and the matmuls reading them, where nothing else reads them and
+    a matmul is among them; else empty."""
+    ops, todo = {pool}, [pool]
+    while todo:
+        for u in [u.operation for r in todo.pop().results for u in r.uses]:
+            if u.name in _MOVES:
+                todo.append(u)
+            elif not (u.name == "top.MatMul" and getattr(u.operands[1].owner, "name", "") == "top.Weight"
+                      and not _feeds_softmax(u)):
+                return set()
+            ops.add(u)
+    return ops if any(o.name == "top.MatMul" for o in ops) else set()
 
 
 def _feeds_softmax(op) -> bool:
