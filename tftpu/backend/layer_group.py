@@ -17,6 +17,7 @@ group and used outside it may only be the group's last op's result.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections import OrderedDict
 
@@ -60,10 +61,16 @@ def _itemsize(t) -> int:
 def lane_bytes(shape, itemsize: int, chip, lane_axis: int = 1) -> int:
     """Bytes one lane holds of a tensor in local memory: axis `lane_axis` spread over the lanes
     (channel c in lane c % lanes), each (outer, slot) plane aligned to the EU width."""
+    return _lane_bytes(tuple(shape), itemsize, chip.lanes, chip.eu_bytes, lane_axis)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _lane_bytes(shape: tuple, itemsize: int, lanes: int, eu_bytes: int, lane_axis: int) -> int:
+    """(`lane_bytes`, remembered: the planner sizes the same slice shapes many times over)"""
     outer = numel(shape[:lane_axis])
     c = shape[lane_axis] if len(shape) > lane_axis else 1
     inner = numel(shape[lane_axis + 1:])
-    return outer * -(-c // chip.lanes) * _align(inner * itemsize, chip.eu_bytes)
+    return outer * -(-c // lanes) * _align(inner * itemsize, eu_bytes)
 
 
 def rows_bytes(shape, rows: tuple, itemsize: int) -> int:
@@ -400,6 +407,7 @@ class _Planner:
         self.bank = chip.local_mem_per_lane
         self.bytes_per_cycle = chip.ddr_bandwidth / chip.frequency_hz
         self._keys: list | None = None
+        self._fewest: dict = {}           # (last op, rows) -> the fewest H slices its last group took
 
     # -- one candidate group
 
@@ -474,13 +482,14 @@ class _Planner:
         n_total, h_total = oshape[0], oshape[2]
         h_free = all(f.kind != "batch" for f in ops)
         best = None
+        fits = functools.cache(lambda n_rows, parts: self._fits(ops, n_rows, parts, ins, outs, ws))
         for n_rows in sorted({n_total, 1}, reverse=True):
-            fewest = self._fewest_parts(ops, n_rows, h_free, ins, outs, ws)
+            fewest = self._fewest_parts(fits, ops, n_rows, h_free)
             if fewest is None:
                 continue
             options = {min(h_total, fewest << k) for k in range(4 if h_free else 1)}
             for parts in sorted(options):
-                got = self._fits(ops, n_rows, parts, ins, outs, ws)
+                got = fits(n_rows, parts)
                 if got is None:
                     continue
                 copies, rng, local, peak = got
@@ -493,21 +502,30 @@ class _Planner:
                 break                        # whole images fit: no need to slice N
         return best
 
-    def _fewest_parts(self, ops, n_rows: int, h_free: bool, ins, outs, ws) -> int | None:
-        """The fewest H slices that fit (by bisection: slices shrink as they multiply); only
-        whole images unless `h_free`."""
+    def _fewest_parts(self, fits, ops, n_rows: int, h_free: bool) -> int | None:
+        """The fewest H slices that fit (`fits(n_rows, parts)`; by bisection: slices shrink as
+        they multiply); only whole images unless `h_free`."""
         full = self.types[ops[-1].outs[0]][2]
-        if self._fits(ops, n_rows, 1, ins, outs, ws) is not None:
+        if fits(n_rows, 1) is not None:
             return 1
-        if not h_free or full == 1 or self._fits(ops, n_rows, full, ins, outs, ws) is None:
+        if not h_free or full == 1 or fits(n_rows, full) is None:
             return None
         lo, hi = 2, full
+        hint = self._fewest.get((ops[-1].index, n_rows))      # the group one op shorter: often the answer
+        if hint is not None and lo < hint < hi:
+            if fits(n_rows, hint) is None:
+                lo = hint + 1
+            elif fits(n_rows, hint - 1) is None:
+                lo = hi = hint
+            else:
+                hi = hint - 1
         while lo < hi:
             mid = (lo + hi) // 2
-            if self._fits(ops, n_rows, mid, ins, outs, ws) is not None:
+            if fits(n_rows, mid) is not None:
                 hi = mid
             else:
                 lo = mid + 1
+        self._fewest[(ops[-1].index, n_rows)] = lo
         return lo
 
     def _fits(self, ops, n_rows: int, parts: int, ins, outs, ws):

@@ -465,8 +465,19 @@ def sub(operands, attrs, info):
 
 @int8("tpu.Mul")
 def mul(operands, attrs, info):
-    acc = (operands[0].astype(np.int64) - info.ins[0].zp) * (operands[1].astype(np.int64) - info.ins[1].zp)
-    return [_requant(acc, attrs, info.outs[0], 0)]
+    x0, x1 = np.asarray(operands[0]), np.asarray(operands[1])
+    exact32 = _product_bound(x0, info.ins[0].zp) * _product_bound(x1, info.ins[1].zp) < 1 << 31
+    wide = np.int32 if exact32 else np.int64            # (int32 holds every product of 8/16-bit factors but two 16-bit)
+    acc = np.asarray((x0.astype(wide) - wide(info.ins[0].zp)) * (x1.astype(wide) - wide(info.ins[1].zp)))
+    return [_requant(acc, attrs, info.outs[0], 0, saturated=exact32 and acc.ndim > 0)]   # (a 0-d slab is no view)
+
+
+def _product_bound(x: np.ndarray, zp: int) -> int:
+    """The largest |x - zp| that `x`'s integer type allows (a factor of a product's bound)."""
+    if not np.issubdtype(x.dtype, np.integer):
+        return 1 << 62
+    t = np.iinfo(x.dtype)
+    return max(abs(int(t.min) - zp), abs(int(t.max) - zp))
 
 
 def slope_like(slope: np.ndarray, x: np.ndarray, attrs: dict) -> np.ndarray:

@@ -293,12 +293,14 @@ def pack_gemm(w: np.ndarray, lib=None) -> tuple[np.ndarray, np.ndarray]:
 def add(a: np.ndarray, b: np.ndarray, za: int, zb: int, ma: int, mb: int, r: int, lo: int, hi: int, zp: int,
         dtype):
     """`((a - za) * ma + (b - zb) * mb)` shifted right by `r` (ties away from zero), plus `zp`,
-    clamped to [lo, hi], for INT8/UINT8/INT16 `a`, `b` of one shape, exact for |ma|, |mb| < 2**31
+    clamped to [lo, hi], for INT8/UINT8/INT16 `a`, `b` of one shape (or `b` one value), exact for |ma|, |mb| < 2**31
     and |za|, |zb| <= 2**16 (int32 lanes where the types' ranges bound the sums, else int64);
     None where it does not apply."""
     lib = _library()
     dtype = np.dtype(dtype)
     ka, kb = ADD_KINDS.get(a.dtype), ADD_KINDS.get(b.dtype)
+    if lib is not None and a.shape != b.shape and b.size == 1 and a.size > 1:
+        b = np.broadcast_to(b.reshape(()), a.shape)         # x + a constant (HardSigmoid's offset)
     if lib is None or ka is None or kb is None or a.shape != b.shape or dtype not in OUT_KINDS or \
             max(abs(ma), abs(mb)) >= 1 << 31 or max(abs(za), abs(zb)) > 1 << 16 or not 0 <= r <= 31:
         return None
