@@ -36,9 +36,9 @@ def test_patches_are_what_the_conv_multiplies(k, s, d, pads, groups, size, seed)
     if size + pads[0] + pads[2] < (k[0] - 1) * d[0] + 1 or size + 1 + pads[1] + pads[3] < (k[1] - 1) * d[1] + 1:
         return                                                            # no output
     want, = KERNELS["top.Conv"]([x, w, None], attrs)
-    rows = np.concatenate(list(W.conv_patches(x, k, attrs)))              # [N*Ho*Wo, g, d]
+    rows = np.concatenate(list(W.conv_patches(x, k, attrs)), axis=1)      # [g, N*Ho*Wo, d]
     og = o // groups
-    got = np.einsum("pgd,god->pgo", rows.astype(np.float64), w.reshape(groups, og, -1).astype(np.float64))
+    got = np.einsum("gpd,god->pgo", rows.astype(np.float64), w.reshape(groups, og, -1).astype(np.float64))
     got = got.reshape(2, want.shape[2], want.shape[3], o).transpose(0, 3, 1, 2)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
@@ -47,11 +47,13 @@ def test_large_maps_are_sampled_every_few_rows(monkeypatch):
     rng = np.random.default_rng(0)
     x = rng.normal(size=(1, 2, 12, 5)).astype(np.float32)
     attrs = {"kernel_shape": [3, 3], "strides": [1, 1], "dilations": [1, 1], "pads": [1, 1, 1, 1], "group": 1}
-    every = np.concatenate(list(W.conv_patches(x, (3, 3), attrs)))
+    every = np.concatenate(list(W.conv_patches(x, (3, 3), attrs)), axis=1)
     monkeypatch.setattr(W, "MAX_ROWS", 20)                # 60 positions: every 3rd output row
     monkeypatch.setattr(W, "ROWS", 10)                    # two rows (10 patches) a block
-    some = np.concatenate(list(W.conv_patches(x, (3, 3), attrs)))
-    np.testing.assert_array_equal(some, every.reshape(12, 5, 1, 18)[::3].reshape(-1, 1, 18))
+    some = np.concatenate(list(W.conv_patches(x, (3, 3), attrs)), axis=1)
+    np.testing.assert_array_equal(some, every.reshape(1, 12, 5, 18)[:, ::3].reshape(1, -1, 18))
+    with_ones = np.concatenate(list(W.conv_patches(x, (3, 3), attrs, ones=True)), axis=1)
+    np.testing.assert_array_equal(with_ones, np.concatenate([some, np.ones((1, some.shape[1], 1), np.float32)], 2))
 
 
 def _grid(o, d, rng):

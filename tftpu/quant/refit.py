@@ -60,9 +60,8 @@ class Fit:
     def observe(self, x_float: np.ndarray, x_quant: np.ndarray) -> None:
         kernel = tuple(self.attrs.get("kernel_shape") or self.shape[2:])
         rows = int(min(MAX_ROWS, max(MIN_ROWS, GRAM_BUDGET // self.qq.shape[1] ** 2)))
-        for pf, pq in zip(conv_patches(x_float, kernel, self.attrs, rows),
-                          conv_patches(x_quant, kernel, self.attrs, rows)):
-            pf, pq = _with_ones(pf), _with_ones(pq)
+        for pf, pq in zip(conv_patches(x_float, kernel, self.attrs, rows, ones=True),
+                          conv_patches(x_quant, kernel, self.attrs, rows, ones=True)):
             pqt = np.swapaxes(pq, 1, 2)
             self.qq += pqt @ pq
             self.qf += pqt @ pf
@@ -95,14 +94,3 @@ class Fit:
         on_grid = levels * scales[:, :, None]
         bias = np.asarray(b, np.float64) + ((blocks - on_grid) @ mu[:, :, None]).reshape(-1)
         return on_grid.reshape(w.shape).astype(w.dtype), bias
-
-
-def _with_ones(patches: np.ndarray) -> np.ndarray:
-    """[g, rows, d + 1] float32, contiguous: each group's patches [rows, g, d] and a column of
-    ones (the bias's input). Contiguous, as a strided [g, rows, d] view sends numpy's batched
-    matmul down a path many times slower (a 5x5 depthwise conv over 192 channels: 15 s an image)."""
-    rows, g, d = patches.shape
-    out = np.empty((g, rows, d + 1), np.float32)
-    out[:, :, :d] = patches.transpose(1, 0, 2)
-    out[:, :, d] = 1.0
-    return out

@@ -28,6 +28,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from tftpu import geometry, rounding
+from tftpu.errors import InternalError
 from tftpu.interp.top_interpreter import TopInterpreter
 from tftpu.ir import top
 from tftpu.ir.base import value_name
@@ -158,10 +159,12 @@ def _db(signal: float, noise: float) -> float:
 
 # ---------------------------------------------------------------------------- the layers' inputs
 
-def conv_patches(x: np.ndarray, kernel: tuple, attrs: dict, max_rows: int | None = None):
+def conv_patches(x: np.ndarray, kernel: tuple, attrs: dict, max_rows: int | None = None, ones: bool = False):
     """Yield the input patches of a 2-D NCHW conv, a block of output rows at a time, as
-    [rows, group, C/group * kh * kw] (the order of the OIHW filter's flattened [C/g, kh, kw]);
-    about `max_rows` (MAX_ROWS) rows per image at most (every few output rows of a large map)."""
+    contiguous float32 [group, rows, C/group * kh * kw] (the order of the OIHW filter's flattened
+    [C/g, kh, kw]), with a last column of ones where `ones` (a bias's input); about `max_rows`
+    (MAX_ROWS) rows per image at most (every few output rows of a large map). Contiguous, as
+    numpy's batched matmul takes a path many times slower on strided blocks."""
     max_rows = MAX_ROWS if max_rows is None else max_rows
     kh, kw = kernel
     pt, pl, pb, pr = (list(attrs.get("pads") or ()) + [0, 0, 0, 0])[:4]
@@ -169,6 +172,7 @@ def conv_patches(x: np.ndarray, kernel: tuple, attrs: dict, max_rows: int | None
     dh, dw = (list(attrs.get("dilations") or ()) + [1, 1])[:2]
     g = int(attrs.get("group", 1) or 1)
     n, c = x.shape[:2]
+    cg, d = c // g, c // g * kh * kw
     xp = np.pad(x, ((0, 0), (0, 0), (pt, pb), (pl, pr)))
     win = sliding_window_view(xp, (geometry.span(kh, dh), geometry.span(kw, dw)), axis=(2, 3))
     win = win[:, :, ::sh, ::sw, ::dh, ::dw]                   # [N, C, Ho, Wo, kh, kw]
@@ -178,16 +182,23 @@ def conv_patches(x: np.ndarray, kernel: tuple, attrs: dict, max_rows: int | None
     step = max(1, ROWS // max(1, wo))
     for i in range(n):
         for k in range(0, len(rows), step):
-            block = win[i, :, rows[k]:rows[min(k + step, len(rows)) - 1] + 1:every].transpose(1, 2, 0, 3, 4)
-            yield block.reshape(-1, g, c // g * kh * kw)                 # [rows, Wo, C, kh, kw] flattened
+            block = win[i, :, rows[k]:rows[min(k + step, len(rows)) - 1] + 1:every]    # [C, R, Wo, kh, kw]
+            r = block.shape[1]
+            out = np.empty((g, r * wo, d + ones), np.float32)
+            into = out.reshape(g, r, wo, d + ones)[..., :d].reshape(g, r, wo, cg, kh, kw)
+            if not np.shares_memory(into, out):
+                raise InternalError("conv_patches", "the patch buffer's view became a copy")
+            into[...] = block.reshape(g, cg, r, wo, kh, kw).transpose(0, 2, 3, 1, 4, 5)
+            if ones:
+                out[:, :, d] = 1.0
+            yield out
 
 
 def _accumulate(h: np.ndarray, rows: np.ndarray) -> int:
-    """h [g, d, d] += rows^T rows per group (rows [P, g, d]; float32 products of at most ROWS
-    rows, summed in float64); the number of rows."""
-    r = np.ascontiguousarray(rows.transpose(1, 0, 2), dtype=np.float32)
-    h += np.swapaxes(r, 1, 2) @ r
-    return rows.shape[0]
+    """h [g, d, d] += rows^T rows per group (rows [g, P, d] float32, contiguous; float32
+    products of at most ROWS rows, summed in float64); the number of rows."""
+    h += np.swapaxes(rows, 1, 2) @ rows
+    return rows.shape[1]
 
 
 class _Layer:
@@ -213,7 +224,7 @@ class _Layer:
 
     def observe(self, x: np.ndarray) -> None:
         if isinstance(self.op, top.MatMul):
-            self.rows += _accumulate(self.h, x.reshape(-1, 1, x.shape[-1]))
+            self.rows += _accumulate(self.h, np.ascontiguousarray(x.reshape(1, -1, x.shape[-1]), np.float32))
             return
         a = self.op.attrs()
         if a["layout"] == "NHWC":
