@@ -96,8 +96,13 @@ def _fake_quant(x: np.ndarray, q: P.QParams) -> np.ndarray:
         return x
     inv = np.float32(1.0 / q.scale)
     _, lo, hi = STORAGE[q.storage]
-    v = np.clip(np.rint(x.astype(np.float32, copy=False) * inv) + np.float32(q.zero_point), lo, hi)
-    return ((v - np.float32(q.zero_point)) * np.float32(q.scale)).astype(x.dtype, copy=False)
+    v = np.asarray(x.astype(np.float32, copy=False) * inv)    # (one buffer, every step in place)
+    np.rint(v, out=v)
+    v += np.float32(q.zero_point)
+    np.clip(v, lo, hi, out=v)
+    v -= np.float32(q.zero_point)
+    v *= np.float32(q.scale)
+    return v.astype(x.dtype, copy=False)
 
 
 def _channel_axis(op, ndim: int) -> int:
