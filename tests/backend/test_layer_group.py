@@ -403,3 +403,30 @@ def test_plans_remembered_across_programs_equal_fresh_ones(zoo_model, chip_paths
         assert [[f.op for f in g.ops] for g in plan.groups] == [[f.op for f in g.ops] for g in fresh.groups]
         check_cover(program, plan)
         check_local(plan, chip, generated=False)
+
+
+class _NoHints(dict):
+    def get(self, key, default=None):
+        return default
+
+
+@pytest.mark.parametrize("which", ["tiny512", "tiny1024", "npu1"])
+def test_the_fewest_slices_hint_changes_no_plan(zoo_model, chip_paths, which, monkeypatch):
+    # the bisection for a group's fewest H slices starts from the group one op shorter: the plan
+    # must be the one a plain bisection from 2 finds
+    from tftpu.backend import layer_group
+    tpu_model, chip = lowered(zoo_model, chip_paths, which, "INT8")
+    layer_group._EVALUATED.clear()
+    hinted = plan_groups(tpu_model, chip)
+    init = layer_group._Planner.__init__
+
+    def without_hints(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self._fewest = _NoHints()
+
+    monkeypatch.setattr(layer_group._Planner, "__init__", without_hints)
+    layer_group._EVALUATED.clear()
+    plain = plan_groups(tpu_model, chip)
+    assert hinted.as_dict() == plain.as_dict()
+    assert [g.local for g in hinted.groups] == [g.local for g in plain.groups]
+    assert any(g.h_slices > 1 for g in hinted.groups) or which == "npu1"
