@@ -467,9 +467,9 @@ def sub(operands, attrs, info):
 def mul(operands, attrs, info):
     x0, x1 = np.asarray(operands[0]), np.asarray(operands[1])
     exact32 = _product_bound(x0, info.ins[0].zp) * _product_bound(x1, info.ins[1].zp) < 1 << 31
-    wide = np.int32 if exact32 else np.int64            # (int32 holds every product of 8/16-bit factors but two 16-bit)
+    wide = np.int32 if exact32 else np.int64            # (int32 holds any product but of two 16-bit factors)
     acc = np.asarray((x0.astype(wide) - wide(info.ins[0].zp)) * (x1.astype(wide) - wide(info.ins[1].zp)))
-    return [_requant(acc, attrs, info.outs[0], 0, saturated=exact32 and acc.ndim > 0)]   # (a 0-d slab is no view)
+    return [_requant(acc, attrs, info.outs[0], 0, saturated=exact32)]
 
 
 def _product_bound(x: np.ndarray, zp: int) -> int:

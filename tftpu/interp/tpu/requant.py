@@ -92,6 +92,7 @@ class Requant:
         overwritten) to the output type; `saturated`: already within int32. Large tensors are
         cut into slabs run on threads (numpy releases the GIL)."""
         y = np.empty(acc.shape, self.dtype)
+        saturated = saturated and acc.ndim > 0          # (the fast form writes into views: a 0-d slab has none)
         in_slabs(acc.shape, self.axis, lambda sl: self._slab(acc[sl], y[sl], saturated))
         return y
 
