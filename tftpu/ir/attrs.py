@@ -101,7 +101,13 @@ def from_attr(kind: str, attr: Attribute):
     if kind in ("ints", "floats"):
         if not isinstance(attr, ArrayAttr):
             raise ValueError(f"expected an array attribute, got {attr}")
-        return [from_attr("int" if kind == "ints" else "float", a) for a in attr.data]
+        items = attr.data
+        # (per-channel requant arrays make this hot: one pass over the items, not a call per item)
+        if kind == "ints" and all(type(a) is IntegerAttr for a in items):
+            return [int(a.value.data) for a in items]
+        if kind == "floats" and all(type(a) is FloatAttr for a in items):
+            return [float(a.value.data) for a in items]
+        return [from_attr("int" if kind == "ints" else "float", a) for a in items]
     raise ValueError(f"unknown attribute kind {kind!r}")
 
 
