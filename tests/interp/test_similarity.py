@@ -139,3 +139,20 @@ def test_rounding_noise_passes_only_under_the_floor():
     assert not sim.compare_arrays("mean", ref, ref + 10 * floor, (0.99, 0.99), floor).passed
     assert not sim.compare_tensors({"x": x, "mean": ref}, {"x": x, "mean": other}, floor=0.0).passed
     assert sim.noise_floor([np.arange(5)]) == 0.0                 # integers carry no rounding noise
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+@pytest.mark.parametrize("special", [None, np.inf, -np.inf, np.nan, "all"])
+def test_noise_floor_reads_the_largest_finite_magnitude(dtype, special):
+    """The floor is NOISE_ULPS epsilons of the largest finite |value|, infinities and NaNs skipped
+    (a tensor of nothing finite adds no scale), whatever the sign of the largest value."""
+    a = (RNG.standard_normal(50) * 3).astype(dtype)
+    a[7] = -40.0                                 # the largest magnitude is a negative value
+    if special == "all":
+        a[:] = np.nan
+    elif special is not None:
+        a[3] = special
+    finite = a[np.isfinite(a)].astype(np.float64)
+    scale = float(np.max(np.abs(finite))) if finite.size else 0.0
+    eps = float(np.finfo(np.float32 if np.dtype(dtype).itemsize <= 4 else dtype).eps)
+    assert sim.noise_floor([a, np.zeros(0, np.float32)]) == sim.NOISE_ULPS * eps * scale
