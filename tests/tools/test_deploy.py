@@ -539,6 +539,30 @@ def test_removal_gains_carry_an_ops_own_rounding_to_the_outputs(cnn_case):
     got = np.concatenate([TopInterpreter(rounded).run(s, observe=on_grid)["prob"].ravel() for s in samples[:2]])
     assert gains["o"] == pytest.approx(sqnr(want, got), abs=1e-3)
 
+def test_removal_gains_remembered_by_the_grids_an_op_reads(cnn_case):
+    """Gains kept in a memo (a deploy's searches share one) come back the same as measured
+    afresh; a program whose grids moved for some ops measures those ops again, and only those."""
+    import dataclasses
+
+    from tftpu.transforms.lowering import lower
+    from tftpu.transforms.lowering.search import removal_gains
+
+    model, table, samples = cnn_case
+    tpu, report = lower(model, "npu1", "INT8", table)
+    int8 = {d.name for d in report.decisions if d.mode == "INT8"}
+    memo: dict = {}
+    first = removal_gains(model, tpu, samples[:2], int8, memo=memo)
+    assert first == removal_gains(model, tpu, samples[:2], int8) and len(memo) == len(first)
+    assert removal_gains(model, tpu, samples[:2], int8, memo=memo) == first and len(memo) == len(first)
+    name = next(iter(table.entries))
+    th, lo, hi = table.entries[name]
+    wider = dataclasses.replace(table, entries={**table.entries, name: (th * 2, lo * 2, hi * 2)})
+    tpu2, _ = lower(model, "npu1", "INT8", wider)
+    second = removal_gains(model, tpu2, samples[:2], int8, memo=memo)
+    assert second == removal_gains(model, tpu2, samples[:2], int8)
+    assert 0 < len(memo) - len(first) < len(first)
+
+
 def test_input_rounding_effects_carry_a_convs_8_bit_input_to_the_outputs():
     """The conv links' measure: per conv, the outputs' noise (over their power) with only that
     conv's input on its calibrated 8-bit grid, the float model after it; a full run with that

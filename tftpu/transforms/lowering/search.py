@@ -261,6 +261,7 @@ class References:
         # rounding noise is judged against the outputs' scale over every sample: an output that is
         # zero up to rounding on one sample (an empty mask) says nothing about precision
         self.floor = noise_floor(v for ref in self.outputs for v in ref.values())
+        self.gains: dict = {}             # `removal_gains` measured on these samples, by op and grids read
 
     def of(self, model, samples: list[dict]) -> "References":
         """These references, checked to be `model`'s on `samples` (the same arrays, in order)."""
@@ -353,7 +354,7 @@ def carrying_work(model, names: set, samples: int = RANK_SAMPLES) -> float:
 
 
 def removal_gains(top_model, tpu_model, samples: list[dict], names: set, floor: float = 0.0,
-                  dumps: list[dict] | None = None) -> dict[str, float]:
+                  dumps: list[dict] | None = None, memo: dict | None = None) -> dict[str, float]:
     """Per INT8 op named in `names`: the worst output (or part) SQNR, pooled over `samples`, of
     the float model carrying only the error that keeping that op in float removes: its result
     computed from TOP's inputs on the grids it reads, with its INT8 weights, and not rounded
@@ -361,7 +362,8 @@ def removal_gains(top_model, tpu_model, samples: list[dict], names: set, floor: 
     in float. Unlike an op's own error, it weighs what the rest of the network does with it (a
     high-pass depthwise conv's amplified input rounding), and leaves out the rounding of its
     result, which a float op does not remove. `dumps`: TOP's every tensor on `samples`, where
-    already run."""
+    already run. `memo`: gains measured before on these samples (`References.gains`), by op and
+    the grids it reads: a search again with other links measures only the ops whose grids moved."""
     from tftpu.interp.tpu.info import info_of
     from tftpu.interp.tpu.native import quantized as quantize
     from tftpu.ir import tpu
@@ -387,6 +389,10 @@ def removal_gains(top_model, tpu_model, samples: list[dict], names: set, floor: 
     for kernel, ins, outs, attrs, _, loc in interp.steps:
         if loc not in grids:
             continue
+        key = (loc, floor, frozenset(grids[loc].items()))
+        if memo is not None and key in memo:
+            gains[loc] = memo[key]
+            continue
         op = ops[loc]
         runs = []
         for ref in refs:
@@ -407,6 +413,8 @@ def removal_gains(top_model, tpu_model, samples: list[dict], names: set, floor: 
                        for s, r in zip(outs, kernel(args, attrs))}
             runs.append(output_pairs(top_model, parts, ref, {**ref, **interp.rerun(ref, changed)}))
         gains[loc] = min(worst_figures(judge_runs(runs, floor))[1], _CAP)
+        if memo is not None:
+            memo[key] = gains[loc]
     return gains
 
 
@@ -661,7 +669,8 @@ def _search(model, chip, table, samples, target, asymmetric, qtable, float_mode,
                              asymmetric=asymmetric, wide_links=wide_links, float_tail=float_tail)
         dumps = references.dumps(min(RANK_SAMPLES, len(samples)))
         if ranking == "gain":
-            alone = removal_gains(model, tpu_model, samples[:RANK_SAMPLES], set(int8_ops), floor, dumps)
+            alone = removal_gains(model, tpu_model, samples[:RANK_SAMPLES], set(int8_ops), floor, dumps,
+                                  references.gains)
         else:
             alone = isolated_errors(model, tpu_model, samples[:RANK_SAMPLES], set(int8_ops), dumps)
     if owned:
