@@ -11,6 +11,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tftpu import errors, quant
 from tftpu.ir import TopBuilder, load
@@ -251,6 +253,27 @@ def test_the_test_input_meets_the_target_on_its_own(cnn_case):
     res = search_mixed_precision(model, "npu1", table, order, target, qtable=base, judge_first=True)
     assert res.met and res.kept and res.reached[1] >= (first + pooled) / 2 - 1e-3
     assert alone({n: m for n, m, _ in res.kept}, order[0]) >= (first + pooled) / 2 - 1e-3
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(2, 4), st.lists(st.floats(0.0, 2.0), min_size=8, max_size=8), st.integers(0, 2**31 - 1))
+def test_the_first_sample_alone_bounds_the_judged_figures(n, noise, seed):
+    """What the search's early stop relies on: with `judge_first`, every judged figure (pooled
+    over the samples, the first alone too) is no better than the first sample's alone, so a first
+    sample that misses a target alone settles that the whole pool misses it."""
+    from tftpu.transforms.lowering.search import judge_runs, worst_figures
+
+    rng = np.random.default_rng(seed)
+    runs = []
+    for i in range(n):
+        pairs = []
+        for k, name in enumerate(("boxes", "scores")):
+            ref = rng.standard_normal(12) * (1 + k)
+            pairs.append((name, ref, ref + rng.standard_normal(12) * noise[2 * i + k]))
+        runs.append(pairs)
+    alone = worst_figures(judge_runs(runs[:1], 0.0))
+    whole = worst_figures(judge_runs(runs, 0.0, judge_first=True))
+    assert whole[0] <= alone[0] and whole[1] <= alone[1]
 
 
 def test_auto_ranking_keeps_the_float_set_that_does_better_lowered(cnn_case):

@@ -24,6 +24,7 @@ where the chip has it. The result is a quantize table (TPU-MLIR's format).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 import time
@@ -593,11 +594,13 @@ def _search(model, chip, table, samples, target, asymmetric, qtable, float_mode,
     parts, refs, floor = references.parts, references.outputs, references.floor
     evaluations = 0
 
-    def evaluate(extra: dict, n_samples: int | None = None, dumps: list | None = None):
+    def evaluate(extra: dict, n_samples: int | None = None, dumps: list | None = None, need=None):
         """(worst (cosine, SQNR) over the judged tensors, each pooled over the samples (and,
         with `judge_first`, on the first sample alone: the worse of the two), the lowering report,
         those figures per judged tensor); `dumps` collects every tensor of the first
-        ATTRIBUTION_SAMPLES runs."""
+        ATTRIBUTION_SAMPLES runs. `need(figures) -> bool`: where only that verdict matters, a
+        first sample that fails it alone ends the runs (the pooled figures can only be worse);
+        the figures returned are then its own."""
         nonlocal evaluations
         evaluations += 1
         tpu_model, report = lower(_lowered(model, weights_from, {**base, **extra}), chip, "INT8", table,
@@ -605,12 +608,17 @@ def _search(model, chip, table, samples, target, asymmetric, qtable, float_mode,
                                   float_tail=float_tail)
         run = TpuInterpreter(tpu_model, exact_rows=False)
         runs = []
-        for i, (s, ref) in enumerate(list(zip(samples, refs))[:n_samples]):
+        judged = list(zip(samples, refs))[:n_samples]
+        for i, (s, ref) in enumerate(judged):
             dump = dumps is not None and i < ATTRIBUTION_SAMPLES
             got = run.run(s, dump_all=dump, dequantize=True, keep=references.needed)
             if dump:
                 dumps.append(got)
             runs.append(output_pairs(model, parts, ref, got))
+            if i == 0 and need is not None and judge_first and len(judged) > 1:
+                alone = judge_runs(runs, floor)
+                if not need(worst_figures(alone)):
+                    return worst_figures(alone), report, alone
         figures = judge_runs(runs, floor, judge_first)
         return worst_figures(figures), report, figures
 
@@ -701,7 +709,7 @@ def _search(model, chip, table, samples, target, asymmetric, qtable, float_mode,
         it = iter(steps)
         while hi - lo > 1:
             mid = (lo + hi) // 2
-            reached, _, _ = evaluate({n: fmode for n, _ in ranked[:mid]})
+            reached, _, _ = evaluate({n: fmode for n, _ in ranked[:mid]}, need=meets)
             next(it, None)
             if meets(reached):
                 hi, best = mid, reached
@@ -718,7 +726,7 @@ def _search(model, chip, table, samples, target, asymmetric, qtable, float_mode,
             best = evaluate({n: fmode for n, _ in ranked[:hi]})[0]
     kept = [(n, fmode, snr) for n, snr in ranked[:hi]]
     if meets(best):
-        kept, best = _prune(kept, flops, total, fmode, evaluate, meets, best, fits)
+        kept, best = _prune(kept, flops, total, fmode, functools.partial(evaluate, need=meets), meets, best, fits)
     return MixedPrecisionResult({**base, **{n: m for n, m, _ in kept}}, kept, (cos_t, snr_t), best, int8_reached,
                                 evaluations, time.perf_counter() - t0, len(int8_ops), asked, reached_hi,
                                 ranking=ranking, float_budget=float_budget, budget_limited=limited,
