@@ -586,6 +586,31 @@ def test_removal_gains_remembered_by_the_grids_an_op_reads(cnn_case):
     assert 0 < len(memo) - len(first) < len(first)
 
 
+def test_isolated_errors_remembered_by_tpu_op(cnn_case):
+    """Isolated errors kept in a memo come back the same as measured afresh; a program whose
+    grids moved for some ops runs those ops again, and only those."""
+    import dataclasses
+
+    from tftpu.transforms.lowering import lower
+    from tftpu.transforms.lowering.search import isolated_errors
+
+    model, table, samples = cnn_case
+    tpu, report = lower(model, "npu1", "INT8", table)
+    int8 = {d.name for d in report.decisions if d.mode == "INT8"}
+    memo: dict = {}
+    first = isolated_errors(model, tpu, samples[:2], int8, memo=memo)
+    assert first == isolated_errors(model, tpu, samples[:2], int8) and len(memo) >= len(first)
+    size = len(memo)
+    assert isolated_errors(model, tpu, samples[:2], int8, memo=memo) == first and len(memo) == size
+    name = next(iter(table.entries))
+    th, lo, hi = table.entries[name]
+    wider = dataclasses.replace(table, entries={**table.entries, name: (th * 2, lo * 2, hi * 2)})
+    tpu2, _ = lower(model, "npu1", "INT8", wider)
+    second = isolated_errors(model, tpu2, samples[:2], int8, memo=memo)
+    assert second == isolated_errors(model, tpu2, samples[:2], int8) and second != first
+    assert 0 < len(memo) - size < size
+
+
 def test_input_rounding_effects_carry_a_convs_8_bit_input_to_the_outputs():
     """The conv links' measure: per conv, the outputs' noise (over their power) with only that
     conv's input on its calibrated 8-bit grid, the float model after it; a full run with that

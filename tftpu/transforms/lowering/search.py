@@ -263,6 +263,7 @@ class References:
         # zero up to rounding on one sample (an empty mask) says nothing about precision
         self.floor = noise_floor(v for ref in self.outputs for v in ref.values())
         self.gains: dict = {}             # `removal_gains` measured on these samples, by op and grids read
+        self.isolated: dict = {}          # `isolated_errors` measured on these samples, by TPU op
 
     def of(self, model, samples: list[dict]) -> "References":
         """These references, checked to be `model`'s on `samples` (the same arrays, in order)."""
@@ -292,10 +293,14 @@ def _top_name(op, names: set) -> str:
 
 
 def isolated_errors(top_model, tpu_model, samples: list[dict], names: set,
-                    dumps: list[dict] | None = None) -> dict[str, float]:
+                    dumps: list[dict] | None = None, memo: dict | None = None) -> dict[str, float]:
     """Per INT8 op named in `names`: the worst SQNR (dB) of its output against TOP's when it runs
     on TOP's own inputs, quantized onto the grids it reads (its error alone, not inherited).
-    `dumps`: TOP's every tensor on `samples`, where already run."""
+    `dumps`: TOP's every tensor on `samples`, where already run. `memo`: errors measured before
+    on these samples (`References.isolated`), by TPU op (kind, attributes, operand and result
+    types, weights): a search again with other links runs only the ops that changed."""
+    import hashlib
+
     from tftpu.interp.tpu import kernel_of
     from tftpu.interp.tpu.info import info_of
     from tftpu.interp.tpu.native import quantized as quantize
@@ -311,9 +316,20 @@ def isolated_errors(top_model, tpu_model, samples: list[dict], names: set,
         top_name = _top_name(op, names)
         if top_name not in names:
             continue
+        attrs = op.attrs()
+        key = None
+        if memo is not None:
+            key = (top_name, op.name, repr(attrs), str(op.results[0].type),
+                   tuple((value_name(_source(v)), str(v.type),
+                          hashlib.sha256(np.ascontiguousarray(weights[v.owner.key]).tobytes()).hexdigest()
+                          if isinstance(v.owner, top.Weight) else None) for v in op.operands))
+            if key in memo:
+                if memo[key] is not None:
+                    worst[top_name] = min(worst.get(top_name, _CAP), memo[key])
+                continue
         kernel = kernel_of(op, exact_rows=False)
         out_info = info_of(op.results[0].type)
-        attrs = op.attrs()
+        mine = None
         for ref in refs:
             operands = []
             for v in op.operands:
@@ -333,7 +349,11 @@ def isolated_errors(top_model, tpu_model, samples: list[dict], names: set,
                 if top_name not in ref:
                     continue
                 got = out_info.dequantize(np.asarray(kernel(operands, attrs)[0]))
-                worst[top_name] = min(worst.get(top_name, _CAP), _snr(ref[top_name], got))
+                mine = min(_CAP if mine is None else mine, _snr(ref[top_name], got))
+        if mine is not None:
+            worst[top_name] = min(worst.get(top_name, _CAP), mine)
+        if key is not None:
+            memo[key] = mine
     return worst
 
 
@@ -680,7 +700,8 @@ def _search(model, chip, table, samples, target, asymmetric, qtable, float_mode,
             alone = removal_gains(model, tpu_model, samples[:RANK_SAMPLES], set(int8_ops), floor, dumps,
                                   references.gains)
         else:
-            alone = isolated_errors(model, tpu_model, samples[:RANK_SAMPLES], set(int8_ops), dumps)
+            alone = isolated_errors(model, tpu_model, samples[:RANK_SAMPLES], set(int8_ops), dumps,
+                                    references.isolated)
     if owned:
         references.drop_dumps()
     flops = {op.loc: op.flops() for op in model.ops if op.loc in set(int8_ops)}
