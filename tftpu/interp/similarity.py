@@ -100,12 +100,12 @@ def noise_floor(tensors) -> float:
         t = np.asarray(t)
         if t.dtype.kind != "f" or t.size == 0:
             continue
-        top = max(float(t.max()), -float(t.min()))     # two reductions, no copy: all finite unless inf/nan
-        if not math.isfinite(top):
+        largest = max(float(t.max()), -float(t.min()))  # two reductions, no copy: all finite unless inf/nan
+        if not math.isfinite(largest):
             finite = t[np.isfinite(t)]
-            top = float(np.max(np.abs(finite))) if finite.size else None
-        if top is not None:
-            scale = max(scale, top)
+            largest = float(np.max(np.abs(finite))) if finite.size else None
+        if largest is not None:
+            scale = max(scale, largest)
         eps = max(eps, float(np.finfo(np.float32 if t.dtype.itemsize <= 4 else t.dtype).eps))
     return NOISE_ULPS * eps * scale
 

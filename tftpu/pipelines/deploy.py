@@ -33,7 +33,7 @@ from tftpu.transforms.lowering.decode_tail import decode_tail
 from tftpu.pipelines.equalization import check_equalize, equalize_step
 from tftpu.pipelines.judge import Judge as _Judge
 from tftpu.transforms.lowering.search import (AUTO_TARGET, FLOAT_BUDGET, LATENCY_BUDGET, RANK_SAMPLES, References,
-                                              output_parts, parse_target, part_slices)
+                                              judged_tensors, output_parts, parse_target, part_slices)
 
 __all__ = ["deploy", "DeployResult", "DEFAULT_TOLERANCE", "verify", "output_parts"]
 
@@ -163,7 +163,7 @@ def verify(top_model, tpu_model, samples: list[dict], tolerance, reference: dict
     pooled: dict = {}                 # key -> (name, shape, [reference arrays], [TPU arrays])
     tensors = None
     floor = 0.0                       # the noise floor of every sample's tensors
-    needed = set(top_model.output_names) | {spec[0] for specs in parts.values() for spec in specs}
+    needed = judged_tensors(top_model, [spec for specs in parts.values() for spec in specs])
     for i, sample in enumerate(samples):
         ref = top_run.run(sample, dump_all=True)
         # every TPU tensor of the first sample (compared one by one), the judged ones of the rest

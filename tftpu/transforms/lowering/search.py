@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import itertools
 import math
 import time
@@ -242,6 +243,12 @@ def part_slices(tensors: dict, spec) -> list[tuple[str, np.ndarray]]:
     return out
 
 
+def judged_tensors(model, specs) -> set:
+    """The tensors a judge reads of `model`: its outputs and those the parts `specs` (`output_parts`
+    entries) are cut from."""
+    return set(model.output_names) | {spec[0] for spec in specs}
+
+
 class References:
     """TOP's outputs (with the tensors each concatenated output's parts are cut from) on `samples`,
     run once for every search and judge of one deploy, and every tensor of the first `dumped`
@@ -250,7 +257,7 @@ class References:
     def __init__(self, model, samples: list[dict], dumped: int = RANK_SAMPLES):
         self.model, self.samples = model, list(samples)
         self.parts = [spec for specs in output_parts(model).values() for spec in specs]
-        self.needed = set(model.output_names) | {spec[0] for spec in self.parts}
+        self.needed = judged_tensors(model, self.parts)
         run = TopInterpreter(model)
         self.outputs: list[dict] = []
         self._dumps: list[dict] | None = []
@@ -299,8 +306,6 @@ def isolated_errors(top_model, tpu_model, samples: list[dict], names: set,
     `dumps`: TOP's every tensor on `samples`, where already run. `memo`: errors measured before
     on these samples (`References.isolated`), by TPU op (kind, attributes, operand and result
     types, weights): a search again with other links runs only the ops that changed."""
-    import hashlib
-
     from tftpu.interp.tpu import kernel_of
     from tftpu.interp.tpu.info import info_of
     from tftpu.interp.tpu.native import quantized as quantize
