@@ -79,6 +79,21 @@ def test_model_export_is_quiet_unless_verbose(tmp_path):
     assert loud.returncode == 0 and "Captures:" in loud.stdout and "TensorSpec" in loud.stdout
 
 
+def test_tflite_import_is_quiet_unless_verbose():
+    """tf2onnx's TFLite reader builds a tf.lite.Interpreter: its deprecation warning and the
+    native XNNPACK line stay off a library user's stderr too (frontend.load, tftpu.compile)."""
+    tflite = material.get("face_detection_short_range.tflite")
+    code = ("import warnings; warnings.simplefilter('default'); "
+            f"from tftpu import frontend; frontend.load(r'{tflite}')")
+    quiet = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                           env={**_env(False), "TF_CPP_MIN_LOG_LEVEL": "2"}, cwd=ROOT)
+    assert quiet.returncode == 0, quiet.stderr
+    assert "deprecated" not in quiet.stderr and "XNNPACK" not in quiet.stderr, quiet.stderr
+    loud = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env=_env(True), cwd=ROOT)
+    assert loud.returncode == 0 and "XNNPACK" in loud.stderr, loud.stderr
+
+
 def test_tool_output_restores_stderr_and_keeps_own_records(capsys):
     """In-process (stderr captured by the test runner): nothing is redirected, other packages'
     log records and warnings are dropped, tftpu's kept, and everything is put back after."""

@@ -13,6 +13,7 @@ import logging
 import os
 import struct
 import tempfile
+import warnings
 from pathlib import Path
 
 from tftpu import geometry
@@ -43,8 +44,12 @@ def _check_opset(opset: int) -> int:
 
 @contextlib.contextmanager
 def _quiet():
-    """tf2onnx prints progress on stdout/stderr; keep tools' output clean."""
-    with contextlib.redirect_stdout(io.StringIO()):
+    """tf2onnx prints progress on stdout/stderr; keep tools' output clean. Its TFLite reader
+    builds a `tf.lite.Interpreter` for tensor details, whose deprecation notice and native
+    "Created TensorFlow Lite XNNPACK delegate" line are not the user's to act on (tftpu runs
+    `.tflite` files through LiteRT: `tftpu.lite.runtime`); `TFTPU_VERBOSE=1` shows the native lines."""
+    with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings(), quiet.native_stderr_silenced():
+        warnings.filterwarnings("ignore", message=r"(?s).*tf\.lite\.Interpreter is deprecated", category=UserWarning)
         yield
 
 
