@@ -372,6 +372,46 @@ def test_float_ops_that_do_not_help_the_lowered_weights_are_undone(monkeypatch):
     assert res.search.as_dict()["undone"] == [round(v, 3) for v in res.search.undone]
 
 
+def test_the_float_check_chooses_its_own_correction_where_the_float_set_kept_none(monkeypatch):
+    """The float check's all-INT8 program takes the first build's correction as given, except
+    where that build did not keep it: then all INT8 gets a refit and check of its own (a
+    correction the float set does not need may still mend all INT8's noise)."""
+    import tftpu.pipelines.deploy as deploying
+    import tftpu.transforms.lowering.search as S
+
+    b = TopBuilder("big")
+    x = b.input("x", (1, 4, 6, 6))
+    y = b.op("Conv", [x, b.weight("w", 1e5 * np.eye(4, dtype=np.float32).reshape(4, 4, 1, 1)), b.none()],
+             {"kernel_shape": [1, 1]}, "y")
+    model = b.finish([b.op("Relu", [y], {}, "r")])
+    rng = np.random.default_rng(0)
+    samples = [{"x": rng.uniform(0, 1, (1, 4, 6, 6)).astype(np.float32)} for _ in range(3)]
+    table = quant.calibrate(model, samples, "minmax")
+
+    def search(*args, **kwargs):
+        return S.MixedPrecisionResult({"y": "F16"}, [("y", "F16", 0.0)], (0.99, 20.0), (1.0, 100.0), (0.9, 10.0), 1, 0.0, 2)
+
+    real_keep, checks = deploying._keep_correction, []
+
+    def keep(judge, corrected, plain, reports, target=float("inf")):     # the float set's build keeps none
+        real_keep(judge, corrected, plain, reports, target)
+        checks.append(corrected)
+        if len(checks) == 1:
+            for r in reports:
+                r.kept = False
+            return False
+        return True
+
+    monkeypatch.setattr(S, "search_mixed_precision", search)
+    monkeypatch.setattr(deploying, "_keep_correction", keep)
+    res = deploy(model, quantize="INT8", chip="npu1", calibration_table=table, test_input=samples[0],
+                 samples=samples[1:], mixed_precision="auto", weight_rounding=False, bias_correction=False,
+                 weight_refit=True, refit_rounding="nearest")
+    assert res.search.undone is not None and not res.search.kept
+    assert len(checks) == 2                          # the float set's build, all INT8's own
+    assert res.bias_correction is not None and res.bias_correction.refit and res.bias_correction.kept
+
+
 def test_bad_input_is_one_clear_error(cnn_case, tmp_path):
     model, table, samples = cnn_case
     with pytest.raises(errors.UsageError, match="calibration table"):
