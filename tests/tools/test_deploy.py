@@ -344,10 +344,9 @@ def test_the_last_float_ops_go_back_to_int8_where_the_lowered_weights_allow(cnn_
     assert plain.search.trimmed is None and len(plain.search.kept) == 4
 
 
-def test_float_ops_that_do_not_help_the_lowered_weights_are_undone(monkeypatch):
-    """Where the search's float ops do worse than all INT8 on the weights finally lowered (here
-    F16 overflows a conv whose outputs pass 65504, which INT8 holds), deploy lowers all INT8 and
-    says why."""
+def _overflowing_f16_case():
+    """(model, samples, table, search): a conv whose outputs pass F16's 65504, which INT8 holds,
+    and a search stub that keeps exactly that conv in F16."""
     import tftpu.transforms.lowering.search as S
 
     b = TopBuilder("big")
@@ -362,6 +361,16 @@ def test_float_ops_that_do_not_help_the_lowered_weights_are_undone(monkeypatch):
     def search(*args, **kwargs):
         return S.MixedPrecisionResult({"y": "F16"}, [("y", "F16", 0.0)], (0.99, 20.0), (1.0, 100.0), (0.9, 10.0), 1, 0.0, 2)
 
+    return model, samples, table, search
+
+
+def test_float_ops_that_do_not_help_the_lowered_weights_are_undone(monkeypatch):
+    """Where the search's float ops do worse than all INT8 on the weights finally lowered (here
+    F16 overflows a conv whose outputs pass 65504, which INT8 holds), deploy lowers all INT8 and
+    says why."""
+    import tftpu.transforms.lowering.search as S
+
+    model, samples, table, search = _overflowing_f16_case()
     monkeypatch.setattr(S, "search_mixed_precision", search)
     res = deploy(model, quantize="INT8", chip="npu1", calibration_table=table, test_input=samples[0],
                  samples=samples[1:], mixed_precision="auto", weight_rounding=False, bias_correction=False)
@@ -379,18 +388,7 @@ def test_the_float_check_chooses_its_own_correction_where_the_float_set_kept_non
     import tftpu.pipelines.deploy as deploying
     import tftpu.transforms.lowering.search as S
 
-    b = TopBuilder("big")
-    x = b.input("x", (1, 4, 6, 6))
-    y = b.op("Conv", [x, b.weight("w", 1e5 * np.eye(4, dtype=np.float32).reshape(4, 4, 1, 1)), b.none()],
-             {"kernel_shape": [1, 1]}, "y")
-    model = b.finish([b.op("Relu", [y], {}, "r")])
-    rng = np.random.default_rng(0)
-    samples = [{"x": rng.uniform(0, 1, (1, 4, 6, 6)).astype(np.float32)} for _ in range(3)]
-    table = quant.calibrate(model, samples, "minmax")
-
-    def search(*args, **kwargs):
-        return S.MixedPrecisionResult({"y": "F16"}, [("y", "F16", 0.0)], (0.99, 20.0), (1.0, 100.0), (0.9, 10.0), 1, 0.0, 2)
-
+    model, samples, table, search = _overflowing_f16_case()
     real_keep, checks = deploying._keep_correction, []
 
     def keep(judge, corrected, plain, reports, target=float("inf")):     # the float set's build keeps none
