@@ -554,7 +554,6 @@ def main() -> None:
         except TftpuError as e:          # a model the float reference or import cannot take: one line, go on
             print(f"\n== {job[0]}: {Path(job[1]).name}: not measured: {e}", flush=True)
             results.append({"model": job[0], "na": str(e)})
-            continue
         if args.json:                    # after each model: a long run keeps what it measured
             Path(args.json).write_text(json.dumps(_clean({"chip": args.chip, "calib": args.calib,
                                                           "models": results}), indent=1))

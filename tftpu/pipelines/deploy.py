@@ -577,7 +577,7 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
         (the trials differ by a few ops; each correction's own choice and check cost as much as
         the search), or, `own`, with a choice and check of its own"""
         notes = dataclasses.replace(rounding) if rounding is not None else None
-        return build(q, notes, links, None if own else settled[0] if settled else None), notes
+        return build(q, notes, links, None if own or not settled else settled[0]), notes
 
     tpu_model, lowering, lowered, corrected = build(qtable, rounding)
     if rival is not None:                        # judge is set: the search kept ops, given a test input
