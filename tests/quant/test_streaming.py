@@ -134,7 +134,7 @@ def test_streams_keep_no_sample_and_read_once(model):
     gc.collect()
     assert table.samples == 40 and sum(r() is not None for r in made) == 0
     stream = quant.iter_samples(model, gen(12))
-    head = stream.head(9)                      # what tftpu.compile keeps; the pass goes on after them
+    head = stream.head(9)                      # kept (as tftpu.compile keeps its first); the pass goes on
     assert len(head) == 9 and len(list(stream)) == 12
     with pytest.raises(errors.UsageError, match="once"):
         list(stream)
@@ -146,3 +146,33 @@ def test_compile_streams_its_calibration_data(model):
     compiled = tftpu.compile(model, chip="npu1", calibration_data=iter(samples), mixed_precision="none",
                              bias_correction=False, space_to_depth=False)
     assert "over 12 samples" in str(compiled) and compiled.passed
+
+
+def test_compile_fits_the_refit_on_more_photos_than_it_judges_on(model, monkeypatch):
+    """tftpu.compile keeps the stream's first 17 samples: the search and the correction guard judge
+    on 8 of them (and the test input), the weight refit fits on 16, plain bias correction on 8."""
+    import tftpu.pipelines.deploy as deploy_module
+    import tftpu.quant.bias_correction as bias_module
+    from tftpu.quant.refit import MAX_SAMPLES
+
+    judged, fitted = [], []
+    real_deploy, real_correct = deploy_module.deploy, bias_module.correct_biases
+
+    def spy_deploy(*args, **kwargs):
+        judged.append(len(kwargs["samples"]))
+        return real_deploy(*args, **kwargs)
+
+    def spy_correct(*args, **kwargs):
+        corrected = real_correct(*args, **kwargs)
+        fitted.append((bool(kwargs.get("refit")), corrected[1].samples))
+        return corrected
+
+    monkeypatch.setattr(deploy_module, "deploy", spy_deploy)
+    monkeypatch.setattr(bias_module, "correct_biases", spy_correct)
+    rng = np.random.default_rng(5)
+    samples = [rng.normal(size=(1, 3, 16, 16)).astype(np.float32) for _ in range(24)]
+    compiled = tftpu.compile(model, chip="npu1", calibration_data=iter(samples), test_input=samples[0] * 0.5,
+                             calibration_method="mse", mixed_precision="none", space_to_depth=False)
+    assert "over 24 samples" in str(compiled) and compiled.passed
+    assert MAX_SAMPLES == 16 and judged == [8]
+    assert (True, 16) in fitted and (False, 8) in fitted and set(fitted) <= {(True, 16), (False, 8)}

@@ -28,6 +28,7 @@ from tftpu.ir import top
 from tftpu.ir.base import value_name
 from tftpu.quant.links import InputConvs, input_convs
 from tftpu.quant.refit import INPUT_BUDGET as REFIT_INPUTS
+from tftpu.quant.refit import MAX_SAMPLES as REFIT_SAMPLES
 from tftpu.quant.refit import ROUNDINGS as REFIT_ROUNDINGS
 from tftpu.transforms.lowering.decode_tail import decode_tail
 from tftpu.pipelines.equalization import check_equalize, equalize_step
@@ -213,7 +214,7 @@ def _pooled_row(name: str, shape: tuple, refs: list, gots: list, tol, floor: flo
 def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=None,
            asymmetric: bool | str | None = None,
            test_input=None, test_reference=None, tolerance=None, tpu_mlir=None, report=None,
-           mixed_precision: str | None = "auto", samples: list[dict] | None = None,
+           mixed_precision: str | None = "auto", samples: list[dict] | None = None, fit_samples: list[dict] | None = None,
            mixed_precision_ranking: str = "auto", mixed_precision_budget: float | None = FLOAT_BUDGET,
            mixed_precision_latency: float | None = LATENCY_BUDGET,
            space_to_depth: bool = False, model=None,
@@ -282,7 +283,10 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     tail (`tftpu.transforms.lowering.decode_tail`) runs in float by design. `weight_refit`
     (INT8; in place of `weight_rounding`, and with `bias_correction` for the other ops): the
     bias-correction copy's 2-D convs get weights and biases refit to the simulated INT8 inputs they
-    get with the float ops chosen (`tftpu.quant.refit`), kept on the same condition.
+    get with the float ops chosen (`tftpu.quant.refit`: on up to 16 images within its input budget,
+    plain bias correction on up to 8), kept on the same condition. `fit_samples`: the inputs the
+    refit and bias correction fit to, where not `samples` (`tftpu.compile` judges on 8 calibration
+    images and fits on up to 16).
     `refit_rounding`: how the refit weights reach their INT8 grid: "nearest", "gptq" (each
     conv's rounding errors fed back through its INT8 inputs' covariance, the bias taking back
     their mean: `tftpu.quant.refit.Fit.rounded`), or "auto" (the default: with a test input, the
@@ -522,9 +526,11 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
                 from tftpu.quant.weight_rounding import restore_weights
                 lowered = restore_weights(rounded, top_model, float_ops)
             if correcting and (given is None or given[1]):  # a refit fits the convs to their INT8 inputs
-                from tftpu.quant.bias_correction import INPUT_BUDGET, correct_biases
+                from tftpu.quant.bias_correction import INPUT_BUDGET, MAX_SAMPLES as MAX_FIT_SAMPLES, correct_biases
                 t1 = time.perf_counter()
-                lowered, corrected = correct_biases(lowered, table, samples or [inputs], asymmetric=asymmetric,
+                lowered, corrected = correct_biases(lowered, table, fit_samples or samples or [inputs],
+                                                    asymmetric=asymmetric,
+                                                    max_samples=REFIT_SAMPLES if refit_now else MAX_FIT_SAMPLES,
                                                     float_ops=float_ops, fixed=fixed,
                                                     wide_links=links, refit=bool(refit_now),
                                                     rounding="gptq" if refit_now == "gptq" else "nearest",
