@@ -20,9 +20,10 @@ and 1.15x the all-INT8 latency unless told otherwise (--mixed_precision_budget, 
 from absl import flags
 
 from tftpu import cli
+from tftpu.quant.refit import MAX_SAMPLES as REFIT_SAMPLES
 from tftpu.transforms.lowering.search import FLOAT_BUDGET, LATENCY_BUDGET
 
-SAMPLES = 8         # as many as tftpu.compile hands deploy
+SAMPLES = 8         # as many as tftpu.compile judges on; the refit fits on up to REFIT_SAMPLES
 
 flags.DEFINE_string("mlir", None, "TOP .mlir to deploy")
 flags.DEFINE_enum("quantize", "F32", ["F32", "BF16", "F16", "INT8"], "arithmetic of the TPU model")
@@ -36,7 +37,8 @@ flags.DEFINE_string("test_input", None, ".npz input to verify with (keys: input 
 flags.DEFINE_string("samples", None, "INT8: inputs besides --test_input that the weight refit, bias correction and "
                     "mixed-precision search fit and judge on, as tftpu.compile does with its calibration data: a "
                     "directory, a glob (quoted) or a TFRecord file of .npz/.npy inputs or images (as --mean, --scale "
-                    f"and --pixel_format say); the first {SAMPLES}")
+                    f"and --pixel_format say); the first {REFIT_SAMPLES} (the refit fits on them, the rest on "
+                    f"the first {SAMPLES})")
 cli.define_image_flags()
 flags.DEFINE_string("test_reference", None, ".npz of reference outputs (default: TOP's own outputs)")
 flags.DEFINE_string("tolerance", None, "minimum cosine,euclidean similarity of the outputs (default per mode)")
@@ -116,7 +118,7 @@ FLAGS = flags.FLAGS
 
 def _model_and_samples():
     """The model to deploy (loaded once where --samples needs it, else its path) and the first
-    `SAMPLES` inputs --samples names (None without it)."""
+    `REFIT_SAMPLES` inputs --samples names (None without it)."""
     if not FLAGS.samples:
         return FLAGS.mlir, None
     from tftpu.ir.module import TpuModel, load
@@ -125,7 +127,7 @@ def _model_and_samples():
     model = load(FLAGS.mlir)
     if isinstance(model, TpuModel):             # deploy refuses it, naming the file
         return FLAGS.mlir, None
-    found = list(iter_samples(model, FLAGS.samples, SAMPLES, cli.floats(FLAGS.mean, "mean"),
+    found = list(iter_samples(model, FLAGS.samples, REFIT_SAMPLES, cli.floats(FLAGS.mean, "mean"),
                               cli.floats(FLAGS.scale, "scale"), FLAGS.pixel_format, what="--samples"))
     return model, found or None
 
@@ -150,7 +152,7 @@ def main(args):
                     mixed_precision_budget=FLAGS.mixed_precision_budget,
                     mixed_precision_latency=FLAGS.mixed_precision_latency,
                     space_to_depth=FLAGS.space_to_depth, model=FLAGS.model, trace=FLAGS.trace,
-                    samples=samples, float_tail=FLAGS.float_tail, **fitting, refit_rounding=FLAGS.refit_rounding,
+                    samples=samples and samples[:SAMPLES], fit_samples=samples, float_tail=FLAGS.float_tail, **fitting, refit_rounding=FLAGS.refit_rounding,
                     equalize={"auto": "auto", "on": True, "off": False}[FLAGS.equalize],
                     wide_links=FLAGS.wide_links and {"auto": "auto", "on": "tables", "off": True}[FLAGS.wide_tables],
                     conv_links=FLAGS.conv_links,
