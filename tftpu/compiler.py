@@ -26,7 +26,7 @@ import numpy as np
 from tftpu import errors
 from tftpu.pipelines.calibration_choice import CALIBRATION_DEFAULT, methods_of, target_of, try_tables
 from tftpu.quant.refit import MAX_SAMPLES as REFIT_SAMPLES
-from tftpu.transforms.lowering.search import FLOAT_BUDGET, LATENCY_BUDGET
+from tftpu.transforms.lowering.search import FLOAT_BUDGET, JUDGE_SAMPLES, LATENCY_BUDGET
 
 __all__ = ["compile", "CompiledModel", "Stage"]
 
@@ -305,18 +305,18 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None,
         say(f"[2] {stages[-1]}")
     shown = len(stages)                     # the stages said so far
 
-    others = [s for s in samples if s is not check]       # what the search judges (8) and the refit fits
+    others = [s for s in samples if s is not check]       # what the search judges and the refit fits on
 
     def build(method, table):
         """(TOP model, table, equalize stage or None, DeployResult) for one calibration table."""
         model, eq_stage = top_model, None
         if mode == "INT8" and equalize:
-            model, table, eq_stage = _equalize(top_model, table, samples[:9], check, chip, asymmetric, method,
-                                               equalize)
+            model, table, eq_stage = _equalize(top_model, table, samples[:1 + JUDGE_SAMPLES], check, chip,
+                                               asymmetric, method, equalize)
         return model, table, eq_stage, deploy(
             model, quantize=mode, chip=chip, calibration_table=table, asymmetric=asymmetric,
             quantize_table=quantize_table, test_input=check, tolerance=tolerance,
-            mixed_precision=mixed_precision, samples=others[:8], fit_samples=others[:REFIT_SAMPLES],
+            mixed_precision=mixed_precision, samples=others[:JUDGE_SAMPLES], fit_samples=others[:REFIT_SAMPLES],
             space_to_depth=space_to_depth, bias_correction=bias_correction,
             weight_rounding=weight_rounding, weight_refit=weight_refit, refit_rounding=refit_rounding,
             mixed_precision_budget=mixed_precision_budget,

@@ -21,9 +21,7 @@ from absl import flags
 
 from tftpu import cli
 from tftpu.quant.refit import MAX_SAMPLES as REFIT_SAMPLES
-from tftpu.transforms.lowering.search import FLOAT_BUDGET, LATENCY_BUDGET
-
-SAMPLES = 8         # as many as tftpu.compile judges on; the refit fits on up to REFIT_SAMPLES
+from tftpu.transforms.lowering.search import FLOAT_BUDGET, JUDGE_SAMPLES, LATENCY_BUDGET
 
 flags.DEFINE_string("mlir", None, "TOP .mlir to deploy")
 flags.DEFINE_enum("quantize", "F32", ["F32", "BF16", "F16", "INT8"], "arithmetic of the TPU model")
@@ -38,7 +36,7 @@ flags.DEFINE_string("samples", None, "INT8: inputs besides --test_input that the
                     "mixed-precision search fit and judge on, as tftpu.compile does with its calibration data: a "
                     "directory, a glob (quoted) or a TFRecord file of .npz/.npy inputs or images (as --mean, --scale "
                     f"and --pixel_format say); the first {REFIT_SAMPLES} (the refit fits on them, the rest on "
-                    f"the first {SAMPLES})")
+                    f"the first {JUDGE_SAMPLES})")
 cli.define_image_flags()
 flags.DEFINE_string("test_reference", None, ".npz of reference outputs (default: TOP's own outputs)")
 flags.DEFINE_string("tolerance", None, "minimum cosine,euclidean similarity of the outputs (default per mode)")
@@ -152,7 +150,8 @@ def main(args):
                     mixed_precision_budget=FLAGS.mixed_precision_budget,
                     mixed_precision_latency=FLAGS.mixed_precision_latency,
                     space_to_depth=FLAGS.space_to_depth, model=FLAGS.model, trace=FLAGS.trace,
-                    samples=samples and samples[:SAMPLES], fit_samples=samples, float_tail=FLAGS.float_tail, **fitting, refit_rounding=FLAGS.refit_rounding,
+                    samples=samples and samples[:JUDGE_SAMPLES], fit_samples=samples,
+                    float_tail=FLAGS.float_tail, **fitting, refit_rounding=FLAGS.refit_rounding,
                     equalize={"auto": "auto", "on": True, "off": False}[FLAGS.equalize],
                     wide_links=FLAGS.wide_links and {"auto": "auto", "on": "tables", "off": True}[FLAGS.wide_tables],
                     conv_links=FLAGS.conv_links,

@@ -42,11 +42,12 @@ from tftpu.ir.base import value_name
 from tftpu.transforms.lowering.lower import lower
 from tftpu.utils.progress import progress
 
-__all__ = ["search_mixed_precision", "MixedPrecisionResult", "References", "parse_target", "output_parts",
-           "part_slices", "output_pairs", "judge_runs", "worst_figures", "lowered_text"]
+__all__ = ["JUDGE_SAMPLES", "search_mixed_precision", "MixedPrecisionResult", "References", "parse_target",
+           "output_parts", "part_slices", "output_pairs", "judge_runs", "worst_figures", "lowered_text"]
 
 _CAP = 100.0        # dB: an exact tensor counts as this
 RANK_SAMPLES = 4    # samples the per-op error is measured on
+JUDGE_SAMPLES = 8   # samples besides the test input that tftpu.compile and tftpu-deploy judge programs on
 REACH_MARGIN_DB = 3.0  # an out-of-reach target becomes what all-float reaches, less this
 # what deploy and compile give the search unless told otherwise: an INT8 program keeps at least
 # 95% of its FLOPs in INT8 and runs at most 1.15x as long as all in INT8 (issue 22's bar)
