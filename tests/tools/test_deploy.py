@@ -1115,12 +1115,12 @@ def test_auto_links_give_way_to_float_ops_that_need_their_latency(monkeypatch):
               mixed_precision="0.99,40", mixed_precision_budget=None)
     cheap = deploy(model, **kw)                 # c2 reads 16 bits, then runs in float: the target met
     assert cheap.wide_links == frozenset({"c2"}) and cheap.search.met and "8-bit conv inputs" not in cheap.conv_links
-    priced = deploying._conv_links
+    priced = deploying.ConvLinks.within
 
-    def dear(*args):
-        links, note, int8_us, _ = priced(*args)
+    def dear(self, limit):
+        links, note, int8_us, _ = priced(self, limit)
         return links, note, int8_us, int8_us * deploying.LATENCY_BUDGET
-    monkeypatch.setattr(deploying, "_conv_links", dear)
+    monkeypatch.setattr(deploying.ConvLinks, "within", dear)
     made, real = [], deploying.References
     monkeypatch.setattr(deploying, "References", lambda *a, **k: made.append(real(*a, **k)) or made[-1])
     given = deploy(model, **kw)
@@ -1129,6 +1129,34 @@ def test_auto_links_give_way_to_float_ops_that_need_their_latency(monkeypatch):
     assert given.search.met and [k[0] for k in given.search.kept] == ["c2"] and given.passed
     assert given.search.latency_ratio <= deploying.LATENCY_BUDGET
     assert not [d for d in given.lowering.decisions if d.reason.startswith("16-bit input")]
+
+
+def test_all_int8_spends_the_whole_latency_budget_on_conv_links(monkeypatch):
+    """Where no float op runs (mixed_precision="none", or the search's float ops undone by the
+    float check), the dense convs' 16-bit inputs are priced at the whole latency budget
+    (`mixed_precision_latency`, 1.15x) rather than CONV_LINKS_LATENCY, which leaves a share to
+    the float ops: here each conv's 16-bit input costs 4.5% (priced so), so a search's links take
+    two of the three convs and all INT8's all three."""
+    import tftpu.pipelines.deploy as deploying
+
+    model = conv_net([(128, 3), (128, 3), (8, 1)], 16, 32)
+    samples = samples_for(model, n=3)
+    table = quant.calibrate(model, samples, "mse")
+    monkeypatch.setattr(deploying.ConvLinks, "latency", lambda self, k: self.us[0] * (1 + 0.045 * k))
+    kw = dict(quantize="INT8", chip="npu1", calibration_table=table, test_input=samples[0],
+              mixed_precision="0.99,90", mixed_precision_budget=None, samples=samples[1:])
+    monkeypatch.setattr(deploying, "AUTO_TARGET", "0.99,90")      # (the target pure INT8's links are priced for)
+    pure = deploy(model, **{**kw, "mixed_precision": "none"})
+    assert pure.wide_links == "convs" and pure.conv_links.startswith("16-bit inputs to 3 of 3 dense convs")
+    assert "limit 1.15x" in pure.conv_links and pure.passed
+    assert all(r["bit_exact"] for r in pure.simulator["outputs"])
+    searched = deploy(model, **kw)                 # the search's links: two convs, within 1.10x
+    assert searched.conv_links.startswith("16-bit inputs to 2 of 3 dense convs") and "limit 1.10x" in searched.conv_links
+    monkeypatch.setattr(deploying, "_float_ops_fail", lambda mixed, all_int8, target: (min(mixed), min(all_int8)))
+    undone = deploy(model, **kw)                   # the float ops undone: all INT8 with all three
+    assert not undone.search.kept and undone.wide_links == "convs" and undone.passed
+    assert "all INT8 (the float ops undone): 16-bit inputs to 3 of 3 dense convs" in undone.conv_links
+    assert not [d for d in undone.lowering.decisions if d.mode != "INT8"]
 
 
 def test_auto_links_read_the_model_input_on_16_bits_where_the_stem_costs_little(tmp_path):

@@ -275,7 +275,9 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     of `mixed_precision_latency` (their ratio and `result.int8_latency_us` are against the
     program with 8-bit conv inputs); where the search then misses the target, it runs once more
     with 8-bit conv inputs and the whole latency budget, and the one that reaches more is kept
-    (`result.conv_links` says); where none fits,
+    (`result.conv_links` says); where no float op shares it (`mixed_precision="none"`, and the
+    all-INT8 program the search's float ops are weighed against) the convs take the whole of
+    `mixed_precision_latency`; where none fits,
     links (True) for the search and its builds, then, given a test input, the program
     chosen is built once more with the tables and the better kept, judged as the search judges
     (`result.tables` says; measured: the tables lift pure INT8, but the search's float ops, chosen
@@ -393,6 +395,7 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
                                                  float_ops=_float_ops(top_model, qtable, float_tail))
         seconds["weight rounding"] = time.perf_counter() - t1
     priced = int8_us = None                      # dense convs on 16 bits: their price; the 8-bit program's latency
+    offer, whole_limit = None, None              # the dense convs' ranking, and the latency all INT8 may take
     float_latency = mixed_precision_latency      # what the search's float ops may cost on top of the links
     pool = ([inputs] if inputs is not None else []) + [s for s in (samples or []) if s is not inputs]
     if mixed_precision in (None, "none", "") or mode != "INT8":
@@ -436,12 +439,16 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
         if reached >= need:
             priced = f"dense convs read 8 bits: all INT8 reaches {reached:.1f} dB (target {need:g} dB)"
         else:
-            limit = min(CONV_LINKS_LATENCY, mixed_precision_latency or CONV_LINKS_LATENCY)
+            # all INT8 has the latency budget to itself; a search shares it with the float ops
+            whole_limit = mixed_precision_latency or CONV_LINKS_LATENCY
+            limit = min(CONV_LINKS_LATENCY, whole_limit) if mixed_precision else whole_limit
             if isinstance(base_links, InputConvs):      # (against the program with an 8-bit input too)
                 limit *= eight_us / inputs_us
-            links, priced, plain_us, links_us = _conv_links(top_model, the_chip, table, qtable, asymmetric,
-                                                             float_tail, limit, pool[0], plain,
-                                                             (references().dumps(1) or [None])[0], base_links)
+                whole_limit *= eight_us / inputs_us
+            offer = _conv_links(top_model, the_chip, table, qtable, asymmetric, float_tail, pool[0], plain,
+                                (references().dumps(1) or [None])[0], base_links)
+            links, priced, plain_us, links_us = (offer.within(limit) if offer is not None
+                                                 else (base_links, None, None, None))
             if float_latency is not None and links_us:
                 float_latency = max(1.0, float_latency * plain_us / links_us)
             if rounded is None and plain_us is not None:
@@ -623,13 +630,24 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
         t1 = time.perf_counter()                 # the float ops must beat what mixed_precision="none" makes
         # (with the dense convs' 16-bit inputs the search gave up, as mixed_precision="none" keeps
         # them: judged before the refit, they may still pay after it; PP-OCRv4 14.3 -> 17.6 dB)
-        pure, pure_rounding = trial(given_qtable, dropped or links, own=all_own)
+        pure_links, wider = dropped or links, None
+        if offer is not None and whole_limit > limit:
+            # all INT8 spends the float ops' share of the latency on more 16-bit conv inputs
+            # (PP-OCRv4's text detector: 26 -> 34 of 37 convs, 17.6 -> 20.8 dB on its test photo)
+            wider = offer.within(whole_limit)
+            if wider[0] != pure_links and wider[0] is not base_links:
+                pure_links = wider[0]
+            else:
+                wider = None
+        pure, pure_rounding = trial(given_qtable, pure_links, own=all_own)
         undone = _float_ops_fail(judge(tpu_model), judge(pure[0]), target)
         if undone is not None:
             tpu_model, lowering, lowered, corrected = pure
             rounding = pure_rounding
-            if dropped is not None:
-                links, trying_tables = dropped, False
+            if pure_links is not links:
+                links, trying_tables = pure_links, False
+            if wider is not None:
+                priced += f"; all INT8 (the float ops undone): {wider[1]}"
             search = dataclasses.replace(search, qtable=dict(given_qtable or {}), kept=[], undone=undone)
             qtable = search.qtable
         pure = pure[:2]
@@ -828,36 +846,31 @@ def _input_links(top_model, chip, table, qtable, asymmetric, float_tail: bool, b
 LINK_EFFECT_WORK = 1e11
 
 
-def _conv_links(top_model, chip, table, qtable, asymmetric, float_tail: bool, limit: float, sample: dict,
-                plain: tuple, dump: dict | None = None, base=True) -> tuple:
-    """(links, note, latency with 8-bit conv inputs, latency with the links): the dense convs that
-    read their data on 16 bits (two INT8 passes; with the interpolated tables), the most noise
-    spared per cycle first (the noise each conv's 8-bit input alone adds at the outputs on
-    `sample`, `search.input_rounding_effects`, or where carrying it there costs more than
-    `LINK_EFFECT_WORK`, at the conv's own output, `tftpu.quant.links.input_rounding_noise`; over
-    the conv's own extra cycles in the program with every conv so), as many as keep the all-INT8
-    program's estimated latency within `limit` times the one with the default links `base`
-    (`plain`: that lowering, done; `base` where none fits). A conv that waits on DDR pays little
-    for it; one that keeps the matrix unit busy runs at half speed.
-    `dump`: TOP's every tensor on `sample`, where already run."""
+def _conv_links(top_model, chip, table, qtable, asymmetric, float_tail: bool, sample: dict,
+                plain: tuple, dump: dict | None = None, base=True) -> "ConvLinks | None":
+    """The dense convs that may read their data on 16 bits (two INT8 passes; with the
+    interpolated tables), the most noise spared per cycle first (the noise each conv's 8-bit
+    input alone adds at the outputs on `sample`, `search.input_rounding_effects`, or where
+    carrying it there costs more than `LINK_EFFECT_WORK`, at the conv's own output,
+    `tftpu.quant.links.input_rounding_noise`; over the conv's own extra cycles in the program with
+    every conv so), priced against the all-INT8 program with the default links `base` (`plain`:
+    that lowering, done); None where no conv gains them. A conv that waits on DDR pays little for
+    it; one that keeps the matrix unit busy runs at half speed. `dump`: TOP's every tensor on
+    `sample`, where already run."""
     from tftpu.backend.cycles import estimate
     from tftpu.quant.links import input_rounding_noise
-    from tftpu.transforms.lowering import lower
     from tftpu.transforms.lowering.lower import TWO_PASSES
     from tftpu.transforms.lowering.search import carrying_work, input_rounding_effects
-
-    def build(links):
-        return lower(top_model, chip, "INT8", table, qtable=qtable, asymmetric=asymmetric, wide_links=links,
-                     float_tail=float_tail)
 
     def two_passes(report) -> set:
         return {d.name for d in report.decisions if d.reason == TWO_PASSES}
 
-    stems = frozenset() if base is True else frozenset(base)      # (the model input's convs, read wide already)
-    (base_model, base_report), (every, every_report) = plain, build("convs")
+    offer = ConvLinks(top_model, chip, table, qtable, asymmetric, float_tail,
+                      frozenset() if base is True else frozenset(base), base)
+    (base_model, base_report), (every, every_report) = plain, offer.build("convs")
     convs = two_passes(every_report) - two_passes(base_report)
     if not convs:
-        return base, None, None, None
+        return None
     extra: dict[str, int] = dict.fromkeys(convs, 0)
     before = {o.name: o.cycles for o in estimate(base_model, chip).ops}
     for o in estimate(every, chip).ops:        # a conv writing a model output is renamed <name>_<dtype>
@@ -865,33 +878,61 @@ def _conv_links(top_model, chip, table, qtable, asymmetric, float_tail: bool, li
         if name in extra and o.type == "tpu.Conv":
             extra[name] += o.cycles - before.get(o.name, 0)
     if carrying_work(top_model, convs, samples=1) <= LINK_EFFECT_WORK:
-        noise, spared = input_rounding_effects(top_model, table, asymmetric, sample, convs, dump), "at the outputs"
+        noise, offer.spared = input_rounding_effects(top_model, table, asymmetric, sample, convs, dump), "at the outputs"
     else:
-        noise, spared = input_rounding_noise(top_model, table, asymmetric, sample, convs, dump), "at the conv"
-    order = sorted(convs, key=lambda n: (-noise.get(n, 0.0) / max(extra[n], 1), extra[n], n))
-    us = {0: _profile(base_model, chip).latency_us, len(order): _profile(every, chip).latency_us}
-    most = us[0] * limit
+        noise, offer.spared = input_rounding_noise(top_model, table, asymmetric, sample, convs, dump), "at the conv"
+    offer.order = sorted(convs, key=lambda n: (-noise.get(n, 0.0) / max(extra[n], 1), extra[n], n))
+    offer.us = {0: _profile(base_model, chip).latency_us, len(offer.order): _profile(every, chip).latency_us}
+    return offer
 
-    def latency(k: int) -> float:
-        if k not in us:
-            us[k] = _profile(build(frozenset(order[:k]) | stems)[0], chip).latency_us
-        return us[k]
 
-    lo, hi = 0, len(order)                      # the most convs that fit: latency(lo) fits
-    if latency(hi) <= most:
-        lo = hi
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if latency(mid) <= most else (lo, mid)
-    if lo == 0:                                 # (the bisection has priced the first alone)
-        return base, (f"no dense conv reads 16 bits: the first of {len(order)} in the order (the most noise "
-                      f"spared {spared} per cycle) alone takes the estimated latency to {us[1]:,.1f} us against "
-                      f"{us[0]:,.1f} us ({us[1] / max(us[0], 1e-9):.2f}x; limit {limit:.2f}x)"), us[0], us[0]
-    links = "convs" if lo == len(order) else frozenset(order[:lo]) | stems
-    return links, (f"16-bit inputs to {lo} of {len(order)} dense convs (two INT8 passes; "
-                   f"the most noise spared {spared} per cycle first): "
-                   f"estimated latency {us[lo]:,.1f} us against {us[0]:,.1f} us ({us[lo] / max(us[0], 1e-9):.2f}x; "
-                   f"limit {limit:.2f}x)"), us[0], us[lo]
+@dataclasses.dataclass
+class ConvLinks:
+    """`_conv_links`' ranking of the dense convs, each priced once: `within(limit)` takes its longest
+    prefix that keeps the all-INT8 program within `limit` times the latency with 8-bit conv inputs."""
+
+    top_model: object
+    chip: object
+    table: object
+    qtable: object
+    asymmetric: object
+    float_tail: bool
+    stems: frozenset          # the model input's convs, read wide already
+    base: object              # the default links (True, or the stems' InputConvs)
+    order: list = dataclasses.field(default_factory=list)
+    spared: str = ""
+    us: dict = dataclasses.field(default_factory=dict)     # prefix length -> estimated latency
+
+    def build(self, links):
+        from tftpu.transforms.lowering import lower
+        return lower(self.top_model, self.chip, "INT8", self.table, qtable=self.qtable, asymmetric=self.asymmetric,
+                     wide_links=links, float_tail=self.float_tail)
+
+    def latency(self, k: int) -> float:
+        if k not in self.us:
+            self.us[k] = _profile(self.build(frozenset(self.order[:k]) | self.stems)[0], self.chip).latency_us
+        return self.us[k]
+
+    def within(self, limit: float) -> tuple:
+        """(links, note, latency with 8-bit conv inputs, latency with the links) for `limit`."""
+        us, order = self.us, self.order
+        most = us[0] * limit
+        lo, hi = 0, len(order)                  # the most convs that fit: latency(lo) fits
+        if self.latency(hi) <= most:
+            lo = hi
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if self.latency(mid) <= most else (lo, mid)
+        if lo == 0:                             # (the bisection has priced the first alone)
+            return self.base, (f"no dense conv reads 16 bits: the first of {len(order)} in the order (the most "
+                               f"noise spared {self.spared} per cycle) alone takes the estimated latency to "
+                               f"{self.latency(1):,.1f} us against {us[0]:,.1f} us "
+                               f"({self.latency(1) / max(us[0], 1e-9):.2f}x; limit {limit:.2f}x)"), us[0], us[0]
+        links = "convs" if lo == len(order) else frozenset(order[:lo]) | self.stems
+        return links, (f"16-bit inputs to {lo} of {len(order)} dense convs (two INT8 passes; "
+                       f"the most noise spared {self.spared} per cycle first): "
+                       f"estimated latency {self.latency(lo):,.1f} us against {us[0]:,.1f} us "
+                       f"({self.latency(lo) / max(us[0], 1e-9):.2f}x; limit {limit:.2f}x)"), us[0], self.latency(lo)
 
 
 def _interpolated(top_model, table, qtable, asymmetric, float_tail: bool = True) -> bool:
