@@ -95,7 +95,9 @@ flags.DEFINE_enum("wide_tables", "auto", ["auto", "on", "off"],
 flags.DEFINE_bool("conv_links", True, "INT8, with --wide_links, --wide_tables=auto and --test_input or --samples: "
                   "where all INT8 misses the target, dense convs read their input on 16 bits too (two INT8 passes "
                   "over its high and low byte), those whose 8-bit input adds the most noise per extra cycle first, "
-                  "as many as keep the estimated latency within 1.10x of the program with 8-bit conv inputs; "
+                  "as many as keep the estimated latency within 1.10x of the program with 8-bit conv inputs (where "
+                  "all INT8 is kept and still misses, a build with the whole --mixed_precision_latency is tried "
+                  "too, the better kept); "
                   "--noconv_links keeps dense convs' inputs on 8 bits")
 flags.DEFINE_bool("float_tail", True, "INT8: a detector's decode tail (its scores, a DFL softmax-expectation and "
                   "box arithmetic after the last feature layers) runs in float by design, the head convs "
