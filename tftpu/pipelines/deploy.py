@@ -275,9 +275,10 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     of `mixed_precision_latency` (their ratio and `result.int8_latency_us` are against the
     program with 8-bit conv inputs); where the search then misses the target, it runs once more
     with 8-bit conv inputs and the whole latency budget, and the one that reaches more is kept
-    (`result.conv_links` says); where no float op shares it (`mixed_precision="none"`, and the
-    all-INT8 program the search's float ops are weighed against) the convs take the whole of
-    `mixed_precision_latency`; where none fits,
+    (`result.conv_links` says); where all INT8 is kept in the end (`mixed_precision="none"`, or
+    the search's float ops undone) and misses the target, it is built once more with the convs
+    priced at the whole `mixed_precision_latency`, with the correction it took, the better kept
+    (`result.conv_links` ends with both figures and the choice); where none fits,
     links (True) for the search and its builds, then, given a test input, the program
     chosen is built once more with the tables and the better kept, judged as the search judges
     (`result.tables` says; measured: the tables lift pure INT8, but the search's float ops, chosen
@@ -550,7 +551,7 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
             seconds["lower"] = seconds.get("lower", 0.0) + time.perf_counter() - t1
             reports = [r for r in (notes_of_rounding, corrected) if r is not None]
             if given is not None and corrected is not None:
-                corrected.check = f"{given[2]} (the first float set's check; this one not judged again)"
+                corrected.check = f"{given[2]} (the check of the program this one was weighed against; not judged again)"
             elif reports and judge is not None:
                 t1 = time.perf_counter()
                 if not plain:
