@@ -396,7 +396,7 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
                                                  float_ops=_float_ops(top_model, qtable, float_tail))
         seconds["weight rounding"] = time.perf_counter() - t1
     priced = int8_us = None                      # dense convs on 16 bits: their price; the 8-bit program's latency
-    offer, whole_limit = None, None              # the dense convs' ranking, and the latency all INT8 may take
+    offer = limit = whole_limit = None           # the dense convs' ranking; their limit, and all INT8's
     float_latency = mixed_precision_latency      # what the search's float ops may cost on top of the links
     pool = ([inputs] if inputs is not None else []) + [s for s in (samples or []) if s is not inputs]
     if mixed_precision in (None, "none", "") or mode != "INT8":
@@ -933,11 +933,11 @@ class ConvLinks:
                                f"noise spared {self.spared} per cycle) alone takes the estimated latency to "
                                f"{self.latency(1):,.1f} us against {us[0]:,.1f} us "
                                f"({self.latency(1) / max(us[0], 1e-9):.2f}x; limit {limit:.2f}x)"), us[0], us[0]
-        links = "convs" if lo == len(order) else frozenset(order[:lo]) | self.stems
+        links, at = ("convs" if lo == len(order) else frozenset(order[:lo]) | self.stems), self.latency(lo)
         return links, (f"16-bit inputs to {lo} of {len(order)} dense convs (two INT8 passes; "
                        f"the most noise spared {self.spared} per cycle first): "
-                       f"estimated latency {self.latency(lo):,.1f} us against {us[0]:,.1f} us "
-                       f"({self.latency(lo) / max(us[0], 1e-9):.2f}x; limit {limit:.2f}x)"), us[0], self.latency(lo)
+                       f"estimated latency {at:,.1f} us against {us[0]:,.1f} us "
+                       f"({at / max(us[0], 1e-9):.2f}x; limit {limit:.2f}x)"), us[0], at
 
 
 def _interpolated(top_model, table, qtable, asymmetric, float_tail: bool = True) -> bool:
