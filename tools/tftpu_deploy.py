@@ -107,6 +107,10 @@ flags.DEFINE_enum("equalize", "auto", ["auto", "on", "off"],
                   "on a 16-bit link) per channel nearer its widest channel "
                   "(the conv's weights take the factors back; the float program unchanged), as tftpu.compile does; "
                   "'auto' keeps it where the all-INT8 programs judge it 1 dB better")
+flags.DEFINE_bool("cross_layer", False,
+                  "INT8, with --samples: scale each conv output that only dense convs read (the conv ending in "
+                  "nothing or a plain ReLU) per channel nearer its widest channel, the readers' weights taking the "
+                  "factors back (the float program unchanged), as tftpu.compile(cross_layer=True) does")
 flags.DEFINE_string("tpu_mlir", None, "output TPU module (.tpu.mlir; its weights .npz go beside it)")
 flags.DEFINE_string("report", None, "report file: .json for data, .html (any other suffix) for a page")
 flags.DEFINE_string("model", None, "output model file (.tpumodel): the compiled program for the simulator "
@@ -155,11 +159,14 @@ def main(args):
                     samples=samples and samples[:JUDGE_SAMPLES], fit_samples=samples,
                     float_tail=FLAGS.float_tail, **fitting, refit_rounding=FLAGS.refit_rounding,
                     equalize={"auto": "auto", "on": True, "off": False}[FLAGS.equalize],
+                    cross_layer=FLAGS.cross_layer,
                     wide_links=FLAGS.wide_links and {"auto": "auto", "on": "tables", "off": True}[FLAGS.wide_tables],
                     conv_links=FLAGS.conv_links,
                     input_grid=samples is not None if FLAGS.input_grid is None else FLAGS.input_grid)
     if result.calibration is not None:
         print(f"calibration: {result.calibration.line}")
+    if result.cross_layer:
+        print(f"cross-layer equalization: {result.cross_layer}")
     if result.equalize:
         print(f"equalize: {result.equalize}")
     if result.input_grid:

@@ -78,6 +78,8 @@ def report_data(result) -> dict:
         data["conv_links"] = result.conv_links
     if result.equalize:
         data["equalize"] = result.equalize
+    if result.cross_layer:
+        data["cross_layer"] = result.cross_layer
     if result.calibration is not None:
         data["calibration"] = result.calibration.as_dict()
     if result.memory is not None:

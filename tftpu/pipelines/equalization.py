@@ -1,6 +1,8 @@
-"""Depthwise input equalization as a pipeline step (`tftpu.compile` and `deploy` run it): the
-rewrite (`tftpu.quant.equalize`), its new tensors calibrated, the float program checked
-unchanged, and under "auto" the all-INT8 programs with and without it judged."""
+"""Equalization as pipeline steps (`tftpu.compile` and `deploy` run them): depthwise input
+equalization (`tftpu.quant.equalize`: its new tensors calibrated, the float program checked
+unchanged, and under "auto" the all-INT8 programs with and without it judged) and, on request,
+cross-layer equalization (`tftpu.quant.cross_layer`: its tensors calibrated again, the float
+program checked unchanged)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import time
 
 from tftpu import errors
 
-__all__ = ["equalize_step", "check_equalize", "Equalized", "EQUALIZE", "EQUALIZE_MARGIN", "SAME_FLOAT"]
+__all__ = ["equalize_step", "cross_layer_step", "check_equalize", "Equalized", "EQUALIZE", "EQUALIZE_MARGIN", "SAME_FLOAT"]
 
 EQUALIZE = (False, True, "auto")
 # under "auto", the equalized all-INT8 program must beat the plain one by this much (dB) on the
@@ -72,5 +74,32 @@ def equalize_step(top_model, table, samples, check, chip, asymmetric, method: st
             ("kept" if keep else "not kept")
     seconds = time.perf_counter() - t0
     if keep:
+        return Equalized(eq.model, eq_table, line, passed, seconds)
+    return Equalized(top_model, table, line, passed, seconds)
+
+
+def cross_layer_step(top_model, table, samples, check, method: str, asymmetric) -> Equalized | None:
+    """`top_model` with its conv outputs equalized across layers on `samples`
+    (`tftpu.quant.cross_layer`), those tensors calibrated again by `method`, kept where the float
+    program is unchanged; None where no conv output applies."""
+    from tftpu import quant
+    from tftpu.interp.similarity import max_relative_difference
+    from tftpu.interp.top_interpreter import TopInterpreter
+    from tftpu.quant.cross_layer import equalize_cross_layer
+
+    t0 = time.perf_counter()
+    eq = equalize_cross_layer(top_model, samples)
+    if not eq.factors:
+        return None
+    fresh = quant.calibrate(eq.model, samples, method, asymmetric=bool(asymmetric))
+    eq_table = dataclasses.replace(table, entries={**table.entries,
+                                                   **{name: fresh.entries[name] for name in eq.factors}})
+    diff = max_relative_difference(TopInterpreter(top_model).run(check), TopInterpreter(eq.model).run(check),
+                                   top_model.output_names)
+    passed = diff <= SAME_FLOAT
+    line = (f"{eq}; equalized TOP vs TOP: max relative difference {diff:.1e}, "
+            + ("kept" if passed else "not kept"))
+    seconds = time.perf_counter() - t0
+    if passed:
         return Equalized(eq.model, eq_table, line, passed, seconds)
     return Equalized(top_model, table, line, passed, seconds)
