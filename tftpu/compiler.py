@@ -268,12 +268,17 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None,
     `cross_layer` (INT8): each conv output that only dense convs read, the conv ending in nothing
     or a plain ReLU, scaled per channel nearer its widest channel on the samples, the readers'
     weights taking the factors back (`tftpu.quant.cross_layer`; the float program checked
-    unchanged); off by default (measured: PP-OCRv3's text detector 18.6 -> 19.8 dB).
+    unchanged); off by default: it pays on some ReLU networks, not all (measured: PP-OCRv3's text
+    detector 18.6 -> 19.5 dB, PP-OCRv4's 20.8 -> 16.4; the quantization guide has the others), and
+    a second build with it where the target is missed did not pay for its time (PP-OCRv3: with
+    the table the calibration choice keeps, 17.5 dB against 18.6).
     `log` (a callable taking a line) reports progress; by default the `tftpu.compile` logger."""
     from tftpu.pipelines.deploy import deploy
 
     say = log or _LOG.info
     mode = quantize.upper()
+    if cross_layer not in (True, False):
+        raise errors.UsageError(f"cross_layer={cross_layer!r}: expected True or False")
     methods = methods_of(calibration_method)
     t_all = time.perf_counter()
     top_model, proto, stage = _import(model, input_shapes)
