@@ -24,11 +24,10 @@ import dataclasses
 
 import numpy as np
 
-from tftpu.errors import UsageError
 from tftpu.ir import top
 from tftpu.ir.base import value_name
 from tftpu.ir.module import TopModel, parse_module
-from tftpu.quant.equalize import _ranges
+from tftpu.quant.equalize import channel_ranges, check_factors, range_factors
 
 __all__ = ["equalize_cross_layer", "CrossLayer", "pairs", "POWER", "MAX_FACTOR", "MIN_FACTOR"]
 
@@ -100,27 +99,21 @@ def pairs(model: TopModel) -> list[tuple]:
 
 def factors_for(r: np.ndarray, power: float = POWER, max_factor: float = MAX_FACTOR) -> np.ndarray | None:
     """Per-channel factors for channel ranges `r`, None where none reaches `MIN_FACTOR`."""
-    big = float(r.max()) if r.size else 0.0
-    if not np.isfinite(big) or big <= 0:
-        return None
-    k = np.minimum((big / np.maximum(r, big / max_factor ** (1 / power))) ** power, max_factor)
-    return k if k.max() >= MIN_FACTOR else None
+    k = range_factors(r, power, max_factor)
+    return k if k is not None and k.max() >= MIN_FACTOR else None
 
 
 def equalize_cross_layer(model: TopModel, samples, power: float = POWER,
                          max_factor: float = MAX_FACTOR) -> CrossLayer:
     """`model` with each conv output that `pairs` finds equalized per channel on `samples` (input
-    dicts, whose ranges set the factors): a copy; `model` itself
-    where nothing applies. See the module doc."""
-    if not 0 < power <= 1:
-        raise UsageError(f"cross-layer equalization power {power!r}: expected a number in (0, 1]")
-    if not max_factor >= 1:
-        raise UsageError(f"cross-layer equalization max_factor {max_factor!r}: expected a number >= 1")
+    dicts, whose ranges set the factors): a copy; `model` itself where nothing applies. See the
+    module doc."""
+    check_factors("cross-layer equalization", power, max_factor)
     samples = list(samples)
     found = pairs(model)
     if not found or not samples:
         return CrossLayer(model, {}, {})
-    ranges = _ranges(model, {value_name(a.results[0]): 1 for a, _ in found}, samples)
+    ranges = channel_ranges(model, {value_name(a.results[0]): 1 for a, _ in found}, samples)
     weights = dict(model.weights)
     factors, readers = {}, {}
     for a, bs in found:

@@ -109,7 +109,7 @@ def _candidates(model) -> dict[str, list]:
     return found
 
 
-def _ranges(model, names: dict[str, int], samples) -> dict[str, np.ndarray]:
+def channel_ranges(model, names: dict[str, int], samples) -> dict[str, np.ndarray]:
     """Each named tensor's largest magnitude per channel (its axis given) over `samples`."""
     ranges: dict[str, np.ndarray] = {}
 
@@ -126,14 +126,28 @@ def _ranges(model, names: dict[str, int], samples) -> dict[str, np.ndarray]:
     return ranges
 
 
+def check_factors(what: str, power: float, max_factor: float) -> None:
+    """A UsageError unless `power` is in (0, 1] and `max_factor` at least 1 (`what`: the pass)."""
+    if not 0 < power <= 1:
+        raise UsageError(f"{what} power {power!r}: expected a number in (0, 1]")
+    if not max_factor >= 1:
+        raise UsageError(f"{what} max_factor {max_factor!r}: expected a number >= 1")
+
+
+def range_factors(r: np.ndarray, power: float, max_factor: float) -> np.ndarray | None:
+    """`(R / r_c) ** power` per channel, at most `max_factor` (`R` the largest of the channel
+    ranges `r`); None where no range is positive and finite."""
+    big = float(r.max()) if r.size else 0.0
+    if not np.isfinite(big) or big <= 0:
+        return None
+    return np.minimum((big / np.maximum(r, big / max_factor ** (1 / power))) ** power, max_factor)
+
+
 def factors_for(r: np.ndarray, power: float = POWER, max_factor: float = MAX_FACTOR) -> np.ndarray | None:
     """Per-channel factors for channel ranges `r` (None where none reaches `MIN_FACTOR`): whole
     multiples of the largest over 127, so that an INT8 constant holds them exactly."""
-    big = float(r.max())
-    if not np.isfinite(big) or big <= 0:
-        return None
-    k = np.minimum((big / np.maximum(r, big / max_factor ** (1 / power))) ** power, max_factor)
-    if k.max() < MIN_FACTOR:
+    k = range_factors(r, power, max_factor)
+    if k is None or k.max() < MIN_FACTOR:
         return None
     step = k.max() / 127
     return np.maximum(np.rint(k / step), 1) * step
@@ -144,15 +158,12 @@ def equalize_depthwise(model: TopModel, samples, power: float = POWER,
     """`model` with the input of each depthwise conv that an op able to write a 16-bit link makes
     equalized per channel (a copy; `model` itself where nothing applies): see the module doc.
     `samples`: input dicts, the calibration samples whose ranges set the factors."""
-    if not 0 < power <= 1:
-        raise UsageError(f"equalization power {power!r}: expected a number in (0, 1]")
-    if not max_factor >= 1:
-        raise UsageError(f"equalization max_factor {max_factor!r}: expected a number >= 1")
+    check_factors("equalization", power, max_factor)
     samples = list(samples)
     found = _candidates(model)
     if not found or not samples:
         return Equalization(model, {}, {})
-    ranges = _ranges(model, {n: _channel_axis(convs[0]) for n, convs in found.items()}, samples)
+    ranges = channel_ranges(model, {n: _channel_axis(convs[0]) for n, convs in found.items()}, samples)
     factors = {n: k for n in found if n in ranges for k in [factors_for(ranges[n], power, max_factor)]
                if k is not None}
     if not factors:
