@@ -15,7 +15,7 @@ shared weights are left as they are.
 
 >>> eq = equalize_cross_layer(model, samples)                     # doctest: +SKIP
 >>> print(eq)                                                     # doctest: +SKIP
-14 conv outputs equalized across layers (factors up to 4.0, taken back by the 17 convs reading them)
+14 conv output(s) equalized across layers (factors up to 16.0, taken back by the 14 conv(s) reading them)
 """
 
 from __future__ import annotations
