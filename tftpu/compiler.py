@@ -25,6 +25,7 @@ import numpy as np
 
 from tftpu import errors
 from tftpu.pipelines.calibration_choice import CALIBRATION_DEFAULT, methods_of, target_of, try_tables
+from tftpu.pipelines.equalization import check_cross_layer
 from tftpu.quant.refit import MAX_SAMPLES as REFIT_SAMPLES
 from tftpu.transforms.lowering.search import FLOAT_BUDGET, JUDGE_SAMPLES, LATENCY_BUDGET
 
@@ -188,10 +189,23 @@ def _equalize(top_model, table, samples, check, chip, asymmetric, method: str, e
     """(TOP model, calibration table, stage or None): `tftpu.pipelines.equalization` on `samples`."""
     from tftpu.pipelines.equalization import equalize_step
 
-    done = equalize_step(top_model, table, samples, check, chip, asymmetric, method, equalize)
+    return _step(top_model, table, "equalize",
+                 equalize_step(top_model, table, samples, check, chip, asymmetric, method, equalize))
+
+
+def _cross_layer(top_model, table, samples, check, asymmetric, method: str) -> tuple:
+    """(TOP model, calibration table, stage or None): cross-layer equalization on `samples`."""
+    from tftpu.pipelines.equalization import cross_layer_step
+
+    return _step(top_model, table, "cross-layer equalization",
+                 cross_layer_step(top_model, table, samples, check, method, asymmetric))
+
+
+def _step(top_model, table, name: str, done) -> tuple:
+    """(TOP model, calibration table, stage or None) of an equalization step's `Equalized`."""
     if done is None:
         return top_model, table, None
-    return done.model, done.table, Stage("equalize", done.seconds, done.line, done.passed)
+    return done.model, done.table, Stage(name, done.seconds, done.line, done.passed)
 
 
 def compile(model, *, chip, quantize: str = "INT8", calibration_data=None,
@@ -277,8 +291,7 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None,
 
     say = log or _LOG.info
     mode = quantize.upper()
-    if cross_layer not in (True, False):
-        raise errors.UsageError(f"cross_layer={cross_layer!r}: expected True or False")
+    check_cross_layer(cross_layer)
     methods = methods_of(calibration_method)
     t_all = time.perf_counter()
     top_model, proto, stage = _import(model, input_shapes)
@@ -317,12 +330,17 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None,
     others = [s for s in samples if s is not check]       # what the search judges and the refit fits on
 
     def build(method, table):
-        """(TOP model, table, equalize stage or None, DeployResult) for one calibration table."""
-        model, eq_stage = top_model, None
+        """(TOP model, table, the equalization steps' (report key, stage), DeployResult) for one
+        calibration table."""
+        model, steps = top_model, []
         if mode == "INT8" and equalize:
-            model, table, eq_stage = _equalize(top_model, table, samples[:1 + JUDGE_SAMPLES], check, chip,
-                                               asymmetric, method, equalize)
-        return model, table, eq_stage, deploy(
+            model, table, stage = _equalize(model, table, samples[:1 + JUDGE_SAMPLES], check, chip,
+                                            asymmetric, method, equalize)
+            steps.append(("equalize", stage))
+        if mode == "INT8" and cross_layer and others:      # (the samples and check deploy judges on)
+            model, table, stage = _cross_layer(model, table, others[:JUDGE_SAMPLES], check, asymmetric, method)
+            steps.append(("cross_layer", stage))
+        return model, table, [(k, st) for k, st in steps if st is not None], deploy(
             model, quantize=mode, chip=chip, calibration_table=table, asymmetric=asymmetric,
             quantize_table=quantize_table, test_input=check, tolerance=tolerance,
             mixed_precision=mixed_precision, samples=others[:JUDGE_SAMPLES], fit_samples=others[:REFIT_SAMPLES],
@@ -330,11 +348,11 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None,
             weight_rounding=weight_rounding, weight_refit=weight_refit, refit_rounding=refit_rounding,
             mixed_precision_budget=mixed_precision_budget,
             mixed_precision_latency=mixed_precision_latency, wide_links=wide_links,
-            float_tail=float_tail, input_grid=input_grid, cross_layer=cross_layer)
+            float_tail=float_tail, input_grid=input_grid)
 
     if mode == "INT8" and len(methods) > 1:
         tried = try_tables(tables, build, target_of(mixed_precision), say)
-        top_model, table, eq_stage, deployed = tried.built
+        top_model, table, steps, deployed = tried.built
         extra["calibration"] = tried.as_dict()
         if len(tried.figures) > 1:           # (a stage only where the first table missed the target)
             others = sum(v for m, v in tried.seconds.items() if m != tried.method)
@@ -342,17 +360,13 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None,
             say(f"[{shown + 1}] {stages[shown]}")
             shown += 1
     else:
-        top_model, table, eq_stage, deployed = build(methods[0] if mode == "INT8" else None, table)
-    if eq_stage is not None:
-        stages.insert(shown, eq_stage)
-        extra["equalize"] = eq_stage.check
-        say(f"[{shown + 1}] {eq_stage}")
+        top_model, table, steps, deployed = build(methods[0] if mode == "INT8" else None, table)
+    for key, stage in steps:
+        stages.insert(shown, stage)
+        extra[key] = stage.check
+        say(f"[{shown + 1}] {stage}")
         shown += 1
     secs = deployed.seconds
-    if deployed.cross_layer is not None:
-        stages.append(Stage("cross-layer equalization", secs.get("cross-layer equalization", 0.0),
-                            deployed.cross_layer, not deployed.cross_layer.endswith("not kept")))
-        extra["cross_layer"] = deployed.cross_layer
     if deployed.weight_rounding is not None:
         stages.append(Stage("weight rounding", secs.get("weight rounding", 0.0), str(deployed.weight_rounding)))
         extra["weight_rounding"] = deployed.weight_rounding.as_dict()

@@ -31,7 +31,7 @@ from tftpu.quant.refit import INPUT_BUDGET as REFIT_INPUTS
 from tftpu.quant.refit import MAX_SAMPLES as REFIT_SAMPLES
 from tftpu.quant.refit import ROUNDINGS as REFIT_ROUNDINGS
 from tftpu.transforms.lowering.decode_tail import decode_tail
-from tftpu.pipelines.equalization import check_equalize, cross_layer_step, equalize_step
+from tftpu.pipelines.equalization import check_cross_layer, check_equalize, cross_layer_step, equalize_step
 from tftpu.pipelines.judge import Judge as _Judge
 from tftpu.transforms.lowering.search import (AUTO_TARGET, FLOAT_BUDGET, LATENCY_BUDGET, RANK_SAMPLES, References,
                                               judged_tensors, output_parts, parse_target, part_slices)
@@ -352,18 +352,18 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
         asymmetric = "auto" if mode == "INT8" and table is not None and table.asymmetric else False
     inputs = _inputs(top_model, test_input)
     check_equalize(equalize)
+    check_cross_layer(cross_layer)
     equalized = crossed = None
-    if cross_layer and mode == "INT8" and table is not None and samples:
+    if (equalize or cross_layer) and mode == "INT8" and table is not None and samples:
         from tftpu.quant.calibrate import CALIBRATION_METHODS
         method = table.method if table.method in CALIBRATION_METHODS else "mse"
+    if cross_layer and mode == "INT8" and table is not None and samples:
         crossed = cross_layer_step(top_model, table, samples, inputs if inputs is not None else samples[0],
                                    method, asymmetric)
         if crossed is not None:
             top_model, table = crossed.model, crossed.table
             seconds["cross-layer equalization"] = crossed.seconds
     if equalize and mode == "INT8" and table is not None and samples:
-        from tftpu.quant.calibrate import CALIBRATION_METHODS
-        method = table.method if table.method in CALIBRATION_METHODS else "mse"
         equalized = equalize_step(top_model, table, samples, inputs if inputs is not None else samples[0], the_chip,
                                   asymmetric, method, equalize)
         if equalized is not None:

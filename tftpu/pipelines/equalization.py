@@ -11,7 +11,8 @@ import time
 
 from tftpu import errors
 
-__all__ = ["equalize_step", "cross_layer_step", "check_equalize", "Equalized", "EQUALIZE", "EQUALIZE_MARGIN", "SAME_FLOAT"]
+__all__ = ["equalize_step", "cross_layer_step", "check_equalize", "check_cross_layer", "Equalized", "EQUALIZE",
+           "EQUALIZE_MARGIN", "SAME_FLOAT"]
 
 EQUALIZE = (False, True, "auto")
 # under "auto", the equalized all-INT8 program must beat the plain one by this much (dB) on the
@@ -39,14 +40,17 @@ def check_equalize(equalize) -> None:
         raise errors.UsageError(f"equalize={equalize!r}: expected True, False or 'auto'")
 
 
+def check_cross_layer(cross_layer) -> None:
+    """A UsageError unless `cross_layer` is True or False."""
+    if cross_layer not in (True, False):
+        raise errors.UsageError(f"cross_layer={cross_layer!r}: expected True or False")
+
+
 def equalize_step(top_model, table, samples, check, chip, asymmetric, method: str, equalize) -> Equalized | None:
     """`top_model` with its depthwise conv inputs equalized on `samples` (input dicts), its new
     tensors calibrated by `method`, where `equalize` is True, or "auto" and its all-INT8 program
     judged better than the plain one's by `EQUALIZE_MARGIN` on `check` and the samples; None where
     no conv input applies."""
-    from tftpu import quant
-    from tftpu.interp.similarity import max_relative_difference
-    from tftpu.interp.top_interpreter import TopInterpreter
     from tftpu.pipelines.judge import Judge
     from tftpu.quant.equalize import equalize_depthwise
     from tftpu.transforms.lowering import lower
@@ -56,12 +60,8 @@ def equalize_step(top_model, table, samples, check, chip, asymmetric, method: st
     eq = equalize_depthwise(top_model, samples)
     if not eq.factors:
         return None
-    fresh = quant.calibrate(eq.model, samples, method, asymmetric=bool(asymmetric))
-    entries = dict(table.entries)
-    entries.update({name: fresh.entries[name] for name in eq.products.values()})
-    eq_table = dataclasses.replace(table, entries=entries)
-    diff = max_relative_difference(TopInterpreter(top_model).run(check), TopInterpreter(eq.model).run(check),
-                                   top_model.output_names)
+    eq_table, diff = _recalibrated(top_model, eq.model, table, eq.products.values(), samples, check, method,
+                                   asymmetric)
     line = f"{eq}; equalized TOP vs TOP: max relative difference {diff:.1e}"
     passed = diff <= SAME_FLOAT
     keep = passed
@@ -82,20 +82,13 @@ def cross_layer_step(top_model, table, samples, check, method: str, asymmetric) 
     """`top_model` with its conv outputs equalized across layers on `samples`
     (`tftpu.quant.cross_layer`), those tensors calibrated again by `method`, kept where the float
     program is unchanged; None where no conv output applies."""
-    from tftpu import quant
-    from tftpu.interp.similarity import max_relative_difference
-    from tftpu.interp.top_interpreter import TopInterpreter
     from tftpu.quant.cross_layer import equalize_cross_layer
 
     t0 = time.perf_counter()
     eq = equalize_cross_layer(top_model, samples)
     if not eq.factors:
         return None
-    fresh = quant.calibrate(eq.model, samples, method, asymmetric=bool(asymmetric))
-    eq_table = dataclasses.replace(table, entries={**table.entries,
-                                                   **{name: fresh.entries[name] for name in eq.factors}})
-    diff = max_relative_difference(TopInterpreter(top_model).run(check), TopInterpreter(eq.model).run(check),
-                                   top_model.output_names)
+    eq_table, diff = _recalibrated(top_model, eq.model, table, eq.factors, samples, check, method, asymmetric)
     passed = diff <= SAME_FLOAT
     line = (f"{eq}; equalized TOP vs TOP: max relative difference {diff:.1e}, "
             + ("kept" if passed else "not kept"))
@@ -103,3 +96,17 @@ def cross_layer_step(top_model, table, samples, check, method: str, asymmetric) 
     if passed:
         return Equalized(eq.model, eq_table, line, passed, seconds)
     return Equalized(top_model, table, line, passed, seconds)
+
+
+def _recalibrated(top_model, eq_model, table, names, samples, check, method: str, asymmetric) -> tuple:
+    """(`table` with the tensors `names` of `eq_model` calibrated on `samples` by `method`, the
+    largest relative output difference of `eq_model` from `top_model` on `check`)."""
+    from tftpu import quant
+    from tftpu.interp.similarity import max_relative_difference
+    from tftpu.interp.top_interpreter import TopInterpreter
+
+    fresh = quant.calibrate(eq_model, samples, method, asymmetric=bool(asymmetric))
+    eq_table = dataclasses.replace(table, entries={**table.entries, **{name: fresh.entries[name] for name in names}})
+    diff = max_relative_difference(TopInterpreter(top_model).run(check), TopInterpreter(eq_model).run(check),
+                                   top_model.output_names)
+    return eq_table, diff
