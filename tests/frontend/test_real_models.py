@@ -141,7 +141,8 @@ def test_the_material_wheels_other_networks(name):
 def detector_input(name):
     """A real photo as each detector's own preprocessing makes it: the document models read
     BGR NCHW (layout: (x-127.5)/127.5 on `page.png`; text: ImageNet mean/std on `text.png`),
-    mediapipe's palm detector NHWC in 0..1 and its face detector NHWC in -1..1 (`astronaut.png`)."""
+    mediapipe's palm detectors NHWC in 0..1 and its face and pose detectors NHWC in -1..1
+    (`astronaut.png`)."""
     if name == "layout_cdla.onnx":
         img = material.image("page.png", (800, 608))[..., ::-1].astype(np.float32)
         return ((img / 127.5 - 1.0).transpose(2, 0, 1)[None]).astype(np.float32), None
@@ -153,6 +154,8 @@ def detector_input(name):
         return (material.image("astronaut.png", (192, 192)).astype(np.float32) / 255.0)[None], None
     if name == "pose_detection.tflite":
         return photo(224), None
+    if name == "face_detection_short_range.tflite":          # BlazeFace short range: NHWC -1..1
+        return photo(128), None
     if name == "common_det.onnx":                             # ddddocr's YOLOX: BGR NCHW 0..255
         img = material.image("text.png", (416, 416))[..., ::-1].astype(np.float32)
         return img.transpose(2, 0, 1)[None].copy(), None
@@ -172,6 +175,7 @@ DETECTORS = [
     pytest.param("320n.onnx", 1),
     pytest.param("ch_PP-OCRv4_det_infer.onnx", 1, marks=pytest.mark.slow),
     pytest.param("common_det.onnx", 1),
+    pytest.param("face_detection_short_range.tflite", 2),
 ]
 
 
