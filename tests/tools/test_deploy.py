@@ -1063,7 +1063,8 @@ def test_auto_links_read_the_convs_on_16_bits_that_the_chip_affords(tmp_path):
     would cost half the program again); where every conv costs too much, none; the program is
     closer to float and the simulator bit-exact; the report and the tool say what and at what
     price; where all INT8 meets the target, or with conv_links=False / --noconv_links, none."""
-    from tftpu.pipelines.deploy import CONV_LINKS_LATENCY, _Judge
+    from tftpu.pipelines.conv_links import CONV_LINKS_LATENCY
+    from tftpu.pipelines.deploy import _Judge
 
     for layers, cin, side, chosen in (([(128, 3), (128, 3), (8, 1)], 16, 32, ["c2"]), ([(8, 3)] * 3, 8, 16, [])):
         model = conv_net(layers, cin, side)
@@ -1107,6 +1108,7 @@ def test_auto_links_give_way_to_float_ops_that_need_their_latency(monkeypatch):
     reach the target (priced here at the whole budget, 1.15x the 8-bit-input program), the search runs once more
     with 8-bit conv inputs and the whole budget, and the float set that reaches more is lowered."""
     import tftpu.pipelines.deploy as deploying
+    import tftpu.pipelines.conv_links as pricing
 
     model = conv_net([(128, 3), (128, 3), (8, 1)], 16, 32)
     samples = samples_for(model, n=3)
@@ -1115,12 +1117,12 @@ def test_auto_links_give_way_to_float_ops_that_need_their_latency(monkeypatch):
               mixed_precision="0.99,40", mixed_precision_budget=None)
     cheap = deploy(model, **kw)                 # c2 reads 16 bits, then runs in float: the target met
     assert cheap.wide_links == frozenset({"c2"}) and cheap.search.met and "8-bit conv inputs" not in cheap.conv_links
-    priced = deploying.ConvLinks.within
+    priced = pricing.ConvLinks.within
 
     def dear(self, limit):
         links, note, int8_us, _ = priced(self, limit)
         return links, note, int8_us, int8_us * deploying.LATENCY_BUDGET
-    monkeypatch.setattr(deploying.ConvLinks, "within", dear)
+    monkeypatch.setattr(pricing.ConvLinks, "within", dear)
     made, real = [], deploying.References
     monkeypatch.setattr(deploying, "References", lambda *a, **k: made.append(real(*a, **k)) or made[-1])
     given = deploy(model, **kw)
@@ -1139,11 +1141,12 @@ def test_all_int8_tries_the_whole_latency_budget_on_conv_links(monkeypatch):
     correction the first took, and the better kept: here each conv's 16-bit input costs 4.5%
     (priced so), so the links take two of the three convs and the whole budget all three."""
     import tftpu.pipelines.deploy as deploying
+    import tftpu.pipelines.conv_links as pricing
 
     model = conv_net([(128, 3), (128, 3), (8, 1)], 16, 32)
     samples = samples_for(model, n=4)
     table = quant.calibrate(model, samples, "mse")
-    monkeypatch.setattr(deploying.ConvLinks, "latency", lambda self, k: self.us[0] * (1 + 0.045 * k))
+    monkeypatch.setattr(pricing.ConvLinks, "latency", lambda self, k: self.us[0] * (1 + 0.045 * k))
     monkeypatch.setattr(deploying, "AUTO_TARGET", "0.99,90")      # (the target pure INT8's links are priced for)
     kw = dict(quantize="INT8", chip="npu1", calibration_table=table, test_input=samples[0], samples=samples[1:],
               mixed_precision="0.99,90", mixed_precision_budget=None, weight_refit=True, bias_correction=True)
@@ -1172,7 +1175,7 @@ def test_auto_links_read_the_model_input_on_16_bits_where_the_stem_costs_little(
     a 3-channel stem before wide convs does, even without a test input (pure INT8 too); its price
     counts against the 8-bit program (int8_latency_us); the simulator stays bit-exact; the report
     says so. A stem that is most of the program keeps the 8-bit input; wide_links=True never reads 16 bits."""
-    from tftpu.pipelines.deploy import INPUT_LINKS_LATENCY
+    from tftpu.pipelines.conv_links import INPUT_LINKS_LATENCY
     from tftpu.quant.links import InputConvs
 
     model = conv_net([(8, 3), (64, 3), (64, 3), (8, 1)], 3, 64)
@@ -1202,6 +1205,7 @@ def test_a_dear_input_link_is_taken_where_it_lifts_all_int8(monkeypatch):
     is left of the budget against the 8-bit input's program, the simulator stays bit-exact;
     without a test input or samples to judge with, 8 bits."""
     import tftpu.pipelines.deploy as deploying
+    import tftpu.pipelines.conv_links as pricing
     from tftpu.quant.links import InputConvs
 
     model = conv_net([(8, 3), (64, 3), (64, 3), (8, 1)], 3, 64)
@@ -1209,8 +1213,8 @@ def test_a_dear_input_link_is_taken_where_it_lifts_all_int8(monkeypatch):
     table = quant.calibrate(model, samples, "mse")
     kw = dict(quantize="INT8", chip="npu1", calibration_table=table, mixed_precision="0.99,90",
               mixed_precision_budget=0.0)
-    monkeypatch.setattr(deploying, "INPUT_LINKS_LATENCY", 1.0)
-    monkeypatch.setattr(deploying, "INPUT_LINKS_GAIN", -100.0)
+    monkeypatch.setattr(pricing, "INPUT_LINKS_LATENCY", 1.0)
+    monkeypatch.setattr(pricing, "INPUT_LINKS_GAIN", -100.0)
     dear = deploy(model, test_input=samples[0], samples=samples[1:], **kw)
     assert "c0" in dear.wide_links and [d.name for d in dear.lowering.decisions
                                          if d.reason.startswith("16-bit input")][:1] == ["c0"]
@@ -1221,6 +1225,6 @@ def test_a_dear_input_link_is_taken_where_it_lifts_all_int8(monkeypatch):
     assert dear.profile.latency_us <= deploying.LATENCY_BUDGET * dear.int8_latency_us * (1 + 1e-9)
     assert all(r["bit_exact"] for r in dear.simulator["outputs"])
     assert deploy(model, **{**kw, "mixed_precision": "none"}).wide_links is True      # nothing to judge with
-    monkeypatch.setattr(deploying, "INPUT_LINKS_GAIN", 1000.0)
+    monkeypatch.setattr(pricing, "INPUT_LINKS_GAIN", 1000.0)
     kept = deploy(model, test_input=samples[0], samples=samples[1:], **kw)
     assert not isinstance(kept.wide_links, InputConvs) and "model input" not in (kept.conv_links or "")
