@@ -879,7 +879,7 @@ def test_outputs_are_judged_over_the_samples_pooled():
     """As the mixed-precision search judges them: a sample whose output is near zero (a text map
     of a photo with no text) weighs by its energy; its own figures go in the note."""
     from tftpu.interp.similarity import compare_arrays
-    from tftpu.pipelines.deploy import _pooled_row
+    from tftpu.pipelines.verify import _pooled_row
 
     rng = np.random.default_rng(0)
     big, small = rng.standard_normal((4, 8)), 0.01 * rng.standard_normal((4, 8))
