@@ -30,7 +30,7 @@ from tftpu.quant.refit import MAX_SAMPLES as REFIT_SAMPLES
 from tftpu.quant.refit import ROUNDINGS as REFIT_ROUNDINGS
 from tftpu.transforms.lowering.decode_tail import decode_tail
 from tftpu.pipelines.equalization import check_cross_layer, check_equalize, cross_layer_step, equalize_step
-from tftpu.pipelines.conv_links import CONV_LINKS_LATENCY, input_links, program_profile as _profile, rank_conv_links
+from tftpu.pipelines.conv_links import CONV_LINKS_LATENCY, input_links, program_profile, rank_conv_links
 from tftpu.pipelines.judge import Judge as _Judge
 from tftpu.pipelines.verify import SimulatorRow, check_simulator, verify
 from tftpu.transforms.lowering.search import (AUTO_TARGET, FLOAT_BUDGET, LATENCY_BUDGET, RANK_SAMPLES, References,
@@ -165,7 +165,8 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     "convs": with the tables, every conv reads its data on 16 bits (W8A16, two INT8 passes);
     "auto": the convs reading a model input read it on 16 bits where that keeps the all-INT8
     latency within `INPUT_LINKS_LATENCY`, or lifts a missed target by `INPUT_LINKS_GAIN` dB within
-    the latency budget (`_input_links`; their price counts against the float ops'); and
+    the latency budget (`tftpu.pipelines.conv_links.input_links`; their price counts against the
+    float ops'); and
     where all INT8 misses the target (`mixed_precision`'s, else 0.99 / 20 dB) on the test
     input and samples, the dense convs reading 16 bits too, the most noise spared at the outputs
     per cycle first, as many as keep the all-INT8 program's estimated latency within
@@ -382,7 +383,7 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
                                           float_budget=mixed_precision_budget, wide_links=links,
                                           float_tail=float_tail,
                                           latency_budget=latency_budget,
-                                          latency=lambda m: _profile(m, the_chip).latency_us,
+                                          latency=lambda m: program_profile(m, the_chip).latency_us,
                                           judge_first=inputs is not None, references=references(),
                                           int8_known=int8_known if links is base_links else (None, None))
         search = search_by(mixed_precision_ranking)
@@ -582,7 +583,8 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
             mine, theirs = judge(tpu_model), judge(other[0])
             # (within the latency budget, where the 8-bit program's latency is known: tables cost DMA)
             over = not (int8_us is None or mixed_precision_latency is None or search is None or not search.kept
-                        or _profile(other[0], the_chip).latency_us <= mixed_precision_latency * int8_us * (1 + 1e-9))
+                        or program_profile(other[0], the_chip).latency_us
+                        <= mixed_precision_latency * int8_us * (1 + 1e-9))
             taken = min(theirs) > min(mine) and not over
             tables += (f": judged {min(theirs):.2f} dB on the weights lowered against {min(mine):.2f} dB, "
                        + ("taken" if taken else "not taken" + (" (over the latency budget)" if over else "")))
@@ -615,7 +617,7 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     if search is not None and search.kept and all_int8_us is None:   # what the float ops cost: all in INT8
         pure = pure or lower(top_model, the_chip, mode, table, qtable=given_qtable, asymmetric=asymmetric,
                              wide_links=links, float_tail=float_tail)
-        all_int8_us = _profile(pure[0], the_chip).latency_us
+        all_int8_us = program_profile(pure[0], the_chip).latency_us
     program = generate(tpu_model, the_chip)
     annotate(program)                 # addresses and group_info into the module's text
     memory = program.memory
