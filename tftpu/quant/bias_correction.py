@@ -42,6 +42,7 @@ from tftpu.quant import params as P
 from tftpu.quant.links import reach, reads_link, wide_grids
 from tftpu.quant.refit import Fit
 from tftpu.utils.names import unique_name
+from tftpu.utils.threads import one_blas_thread
 
 __all__ = ["correct_biases", "BiasCorrection", "MAX_SAMPLES"]
 
@@ -159,6 +160,7 @@ def _refittable(op, model: TopModel) -> bool:
     return a["layout"] == "NCHW" and a["kernel_layout"] == "OIHW" and len(list(op.operands[1].uses)) == 1
 
 
+@one_blas_thread
 def correct_biases(model: TopModel, table, samples: list[dict], asymmetric: bool | str = False, *,
                    float_ops: set | None = None, fixed: set | None = None, max_samples: int = MAX_SAMPLES,
                    wide_links: bool | str = True, refit: bool = False, rounding: str = "nearest",

@@ -33,6 +33,7 @@ from tftpu.ir import top
 from tftpu.ir.base import value_name
 from tftpu.ir.module import TopModel
 from tftpu.quant import params as P
+from tftpu.utils.threads import one_blas_thread
 
 __all__ = ["reconstruct_rounding", "restore_weights", "WeightRounding", "gptq", "keep_scale", "conv_patches", "MAX_SAMPLES"]
 
@@ -261,6 +262,7 @@ def _why_not(op, model: TopModel, uses: dict) -> str | None:
     return None
 
 
+@one_blas_thread
 def reconstruct_rounding(model: TopModel, samples: list[dict], *, float_ops: set | None = None,
                          max_samples: int = MAX_SAMPLES) -> tuple[TopModel, WeightRounding]:
     """(copy of `model` with its 2-D conv / matmul weights re-rounded on their INT8 grid, report).
