@@ -146,6 +146,20 @@ def test_the_refit_copy_changes_conv_weights_only_and_is_deterministic(case):
     assert model.weights["wd1"].dtype == a.weights["wd1"].dtype
 
 
+@pytest.mark.parametrize("rounding", ["nearest", "gptq"])
+def test_the_refit_gives_the_same_bytes_on_one_thread_as_on_several(case, monkeypatch, rounding):
+    """The samples are gathered on worker threads; every sum is still taken in sample order."""
+    import tftpu.quant.bias_correction as bc
+    model, table, samples = case
+    made = {}
+    for n in (1, 3):
+        monkeypatch.setattr(bc, "pool_size", lambda n=n: n)
+        made[n], report = correct_biases(model, table, samples, refit=True, rounding=rounding, asymmetric="auto")
+        assert report.refit == 3
+    for key, value in made[1].weights.items():
+        assert value.tobytes() == made[3].weights[key].tobytes(), key
+
+
 def test_ops_kept_in_float_get_their_own_weights_and_bias_back(case):
     model, table, samples = case
     refit, _ = correct_biases(model, table, samples, refit=True)

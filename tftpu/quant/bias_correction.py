@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from xdsl.dialects.builtin import NoneType
@@ -42,7 +43,7 @@ from tftpu.quant import params as P
 from tftpu.quant.links import reach, reads_link, wide_grids
 from tftpu.quant.refit import Fit
 from tftpu.utils.names import unique_name
-from tftpu.utils.threads import one_blas_thread
+from tftpu.utils.threads import one_blas_thread, pool_size
 
 __all__ = ["correct_biases", "BiasCorrection", "MAX_SAMPLES"]
 
@@ -205,105 +206,123 @@ def correct_biases(model: TopModel, table, samples: list[dict], asymmetric: bool
         envs_f.append(dict(bound))
         envs_q.append({s: quant(n, bound[s]) for n, s, _, _ in interp.inputs})
     consts = interp.consts
+    workers = ThreadPoolExecutor(max_workers=pool_size()) if len(samples) > 1 and pool_size() > 1 else None
+
+    def each(fn) -> list:
+        """fn(float env, INT8 env) for every sample, in order (the samples on the worker threads:
+        numpy and TensorFlow let go of the interpreter lock in their kernels)."""
+        if workers is None:
+            return [fn(ef, eq) for ef, eq in zip(envs_f, envs_q)]
+        return list(workers.map(fn, envs_f, envs_q))
+
     qweights: dict[int, np.ndarray] = {}
     corrections: dict[str, np.ndarray] = {}
     refits: dict[str, tuple] = {}
     skipped: dict[str, str] = {}
     rows = []
-    for k, ((kernel, ins, outs, attrs, op_name, loc), op) in enumerate(zip(interp.steps, steps_ops)):
-        weighted = isinstance(op, (top.Conv, top.Deconv, top.MatMul))
-        why = None
-        in_float = op.loc in float_ops
-        if weighted:
-            why = "left as given" if op.loc in fixed else _why_not(op, model, table)
-            if why is None and not in_float:
-                wq = qweights.get(ins[1])
-                if wq is None:
-                    wq = _quantized_weight(op, consts[ins[1]])
+    try:
+        for k, ((kernel, ins, outs, attrs, op_name, loc), op) in enumerate(zip(interp.steps, steps_ops)):
+            weighted = isinstance(op, (top.Conv, top.Deconv, top.MatMul))
+            why = None
+            in_float = op.loc in float_ops
+            if weighted:
+                why = "left as given" if op.loc in fixed else _why_not(op, model, table)
+                if why is None and not in_float:
+                    wq = qweights.get(ins[1])
                     if wq is None:
-                        why = "its weights are not float"
-                    else:
-                        qweights[ins[1]] = wq
-            if why is not None:
-                skipped[op.loc] = why
-        correct = weighted and why is None
-        run_attrs = dict(attrs, do_relu=False) if correct else attrs
-        sums, counts = [], []
-        pres_q = []
-        # operands this INT8 op reads through a link's cast to 8 bits
-        narrowed = [] if op.loc in float_ops else \
-            [(i, narrow[interp.names[s]]) for i, (s, v) in enumerate(zip(ins, op.operands))
-             if s is not None and interp.names.get(s) in narrow
-             and not reads_link(op, v, narrow, tables, convs)]
-        bias_q = None
-        w_used = qweights.get(ins[1]) if correct and not in_float else None   # the weights it computes with
-        if correct and refit and _refittable(op, model):
-            w = consts[ins[1]]
-            b = consts[ins[2]] if ins[2] is not None else np.zeros(w.shape[0], w.dtype)
-            fit = Fit(w, b, attrs)
-            for ef, eq in zip(envs_f, envs_q):
-                x_q = eq[ins[0]] if ins[0] in eq else consts[ins[0]]
+                        wq = _quantized_weight(op, consts[ins[1]])
+                        if wq is None:
+                            why = "its weights are not float"
+                        else:
+                            qweights[ins[1]] = wq
+                if why is not None:
+                    skipped[op.loc] = why
+            correct = weighted and why is None
+            run_attrs = dict(attrs, do_relu=False) if correct else attrs
+            # operands this INT8 op reads through a link's cast to 8 bits
+            narrowed = [] if op.loc in float_ops else \
+                [(i, narrow[interp.names[s]]) for i, (s, v) in enumerate(zip(ins, op.operands))
+                 if s is not None and interp.names.get(s) in narrow
+                 and not reads_link(op, v, narrow, tables, convs)]
+            bias_q = None
+            w_used = qweights.get(ins[1]) if correct and not in_float else None   # the weights it computes with
+            if correct and refit and _refittable(op, model):
+                w = consts[ins[1]]
+                b = consts[ins[2]] if ins[2] is not None else np.zeros(w.shape[0], w.dtype)
+                fit = Fit(w, b, attrs)
+
+                def gather(ef, eq):
+                    x_q = eq[ins[0]] if ins[0] in eq else consts[ins[0]]
+                    for i, grid in narrowed:
+                        if i == 0:
+                            x_q = _fake_quant(x_q, grid)
+                    return fit.products(ef[ins[0]] if ins[0] in ef else consts[ins[0]], x_q)
+
+                for products in each(gather):
+                    fit.add(products)
+                w_fit, b_fit = fit.solve()
+                w_fit = w_fit.astype(w.dtype)
+                if rounding == "gptq" and not in_float:
+                    w_fit, b_fit = fit.rounded(w_fit, b_fit)
+                w_used = w_fit if in_float else _quantized_weight(op, w_fit)
+                bias_q = b_fit.astype(np.float32)
+                refits[op.loc] = (w_fit, b_fit)
+            def run(ef, eq):
+                """The op on one sample, float and simulated INT8: (mean-shift sums, counts, INT8
+                output before its activation) where it is corrected, else its outputs stored."""
+                got_f = kernel([None if s is None else (ef[s] if s in ef else consts[s]) for s in ins], run_attrs)
+                args_q = [None if s is None else (eq[s] if s in eq else consts[s]) for s in ins]
                 for i, grid in narrowed:
-                    if i == 0:
-                        x_q = _fake_quant(x_q, grid)
-                fit.observe(ef[ins[0]] if ins[0] in ef else consts[ins[0]], x_q)
-            w_fit, b_fit = fit.solve()
-            w_fit = w_fit.astype(w.dtype)
-            if rounding == "gptq" and not in_float:
-                w_fit, b_fit = fit.rounded(w_fit, b_fit)
-            w_used = w_fit if in_float else _quantized_weight(op, w_fit)
-            bias_q = b_fit.astype(np.float32)
-            refits[op.loc] = (w_fit, b_fit)
-        for ef, eq in zip(envs_f, envs_q):
-            got_f = kernel([None if s is None else (ef[s] if s in ef else consts[s]) for s in ins], run_attrs)
-            args_q = [None if s is None else (eq[s] if s in eq else consts[s]) for s in ins]
-            for i, grid in narrowed:
-                args_q[i] = _fake_quant(args_q[i], grid)
-            if correct and w_used is not None:
-                args_q[1] = w_used
-            if bias_q is not None:
-                args_q[2] = bias_q
-            got_q = kernel(args_q, run_attrs)
-            if correct:
-                pre_f, pre_q = np.asarray(got_f[0]), np.asarray(got_q[0])
-                axis = _channel_axis(op, pre_f.ndim)
-                reduce = tuple(a for a in range(pre_f.ndim) if a != axis)
-                diff = pre_q.astype(np.float64) - pre_f
-                slope = _slope(op, attrs, pre_f, model)
-                if slope is not None:               # weighted by how much of it the activation passes on
-                    d, c = (slope * diff).sum(axis=reduce), slope.sum(axis=reduce)
-                else:
-                    d, c = diff.sum(axis=reduce), pre_f.size // pre_f.shape[axis]
-                sums.append(d)
-                counts.append(np.broadcast_to(c, d.shape).astype(np.float64))
-                ef[outs[0]] = post_relu(pre_f.copy(), attrs)
-                pres_q.append(pre_q)
-            else:
+                    args_q[i] = _fake_quant(args_q[i], grid)
+                if correct and w_used is not None:
+                    args_q[1] = w_used
+                if bias_q is not None:
+                    args_q[2] = bias_q
+                got_q = kernel(args_q, run_attrs)
+                if correct:
+                    pre_f, pre_q = np.asarray(got_f[0]), np.asarray(got_q[0])
+                    axis = _channel_axis(op, pre_f.ndim)
+                    reduce = tuple(a for a in range(pre_f.ndim) if a != axis)
+                    diff = pre_q.astype(np.float64) - pre_f
+                    slope = _slope(op, attrs, pre_f, model)
+                    if slope is not None:               # weighted by how much of it the activation passes on
+                        d, c = (slope * diff).sum(axis=reduce), slope.sum(axis=reduce)
+                    else:
+                        d, c = diff.sum(axis=reduce), pre_f.size // pre_f.shape[axis]
+                    ef[outs[0]] = post_relu(pre_f.copy(), attrs)
+                    return d, np.broadcast_to(c, d.shape).astype(np.float64), pre_q
                 for s, r in zip(outs, got_f):
                     ef[s] = r
                 for s, r in zip(outs, got_q):
                     eq[s] = quant(interp.names[s], r) if op.loc not in float_ops else r
-        if correct:
-            step = grids[interp.names[outs[0]]].scale
-            # on a grid of 1/1024 output step: last-bit noise of the CPU's float kernels moves no byte
-            delta = np.rint(_shrunk_mean(np.array(sums), np.array(counts)) * (GRID / step)) * (step / GRID)
-            if bias_q is not None:          # the refit's bias has the mean in it already
-                delta = np.zeros_like(delta)
-            shape = [1] * pres_q[0].ndim
-            shape[_channel_axis(op, pres_q[0].ndim)] = -1
-            dd = delta.reshape(shape).astype(pres_q[0].dtype)
-            for eq, pre_q in zip(envs_q, pres_q):
-                out_q = post_relu(pre_q - dd, attrs)
-                eq[outs[0]] = out_q if in_float else quant(interp.names[outs[0]], out_q)
-            if np.any(delta):
-                corrections[op.loc] = delta
-            if bias_q is None:
-                rows.append({"name": op.loc, "op": op.name, "channels": int(delta.size), "float": in_float,
-                             "mean_steps": float(np.mean(np.abs(delta)) / step),
-                             "max_steps": float(np.max(np.abs(delta)) / step)})
-        for s in interp.free_after[k]:
-            for env in envs_f + envs_q:
-                env.pop(s, None)
+                return None
+
+            ran = each(run)
+            if correct:
+                sums, counts, pres_q = (list(r) for r in zip(*ran))
+                step = grids[interp.names[outs[0]]].scale
+                # on a grid of 1/1024 output step: last-bit noise of the CPU's float kernels moves no byte
+                delta = np.rint(_shrunk_mean(np.array(sums), np.array(counts)) * (GRID / step)) * (step / GRID)
+                if bias_q is not None:          # the refit's bias has the mean in it already
+                    delta = np.zeros_like(delta)
+                shape = [1] * pres_q[0].ndim
+                shape[_channel_axis(op, pres_q[0].ndim)] = -1
+                dd = delta.reshape(shape).astype(pres_q[0].dtype)
+                for eq, pre_q in zip(envs_q, pres_q):
+                    out_q = post_relu(pre_q - dd, attrs)
+                    eq[outs[0]] = out_q if in_float else quant(interp.names[outs[0]], out_q)
+                if np.any(delta):
+                    corrections[op.loc] = delta
+                if bias_q is None:
+                    rows.append({"name": op.loc, "op": op.name, "channels": int(delta.size), "float": in_float,
+                                 "mean_steps": float(np.mean(np.abs(delta)) / step),
+                                 "max_steps": float(np.max(np.abs(delta)) / step)})
+            for s in interp.free_after[k]:
+                for env in envs_f + envs_q:
+                    env.pop(s, None)
+    finally:
+        if workers is not None:
+            workers.shutdown()
     corrected = _apply(model, corrections, refits)
     return corrected, BiasCorrection(rows, len(samples), time.perf_counter() - t0, skipped, refit=len(refits),
                                      rounding=rounding if refits else "nearest")

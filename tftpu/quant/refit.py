@@ -61,14 +61,25 @@ class Fit:
         self.rows = 0
 
     def observe(self, x_float: np.ndarray, x_quant: np.ndarray) -> None:
+        self.add(self.products(x_float, x_quant))
+
+    def products(self, x_float: np.ndarray, x_quant: np.ndarray) -> list:
+        """One image's blocks of (X_q^T X_q, X_q^T X_f, rows), not yet summed: images may be
+        gathered on several threads, then `add`ed in order (the same sums on any count)."""
         kernel = tuple(self.attrs.get("kernel_shape") or self.shape[2:])
         rows = int(min(MAX_ROWS, max(MIN_ROWS, GRAM_BUDGET // self.qq.shape[1] ** 2)))
+        out = []
         for pf, pq in zip(conv_patches(x_float, kernel, self.attrs, rows, ones=True),
                           conv_patches(x_quant, kernel, self.attrs, rows, ones=True)):
             pqt = np.swapaxes(pq, 1, 2)
-            self.qq += pqt @ pq
-            self.qf += pqt @ pf
-            self.rows += pf.shape[1]
+            out.append((pqt @ pq, pqt @ pf, pf.shape[1]))
+        return out
+
+    def add(self, products: list) -> None:
+        for qq, qf, rows in products:
+            self.qq += qq
+            self.qf += qf
+            self.rows += rows
 
     def solve(self, ridge: float | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(weights [O, C/g, kh, kw], bias [O]) refit, float64; `ridge` RIDGE by default."""
