@@ -104,3 +104,19 @@ def test_alternates_come_from_the_same_statistics_and_read_back(resnet, photo_di
     assert back.text() == table.text()
     assert {m: t.entries for m, t in back.tables().items()} == {m: t.entries for m, t in table.tables().items()}
     assert quant.CalibrationTable.from_json(table.to_json()).text() == table.text()
+
+
+def test_samples_on_worker_threads_give_the_same_table_and_name_a_bad_sample(resnet, photo_dir, monkeypatch):
+    import importlib
+    calibrate_module = importlib.import_module("tftpu.quant.calibrate")
+    samples = quant.load_samples(resnet, photo_dir)
+    tables = {}
+    for n in (1, 3):
+        monkeypatch.setattr(calibrate_module, "pool_size", lambda n=n: n)
+        tables[n] = quant.calibrate_each(resnet, samples, ["mse", "tail_mse"], asymmetric=True)
+    for method in ("mse", "tail_mse"):
+        assert tables[1][method].entries == tables[3][method].entries
+    bad = [dict(s) for s in samples]
+    bad[2] = {k: np.full_like(v, np.nan) for k, v in bad[2].items()}
+    with pytest.raises(errors.InputError, match="sample 2: tensor .* non-finite"):
+        quant.calibrate(resnet, bad, "mse")

@@ -31,8 +31,10 @@ with `tftpu-run` dumps.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import math
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -43,6 +45,7 @@ from tftpu.quant.simulation import fake_quant, fake_quant_asymmetric
 from tftpu.quant.table import CalibrationTable
 from tftpu.quant.thresholds import CLIP_WEIGHTS, METHODS, asymmetric_range, mse, threshold
 from tftpu.utils.progress import progress
+from tftpu.utils.threads import pool_size
 
 __all__ = ["calibrate", "calibrate_each", "calibrate_two_pass", "TensorStatistics", "BINS", "TUNE_NUM",
            "AUTO_CANDIDATES", "CALIBRATION_METHODS"]
@@ -266,31 +269,59 @@ def collect(model, samples, bins: int = BINS) -> dict[str, TensorStatistics]:
 def _collect(model, samples, bins: int = BINS, keep: int = 0,
              empty: bool = False) -> tuple[dict[str, TensorStatistics], int, list]:
     """(statistics, how many samples, the first `keep` samples): one pass over `samples`, a list
-    or any iterable (`tftpu.quant.iter_samples`), taken one sample at a time (none only if `empty`)."""
+    or any iterable (`tftpu.quant.iter_samples`), taken one sample at a time (none only if `empty`).
+    Samples run on the worker threads, a few at a time; each one's statistics are merged into the
+    whole in sample order (and would be the same in any: `TensorStatistics.merge`)."""
     interp = TopInterpreter(model)
     stats: dict[str, TensorStatistics] = {}
-    where = [""]
 
-    def observe(name, arr):
-        if arr.dtype.kind == "f" and arr.size:
-            st = stats.get(name)
-            if st is None:
-                st = stats[name] = TensorStatistics(2 * bins)
-            try:
-                st.add(arr)
-            except ValueError:
-                raise InputError(f"{where[0]}: tensor {name!r} has non-finite values (NaN or inf); "
-                                 "calibration needs finite inputs") from None
-        return arr
+    def one(where: str, sample) -> dict[str, TensorStatistics]:
+        own: dict[str, TensorStatistics] = {}
+
+        def observe(name, arr):
+            if arr.dtype.kind == "f" and arr.size:
+                st = own.get(name)
+                if st is None:
+                    st = own[name] = TensorStatistics(2 * bins)
+                try:
+                    st.add(arr)
+                except ValueError:
+                    raise InputError(f"{where}: tensor {name!r} has non-finite values (NaN or inf); "
+                                     "calibration needs finite inputs") from None
+            return arr
+
+        interp.run(sample, observe=observe)
+        return own
+
+    def merge(own: dict[str, TensorStatistics]) -> None:
+        for name, st in own.items():
+            if name in stats:
+                stats[name].merge(st)
+            else:
+                stats[name] = st
 
     total = len(samples) if isinstance(samples, (list, tuple)) else getattr(samples, "total", None)
     named = samples.items() if isinstance(samples, Samples) else ((f"sample {i}", x) for i, x in enumerate(samples))
     head, count = [], 0
-    for count, (where[0], sample) in enumerate(progress(named, desc="calibration statistics", total=total,
-                                                        unit="image"), 1):
-        if count <= keep:
-            head.append(sample)
-        interp.run(sample, observe=observe)
+    threads = pool_size()
+    workers = ThreadPoolExecutor(max_workers=threads) if threads > 1 else None
+    pending: collections.deque = collections.deque()    # (at most `threads` samples held at once)
+    try:
+        for count, (where, sample) in enumerate(progress(named, desc="calibration statistics", total=total,
+                                                         unit="image"), 1):
+            if count <= keep:
+                head.append(sample)
+            if workers is None:
+                merge(one(where, sample))
+                continue
+            if len(pending) >= threads:
+                merge(pending.popleft().result())
+            pending.append(workers.submit(one, where, sample))
+        while pending:
+            merge(pending.popleft().result())
+    finally:
+        if workers is not None:
+            workers.shutdown(cancel_futures=True)
     if count == 0 and not empty:
         raise InputError("calibration needs at least one sample input")
     return stats, count, head
