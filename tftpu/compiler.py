@@ -216,7 +216,8 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None,
             refit_rounding: str = "auto",
             mixed_precision_budget: float | None = FLOAT_BUDGET, mixed_precision_latency: float | None = LATENCY_BUDGET,
             wide_links: bool | str = "auto", float_tail: bool = True, equalize: bool | str = "auto",
-            input_grid: bool = True, cross_layer: bool = False, log=None) -> CompiledModel:
+            input_grid: bool = True, cross_layer: bool = False, reader_ranges: bool = True,
+            log=None) -> CompiledModel:
     """Compile `model` (an ONNX path or ModelProto, a Keras model or file, a SavedModel
     directory, a `.tflite`, a `.top.mlir` path or TopModel) for `chip` (a name such as "npu1" or
     "edge16", or a YAML path) in `quantize` mode (INT8, F16, BF16, F32).
@@ -286,6 +287,12 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None,
     detector 18.6 -> 19.5 dB, PP-OCRv4's 20.8 -> 16.4; the quantization guide has the others), and
     a second build with it where the target is missed did not pay for its time (PP-OCRv3: with
     the table the calibration choice keeps, 17.5 dB against 18.6).
+    `reader_ranges` (INT8): a tensor that only saturating functions read (a sigmoid head's
+    logits, an SE block's HardSigmoid gate input, a conv before its ReLU6 or SiLU), through data
+    moves and constant shifts and scales, has its range clipped to the interval where they still
+    change (`tftpu.quant.saturation`: exactly for the hard ones, within 1e-7 of the asymptote for
+    sigmoid, tanh, SiLU, GELU), its 8-bit grid spent where the outputs move; False keeps the
+    calibrated ranges.
     `log` (a callable taking a line) reports progress; by default the `tftpu.compile` logger."""
     from tftpu.pipelines.deploy import deploy
 
@@ -348,7 +355,7 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None,
             weight_rounding=weight_rounding, weight_refit=weight_refit, refit_rounding=refit_rounding,
             mixed_precision_budget=mixed_precision_budget,
             mixed_precision_latency=mixed_precision_latency, wide_links=wide_links,
-            float_tail=float_tail, input_grid=input_grid)
+            float_tail=float_tail, input_grid=input_grid, reader_ranges=reader_ranges)
 
     if mode == "INT8" and len(methods) > 1:
         tried = try_tables(tables, build, target_of(mixed_precision), say)
@@ -385,6 +392,9 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None,
     if deployed.input_grid is not None:
         stages.append(Stage("input grid", secs.get("input grid", 0.0), deployed.input_grid))
         extra["input_grid"] = deployed.input_grid
+    if deployed.reader_ranges is not None:
+        stages.append(Stage("reader ranges", secs.get("reader ranges", 0.0), deployed.reader_ranges))
+        extra["reader_ranges"] = deployed.reader_ranges
     out_rows = deployed.rows
     worst = min(out_rows, key=lambda r: (r.passed, r.cosine, r.sqnr)) if out_rows else None
     lowering = ", ".join(f"{n} {m}" for m, n in sorted(deployed.lowering.counts().items()))

@@ -111,6 +111,10 @@ flags.DEFINE_bool("cross_layer", False,
                   "INT8, with --samples: scale each conv output that only dense convs read (the conv ending in "
                   "nothing or a plain ReLU) per channel nearer its widest channel, the readers' weights taking the "
                   "factors back (the float program unchanged), as tftpu.compile(cross_layer=True) does")
+flags.DEFINE_bool("reader_ranges", True,
+                  "INT8: clip the range of each tensor that only saturating functions read (a sigmoid head's "
+                  "logits, an SE gate's HardSigmoid input, a conv before its ReLU6 or SiLU) to where they still "
+                  "change, as tftpu.compile does")
 flags.DEFINE_string("tpu_mlir", None, "output TPU module (.tpu.mlir; its weights .npz go beside it)")
 flags.DEFINE_string("report", None, "report file: .json for data, .html (any other suffix) for a page")
 flags.DEFINE_string("model", None, "output model file (.tpumodel): the compiled program for the simulator "
@@ -159,7 +163,7 @@ def main(args):
                     samples=samples and samples[:JUDGE_SAMPLES], fit_samples=samples,
                     float_tail=FLAGS.float_tail, **fitting, refit_rounding=FLAGS.refit_rounding,
                     equalize={"auto": "auto", "on": True, "off": False}[FLAGS.equalize],
-                    cross_layer=FLAGS.cross_layer,
+                    cross_layer=FLAGS.cross_layer, reader_ranges=FLAGS.reader_ranges,
                     wide_links=FLAGS.wide_links and {"auto": "auto", "on": "tables", "off": True}[FLAGS.wide_tables],
                     conv_links=FLAGS.conv_links,
                     input_grid=samples is not None if FLAGS.input_grid is None else FLAGS.input_grid)
@@ -171,6 +175,8 @@ def main(args):
         print(f"equalize: {result.equalize}")
     if result.input_grid:
         print(f"input grid: {result.input_grid}")
+    if result.reader_ranges:
+        print(f"reader ranges: {result.reader_ranges}")
     print(result.lowering)
     if result.search is not None:
         print(result.search)

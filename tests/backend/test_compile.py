@@ -41,8 +41,8 @@ def test_compile_a_top_model_every_stage_checked(case, tmp_path):
     compiled = tftpu.compile(model, chip="npu1", calibration_data=samples)
     names = [s.name for s in compiled.stages]
     # the weights refit to their INT8 inputs, or bias correction where that does better
-    assert names in (["import", "calibrate", step, "space-to-depth", "input grid", "lower", "codegen", "simulate"]
-                     for step in ("weight refit", "bias correction")), names
+    assert names in (["import", "calibrate", step, "space-to-depth", "input grid", "reader ranges", "lower",
+                      "codegen", "simulate"] for step in ("weight refit", "bias correction")), names
     assert compiled.passed and "bit-exact" in compiled.stages[-1].check
     out = compiled.run(samples[0])
     want = TpuInterpreter(compiled.tpu_model).run(samples[0], dequantize=True)

@@ -81,6 +81,7 @@ class DeployResult:
     cross_layer: str | None = None              # cross-layer equalization: what it did, and its float check
     calibration: object | None = None           # a table with alternates: each one's program (calibration_choice.Tried)
     input_grid: str | None = None               # the stem conv reading the pixel levels exactly: what was done, or why not
+    reader_ranges: str | None = None            # ranges clipped to what their saturating readers tell apart
 
     @property
     def checked(self) -> bool:
@@ -120,7 +121,8 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
            trace=None, bias_correction: bool = False, weight_rounding: bool = False,
            wide_links: bool | str = "auto", float_tail: bool = True, weight_refit: bool = False,
            refit_rounding: str = "auto", conv_links: bool = True,
-           equalize: bool | str = False, input_grid: bool = False, cross_layer: bool = False) -> DeployResult:
+           equalize: bool | str = False, input_grid: bool = False, cross_layer: bool = False,
+           reader_ranges: bool = True) -> DeployResult:
     """Lower the TOP model `mlir` (a path or TopModel) for `chip` in `quantize` mode.
 
     `asymmetric` (INT8): True gives every activation a zero point, False none, "auto" those whose
@@ -211,7 +213,9 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     normalized per channel), the conv reads those levels exactly: computed in float, cast to INT8
     without rounding, the step and origin folded into the conv (`tftpu.quant.input_grid`; the
     model lowered and checked is the rewritten one, the same in float; `result.input_grid` says
-    what was done or why not). A calibration table with alternates (`calibrate(..., method="mse,tail_mse")`, tftpu-calibrate's
+    what was done or why not). `reader_ranges` (INT8, on by default): each tensor that only
+    saturating functions read has its range clipped to where they still change
+    (`tftpu.quant.saturation.clip_to_readers`; `result.reader_ranges` says which). A calibration table with alternates (`calibrate(..., method="mse,tail_mse")`, tftpu-calibrate's
     default) and a test input: the program is built with each of its tables in turn, the next only
     where the one before misses the target (`mixed_precision`'s, else 0.99 / 20 dB) on the test
     input and samples, the best kept and written (`result.calibration` says); without a test
@@ -268,6 +272,12 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
         if equalized is not None:
             top_model, table = equalized.model, equalized.table
             seconds["equalize"] = equalized.seconds
+    clipped = None
+    if reader_ranges and mode == "INT8" and table is not None:
+        from tftpu.quant.saturation import clip_to_readers
+        t1 = time.perf_counter()
+        table, clipped = clip_to_readers(top_model, table)
+        seconds["reader ranges"] = time.perf_counter() - t1
     reference = _reference(top_model, test_reference)
     if reference is not None and inputs is None:
         raise errors.UsageError("--test_reference needs --test_input")
@@ -649,7 +659,8 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
                           conv_links="; ".join(n for n in (inputs_note, priced) if n) or None, wide_links=links,
                           int8_latency_us=int8_us,
                           equalize=equalized.line if equalized is not None else None, input_grid=grid_line,
-                          cross_layer=crossed.line if crossed is not None else None)
+                          cross_layer=crossed.line if crossed is not None else None,
+                          reader_ranges=clipped.line if clipped is not None else None)
     if inputs is not None:
         t1 = time.perf_counter()
         pool = [inputs] + [s for s in (samples or []) if s is not inputs]

@@ -80,6 +80,8 @@ def report_data(result) -> dict:
         data["equalize"] = result.equalize
     if result.cross_layer:
         data["cross_layer"] = result.cross_layer
+    if result.reader_ranges:
+        data["reader_ranges"] = result.reader_ranges
     if result.calibration is not None:
         data["calibration"] = result.calibration.as_dict()
     if result.memory is not None:
