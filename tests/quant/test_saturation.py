@@ -104,3 +104,27 @@ def test_clipped_table_and_deploy_uses_it():
     # the gate's input on a grid many times as fine where it moves: the outputs nearer float
     on, off = runs[True].outputs[0].sqnr, runs[False].outputs[0].sqnr
     assert on > off + 2, (on, off)
+
+
+@pytest.mark.parametrize("op,first", [("Add", True), ("Sub", True), ("Sub", False), ("Mul", True),
+                                      ("Div", True)])
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 2 ** 16), per_channel=st.booleans())
+def test_the_interval_through_a_constant_shift_or_scale_leaves_the_output_as_it_is(op, first, seed, per_channel):
+    from tftpu.interp.top_interpreter import TopInterpreter
+    rng = np.random.default_rng(seed)
+    shape = (1, 3, 1, 1) if per_channel else (1, 1, 1, 1)
+    c = rng.uniform(0.2, 3.0, shape) * rng.choice([-1.0, 1.0], shape)
+    b = TopBuilder("affine")
+    x = b.input("x", (1, 3, 8, 8))
+    k = b.weight("c", c.astype(np.float32))
+    y = b.op(op, [x, k] if first else [k, x], {}, "shifted")
+    y = b.op("HardSigmoid", [y], {"alpha": 0.2, "beta": 0.5}, "gate")
+    model = b.finish([y])
+    lo, hi = reader_intervals(model)["x"]
+    v = (rng.standard_normal((1, 3, 8, 8)) * 20).astype(np.float32)
+    run = TopInterpreter(model)
+    want = run.run({"x": v})["gate"]
+    got = run.run({"x": np.clip(v, lo, hi).astype(np.float32)})["gate"]
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+    assert np.mean((v < lo) | (v > hi)) > 0          # (the interval did clip something)

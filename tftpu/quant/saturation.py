@@ -61,7 +61,7 @@ READERS = {
 }
 # ops whose output is some of their input's values, moved: a clip of the input is a clip of the output
 _MOVES = {"top.Reshape", "top.Permute", "top.Squeeze", "top.Unsqueeze", "top.Flatten", "top.Slice",
-          "top.MaxPool", "top.Concat", "top.Upsample", "top.DepthToSpace", "top.SpaceToDepth"}
+          "top.MaxPool", "top.Concat", "top.DepthToSpace", "top.SpaceToDepth"}
 
 
 def _constant(model, v) -> np.ndarray | None:
