@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from tftpu import quant
 from tftpu.interp.kernels import KERNELS
+from tftpu.interp.top_interpreter import TopInterpreter
 from tftpu.ir import TopBuilder
 from tftpu.pipelines.deploy import deploy
 from tftpu.quant.saturation import READERS, SOFT_TAIL, clip_to_readers, reader_intervals
@@ -111,7 +112,6 @@ def test_clipped_table_and_deploy_uses_it():
 @settings(max_examples=15, deadline=None)
 @given(seed=st.integers(0, 2 ** 16), per_channel=st.booleans())
 def test_the_interval_through_a_constant_shift_or_scale_leaves_the_output_as_it_is(op, first, seed, per_channel):
-    from tftpu.interp.top_interpreter import TopInterpreter
     rng = np.random.default_rng(seed)
     shape = (1, 3, 1, 1) if per_channel else (1, 1, 1, 1)
     c = rng.uniform(0.2, 3.0, shape) * rng.choice([-1.0, 1.0], shape)
