@@ -8,7 +8,8 @@ to that interval spends the 8 bits where the outputs move. PP-OCRv3's text detec
 its logits (-112 .. 53 on the held-out photo) on an INT8 grid of step 1.39 ahead of the
 sigmoid, about seven levels where the text probability moves.
 
->>> table = clip_to_readers(model, table)             # doctest: +SKIP
+>>> table, clipped = clip_to_readers(model, table)    # doctest: +SKIP
+>>> print(clipped.line)                               # doctest: +SKIP
 """
 
 from __future__ import annotations
