@@ -30,10 +30,7 @@ RIDGE = 1.0
 MAX_ROWS = 1 << 12       # input patches per image and conv (evenly spaced output rows), at most
 # and fewer for a wide conv: rows * (weights a channel)^2 stays under this many multiply-adds per
 # image (a 3x3 conv over 64 channels: 1024 rows; over 96 or more: MIN_ROWS), so a detector's wide
-# 3x3 convs do not hold the refit up. Measured against 4x this budget (2026-12-05, held-out photo,
-# worst part, default flags): YOLOX 16.6 -> 18.2 dB, PP-OCRv3 17.7 -> 19.4, PP-OCRv4 22.5 ->
-# 22.7, PP-OCRv6 20.1 -> 22.0 (its mse program then judged 20.0, just under the target, so
-# tail_mse was built and kept), layout 21.0 and YOLOv8n 28.2 alike; smaller detectors never reach it
+# 3x3 convs do not hold the refit up (4x this budget fit no better: the quantization guide has the figures)
 GRAM_BUDGET = 256 * 1153 ** 2
 MIN_ROWS = 512
 # the fit's samples hold at most this many input values together: 8 images of 640x640 (4 fit a
