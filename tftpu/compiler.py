@@ -229,8 +229,10 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None,
     and the report says so.
     `calibration_method` (INT8): a `tftpu.quant.calibrate` method, or several joined by commas,
     each giving a table from the same statistics pass: the program is built with the first, and
-    with the next only where the one before misses the target (`mixed_precision`'s, else 0.99 /
-    20 dB) on the test input and samples, the best kept (`tftpu.pipelines.calibration_choice`).
+    where it misses the target (`mixed_precision`'s, else 0.99 / 20 dB) on the test input and
+    samples, with the next table and the first's float ops, links and correction, searched again
+    with it only where that comes within 3 dB under the best without reaching the target; the
+    best kept (`tftpu.pipelines.calibration_choice`).
     The default "mse,tail_mse" tries `tail_mse` (clipped values' error counted 64 times) where
     `mse` misses: a detector's objects are the rare large values mse clips.
     `test_input` (default: the first calibration sample) is what every stage is checked on.
@@ -294,7 +296,7 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None,
     sigmoid, tanh, SiLU, GELU), its 8-bit grid spent where the outputs move; False keeps the
     calibrated ranges.
     `log` (a callable taking a line) reports progress; by default the `tftpu.compile` logger."""
-    from tftpu.pipelines.deploy import deploy
+    from tftpu.pipelines.deploy import carried, choices_of, deploy
 
     say = log or _LOG.info
     mode = quantize.upper()
@@ -336,29 +338,39 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None,
 
     others = [s for s in samples if s is not check]       # what the search judges and the refit fits on
 
-    def build(method, table):
+    equalized: dict = {}                   # method -> whether its build equalized the depthwise inputs
+
+    def build(method, table, like=None):
         """(TOP model, table, the equalization steps' (report key, stage), DeployResult) for one
-        calibration table."""
+        calibration table; `like` (another table's build, and its method): with the choices it
+        made, not searched again (`tftpu.pipelines.deploy.choices_of`)."""
         model, steps = top_model, []
-        if mode == "INT8" and equalize:
+        if mode == "INT8" and equalize and (like is None or equalized[like[1]]):
             model, table, stage = _equalize(model, table, samples[:1 + JUDGE_SAMPLES], check, chip,
-                                            asymmetric, method, equalize)
+                                            asymmetric, method, equalize if like is None else True)
             steps.append(("equalize", stage))
+        equalized[method] = model is not top_model
         if mode == "INT8" and cross_layer and others:      # (the samples and check deploy judges on)
             model, table, stage = _cross_layer(model, table, others[:JUDGE_SAMPLES], check, asymmetric, method)
             steps.append(("cross_layer", stage))
-        return model, table, [(k, st) for k, st in steps if st is not None], deploy(
+        args = dict(quantize_table=quantize_table, mixed_precision=mixed_precision, bias_correction=bias_correction,
+                    weight_rounding=weight_rounding, weight_refit=weight_refit, refit_rounding=refit_rounding,
+                    wide_links=wide_links)
+        if like is not None:                               # (compile equalizes before deploy)
+            args.update({k: v for k, v in choices_of(like[0][-1]).items() if k != "equalize"})
+        done = deploy(
             model, quantize=mode, chip=chip, calibration_table=table, asymmetric=asymmetric,
-            quantize_table=quantize_table, test_input=check, tolerance=tolerance,
-            mixed_precision=mixed_precision, samples=others[:JUDGE_SAMPLES], fit_samples=others[:REFIT_SAMPLES],
-            space_to_depth=space_to_depth, bias_correction=bias_correction,
-            weight_rounding=weight_rounding, weight_refit=weight_refit, refit_rounding=refit_rounding,
-            mixed_precision_budget=mixed_precision_budget,
-            mixed_precision_latency=mixed_precision_latency, wide_links=wide_links,
-            float_tail=float_tail, input_grid=input_grid, reader_ranges=reader_ranges)
+            test_input=check, tolerance=tolerance, samples=others[:JUDGE_SAMPLES], fit_samples=others[:REFIT_SAMPLES],
+            space_to_depth=space_to_depth, mixed_precision_budget=mixed_precision_budget,
+            mixed_precision_latency=mixed_precision_latency, float_tail=float_tail, input_grid=input_grid,
+            reader_ranges=reader_ranges, **args)
+        if like is not None:
+            done = carried(done, like[0][-1], like[1])
+        return model, table, [(k, st) for k, st in steps if st is not None], done
 
     if mode == "INT8" and len(methods) > 1:
-        tried = try_tables(tables, build, target_of(mixed_precision), say)
+        tried = try_tables(tables, build, target_of(mixed_precision), say,
+                           like=lambda method, table, first, was: build(method, table, (first, was)))
         top_model, table, steps, deployed = tried.built
         extra["calibration"] = tried.as_dict()
         if len(tried.figures) > 1:           # (a stage only where the first table missed the target)

@@ -112,12 +112,48 @@ def test_tables_are_tried_in_order_until_one_meets_the_target():
     assert tried.method == "b" and tried.figures == {"a": (19.0, 19.0), "b": (21.0, 21.0)}
 
 
+def test_a_later_table_takes_the_first_builds_choices_and_searches_again_only_near_the_best():
+    """With `like`, a later table's program is built with the first build's choices; in full
+    (searched again) only where that misses the target and comes within FULL_MARGIN dB under the
+    best so far, the better of the two kept for that table."""
+    from types import SimpleNamespace as ns
+
+    from tftpu.pipelines.calibration_choice import FULL_MARGIN, try_tables
+
+    def run(full, carried):
+        built = []
+
+        def build(m, t):
+            built.append(m)
+            return (m, ns(search=ns(lowered=full[m])))
+
+        def like(m, t, first, was):
+            assert first[0] == "a" and was == "a"
+            built.append(m + "~")
+            return (m + "~", ns(search=ns(lowered=carried[m])))
+        return try_tables({"a": 1, "b": 2}, build, 20.0, like=like), built
+
+    assert FULL_MARGIN > 1
+    tried, built = run({"a": (19.0, 19.0), "b": (22.0, 21.0)}, {"b": (19.0, 18.5)})       # near: in full
+    assert built == ["a", "b~", "b"] and tried.method == "b" and tried.built[0] == "b"
+    assert tried.carried == {"b": (19.0, 18.5)} and "searched again" in tried.line
+    tried, built = run({"a": (19.0, 19.0), "b": (22.0, 22.0)}, {"b": (19.0 - FULL_MARGIN - 0.1,) * 2})   # far under
+    assert built == ["a", "b~"] and tried.method == "a"
+    tried, built = run({"a": (17.0, 17.0), "b": (22.0, 22.0)}, {"b": (18.0, 19.0)})       # above the best
+    assert built == ["a", "b~"] and tried.method == "b" and tried.built[0] == "b~"
+    assert "with a's float ops, links and correction" in tried.line
+    tried, built = run({"a": (19.0, 19.0), "b": (17.0, 17.0)}, {"b": (18.0, 18.0)})       # in full, worse
+    assert built == ["a", "b~", "b"] and tried.method == "a" and tried.figures["b"] == (18.0, 18.0)
+    tried, built = run({"a": (19.0, 19.0), "b": (17.0, 17.0)}, {"b": (20.0, 21.0)})       # meets the target
+    assert built == ["a", "b~"] and tried.method == "b"
+
+
 def test_calibration_methods_are_judged_by_the_program_they_make(case):
     """Given mse,minmax with a target neither reaches, compile builds the program with each table
     and keeps the one whose worst output comes nearer float (what deploy itself reports for that
     table); a single method is taken as it is, and the default tries tail_mse after mse."""
     from tftpu.pipelines.calibration_choice import CALIBRATION_DEFAULT
-    from tftpu.pipelines.deploy import deploy
+    from tftpu.pipelines.deploy import choices_of, deploy
 
     model, _, samples = case
     flags = dict(space_to_depth=False, weight_refit=False, weight_rounding=False, bias_correction=False,
@@ -130,11 +166,17 @@ def test_calibration_methods_are_judged_by_the_program_they_make(case):
     assert chose["method"] == ("minmax" if judged["minmax"] > judged["mse"] else "mse")
     assert compiled.stages[2].name == "calibration choice" and f"{chose['method']} kept" in compiled.stages[2].check
     tables = quant.calibrate_each(model, samples, ["mse", "minmax"], asymmetric=True)
-    for method, table in tables.items():
-        alone = deploy(model, quantize="INT8", chip="npu1", calibration_table=table, asymmetric="auto",
-                       test_input=samples[0], samples=samples[1:9], mixed_precision="0.99,99",
-                       bias_correction=False, weight_rounding=False, weight_refit=False, wide_links=False)
-        assert [round(v, 3) for v in alone.search.lowered] == chose["judged_db"][method], method
+    fixed = dict(quantize="INT8", chip="npu1", asymmetric="auto", test_input=samples[0], samples=samples[1:9])
+    corrections = dict(bias_correction=False, weight_rounding=False, weight_refit=False)
+    first = deploy(model, calibration_table=tables["mse"], mixed_precision="0.99,99", wide_links=False,
+                   **corrections, **fixed)
+    assert [round(v, 3) for v in first.search.lowered] == chose["judged_db"]["mse"]
+    # minmax: built with mse's float ops first, searched again only near the best (the better kept)
+    like = deploy(model, calibration_table=tables["minmax"], **{**corrections, **choices_of(first)}, **fixed)
+    assert [round(v, 3) for v in like.judged] == chose["with_first_choices_db"]["minmax"]
+    full = deploy(model, calibration_table=tables["minmax"], mixed_precision="0.99,99", wide_links=False,
+                  **corrections, **fixed)
+    assert chose["judged_db"]["minmax"] in ([round(v, 3) for v in like.judged], [round(v, 3) for v in full.search.lowered])
     single = tftpu.compile(model, chip="npu1", calibration_data=samples, calibration_method="mse",
                            mixed_precision="none", **flags)
     assert CALIBRATION_DEFAULT == "mse,tail_mse"

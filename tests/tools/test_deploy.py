@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from tftpu import errors, quant
 from tftpu.ir import TopBuilder, load
-from tftpu.pipelines.deploy import deploy
+from tftpu.pipelines.deploy import choices_of, deploy
 
 def cnn():
     """Conv/ReLU -> depthwise -> SiLU -> Add -> MaxPool -> GlobalAvgPool -> MatMul -> Softmax."""
@@ -494,11 +494,16 @@ def test_a_table_with_alternates_builds_each_until_one_meets_the_target(cnn_case
     assert kept == max(judged, key=lambda m: (min(judged[m]), m == "mse"))
     assert res.seconds["calibration choice"] > 0 and json.loads((tmp_path / "r.json").read_text())[
         "calibration"]["method"] == kept
-    for method, alone_table in table.tables().items():
-        alone = deploy(model, calibration_table=alone_table, mixed_precision="0.99,99", **fixed)
-        assert alone.search.lowered == judged[method] and alone.calibration is None
-        if method == kept:
-            assert alone.model.text() == load(out).text()
+    tables = table.tables()
+    first = deploy(model, calibration_table=tables["mse"], mixed_precision="0.99,99", **fixed)
+    assert first.search.lowered == judged["mse"] and first.calibration is None
+    # minmax with mse's choices first, searched again only near the best (the better kept)
+    like = deploy(model, calibration_table=tables["minmax"], **{**fixed, **choices_of(first)})
+    full = deploy(model, calibration_table=tables["minmax"], mixed_precision="0.99,99", **fixed)
+    assert res.calibration.carried["minmax"] == like.judged
+    assert judged["minmax"] in (like.judged, full.search.lowered)
+    built = {"mse": first, "minmax": like if judged["minmax"] == like.judged else full}
+    assert built[kept].model.text() == load(out).text()
     met = deploy(model, calibration_table=table, **fixed)              # 20 dB: mse meets it
     assert list(met.calibration.figures) == ["mse"] and met.passed
     untested = deploy(model, quantize="INT8", chip="npu1", calibration_table=table)

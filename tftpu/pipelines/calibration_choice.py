@@ -6,11 +6,13 @@ tensor's rare large values to round the common ones finer, and a detector's head
 objects in exactly those values, while other models lose more to a coarser grid
 (docs/guides/quantize.md has the figures). So `try_tables` (`tftpu.compile`, by default
 "mse,tail_mse", and `tftpu.pipelines.deploy` given a table with alternates, as tftpu-calibrate
-writes) builds the whole program (equalization, search, refit, conv links) with each table in
-order, the next only where the one before misses the target on the test input and samples, and
-keeps the best. A model that meets the target with the first table costs nothing more. (Judging
-each table's plain all-INT8 program instead, cheaper, did not predict on the detectors measured
-which table the final program does better with.)"""
+writes) builds the whole program (equalization, search, refit, conv links) with the first
+table and, where it misses the target on the test input and samples, the next table's program with
+the same choices (float ops, links, correction: one refit and one judgement instead of a search),
+searching again with it only where that comes near the best without reaching the target; the best
+is kept. A model that meets the target with the first table costs nothing more. (Judging each
+table's plain all-INT8 program instead, cheaper, did not predict on the detectors measured which
+table the final program does better with.)"""
 
 from __future__ import annotations
 
@@ -20,9 +22,14 @@ import time
 
 from tftpu import errors
 
-__all__ = ["CALIBRATION_DEFAULT", "methods_of", "target_of", "Tried", "try_tables"]
+__all__ = ["CALIBRATION_DEFAULT", "FULL_MARGIN", "methods_of", "target_of", "Tried", "try_tables"]
 
 CALIBRATION_DEFAULT = "mse,tail_mse"
+# a later table's program built with the first's choices is built in full (searched again) only
+# where it comes within this many dB under the best so far. Measured (2026-12-06, worst part
+# judged): PP-OCRv6's tail_mse 18.3 with mse's choices against mse's 20.0, in full 21.9; PP-OCRv3's
+# 13.5 against 19.4, in full 15.6; YOLOX's 17.8 above mse's 14.8 (in full 16.9: not built)
+FULL_MARGIN = 3.0
 
 
 def methods_of(spec) -> tuple[str, ...]:
@@ -56,15 +63,26 @@ class Tried:
     figures: dict
     target: float
     seconds: dict
+    carried: dict = dataclasses.field(default_factory=dict)   # method -> figures with the first's choices
 
     def as_dict(self) -> dict:
         return {"method": self.method, "target_db": self.target,
                 "judged_db": {m: [round(v, 3) for v in f] for m, f in self.figures.items()},
+                "with_first_choices_db": {m: [round(v, 3) for v in f] for m, f in self.carried.items()},
                 "seconds": {m: round(v, 3) for m, v in self.seconds.items()}}
 
     @property
     def line(self) -> str:
-        tried = "; ".join(f"{m} {min(f):.1f} dB" for m, f in self.figures.items())
+        first = next(iter(self.figures))
+
+        def built(m, f):
+            if m not in self.carried:
+                return f"{m} {min(f):.1f} dB"
+            if tuple(f) == tuple(self.carried[m]):
+                return f"{m} {min(f):.1f} dB (with {first}'s float ops, links and correction)"
+            return f"{m} {min(f):.1f} dB (searched again; with {first}'s choices {min(self.carried[m]):.1f} dB)"
+
+        tried = "; ".join(built(m, f) for m, f in self.figures.items())
         return f"programs built with {tried} (worst part, test input and samples); {self.method} kept"
 
 
@@ -73,19 +91,41 @@ def _reached(deployed) -> tuple[float, float]:
     lowered = getattr(deployed.search, "lowered", None)
     if lowered is not None:
         return tuple(lowered)
+    judged = getattr(deployed, "judged", None)           # (a program built without a search)
+    if judged is not None:
+        return tuple(judged)
     worst = min((r.sqnr for r in deployed.rows if not math.isnan(r.sqnr)), default=-math.inf)
     return worst, worst
 
 
-def try_tables(tables: dict, build, target: float, say=lambda line: None) -> Tried:
+def try_tables(tables: dict, build, target: float, say=lambda line: None, like=None) -> Tried:
     """Build the program with each of `tables` (method -> table, in order) through `build(method,
     table) -> (..., DeployResult)`, stopping at the first whose worst output part reaches `target`
-    dB pooled and on the test input alone; the best so far (the first on a tie) kept."""
+    dB pooled and on the test input alone; the best so far (the first on a tie) kept.
+
+    `like(method, table, first, first_method)`: the program with a later table built with the
+    choices the first build made (its float ops, links and correction; `deploy.choices_of`); where
+    given, a later table is built so first, and in full only where that misses the target and
+    comes within `FULL_MARGIN` dB under the best so far (a build in full searches again)."""
     figures, seconds, best, kept = {}, {}, None, None
+    carried: dict = {}                      # method -> figures of its build with the first's choices
     methods = list(tables)
     for i, method in enumerate(methods):
         t0 = time.perf_counter()
-        built = build(method, tables[method])
+        if i == 0 or like is None:
+            built = build(method, tables[method])
+        else:
+            built = like(method, tables[method], first, methods[0])
+            carried[method] = _reached(built[-1])
+            near = min(figures[best]) - FULL_MARGIN < min(carried[method]) <= min(figures[best])
+            if min(carried[method]) < target and near:
+                say(f"    (calibration {method} with {methods[0]}'s float ops, links and correction: "
+                    f"{min(carried[method]):.1f} dB, within {FULL_MARGIN:g} dB of {best}'s: built in full)")
+                full = build(method, tables[method])
+                if min(_reached(full[-1])) > min(carried[method]):
+                    built = full
+        if i == 0:
+            first = built
         seconds[method] = time.perf_counter() - t0
         figures[method] = _reached(built[-1])
         if best is None or min(figures[method]) > min(figures[best]):
@@ -96,4 +136,4 @@ def try_tables(tables: dict, build, target: float, say=lambda line: None) -> Tri
             say(f"    (calibration {method}: the program reaches {figures[method][0]:.1f} dB pooled, "
                 f"{figures[method][1]:.1f} dB on the test input, below the {target:g} dB target: "
                 f"built again with {methods[i + 1]})")
-    return Tried(best, kept, figures, target, seconds)
+    return Tried(best, kept, figures, target, seconds, carried)

@@ -82,6 +82,8 @@ class DeployResult:
     calibration: object | None = None           # a table with alternates: each one's program (calibration_choice.Tried)
     input_grid: str | None = None               # the stem conv reading the pixel levels exactly: what was done, or why not
     reader_ranges: str | None = None            # ranges clipped to what their saturating readers tell apart
+    equalized: bool = False                     # the depthwise inputs equalized (`equalize` kept)
+    judged: tuple | None = None                 # (pooled, test input alone) worst SQNR as the judge saw the program
 
     @property
     def checked(self) -> bool:
@@ -216,10 +218,11 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     what was done or why not). `reader_ranges` (INT8, on by default): each tensor that only
     saturating functions read has its range clipped to where they still change
     (`tftpu.quant.saturation.clip_to_readers`; `result.reader_ranges` says which). A calibration table with alternates (`calibrate(..., method="mse,tail_mse")`, tftpu-calibrate's
-    default) and a test input: the program is built with each of its tables in turn, the next only
-    where the one before misses the target (`mixed_precision`'s, else 0.99 / 20 dB) on the test
-    input and samples, the best kept and written (`result.calibration` says); without a test
-    input, with the first."""
+    default) and a test input: the program is built with the first table and, where it misses the
+    target (`mixed_precision`'s, else 0.99 / 20 dB) on the test input and samples, with the next
+    and the first's choices (`choices_of`), searched again only near the best
+    (`tftpu.pipelines.calibration_choice`), the best kept and written (`result.calibration`
+    says); without a test input, with the first."""
     call = dict(locals())                 # (the arguments, to deploy again with each table)
     from tftpu.backend import estimate
     from tftpu.ir.module import TopModel, TpuModel, load
@@ -257,6 +260,7 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     check_equalize(equalize)
     check_cross_layer(cross_layer)
     equalized = crossed = None
+    equalized_kept = False
     if (equalize or cross_layer) and mode == "INT8" and table is not None and samples:
         from tftpu.quant.calibrate import CALIBRATION_METHODS
         method = table.method if table.method in CALIBRATION_METHODS else "mse"
@@ -270,6 +274,7 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
         equalized = equalize_step(top_model, table, samples, inputs if inputs is not None else samples[0], the_chip,
                                   asymmetric, method, equalize)
         if equalized is not None:
+            equalized_kept = equalized.model is not top_model
             top_model, table = equalized.model, equalized.table
             seconds["equalize"] = equalized.seconds
     clipped = None
@@ -618,6 +623,8 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     if search is not None and judge is not None:
         search.tables = tables
         search.lowered = judge(tpu_model)
+    # (how a calibration choice weighs this program against another table's, judged the same way)
+    judged = (judge or the_judge())(tpu_model) if mode == "INT8" and table is not None and inputs is not None else None
     t1 = time.perf_counter()
     from tftpu.backend import s2d_stem
     from tftpu.backend.codegen import annotate, generate
@@ -660,7 +667,8 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
                           int8_latency_us=int8_us,
                           equalize=equalized.line if equalized is not None else None, input_grid=grid_line,
                           cross_layer=crossed.line if crossed is not None else None,
-                          reader_ranges=clipped.line if clipped is not None else None)
+                          reader_ranges=clipped.line if clipped is not None else None, judged=judged,
+                          equalized=equalized_kept)
     if inputs is not None:
         t1 = time.perf_counter()
         pool = [inputs] + [s for s in (samples or []) if s is not inputs]
@@ -711,7 +719,9 @@ def _deploy_each(call: dict, top_model, table) -> DeployResult:
         check_writable(*(p for p in writes.values() if p is not None))
     once = {**call, "mlir": top_model, **dict.fromkeys(writes)}
     tried = try_tables(table.tables(), lambda m, t: (deploy(**{**once, "calibration_table": t}),),
-                       target_of(call["mixed_precision"]), _LOG.info)
+                       target_of(call["mixed_precision"]), _LOG.info,
+                       like=lambda m, t, first, was: (carried(deploy(**{**once, "calibration_table": t,
+                                                                       **choices_of(first[-1])}), first[-1], was),))
     result = tried.built[-1]
     result.calibration = tried
     result.seconds["calibration choice"] = sum(v for m, v in tried.seconds.items() if m != tried.method)
@@ -760,6 +770,34 @@ def _given(corrected) -> tuple | None:
     if corrected is None:
         return None
     return "gptq" if corrected.rounding == "gptq" else bool(corrected.refit), corrected.kept, corrected.check
+
+
+def choices_of(first: DeployResult) -> dict:
+    """`deploy`'s arguments that build a program with another calibration table as `first` was
+    built: its float ops (the search's quantize table), its links, its depthwise equalization and
+    its correction (refit and its rounding, plain bias correction, or none), none of them searched
+    or weighed again (`tftpu.pipelines.calibration_choice`)."""
+    corr = first.bias_correction
+    refit = corr is not None and corr.kept and bool(corr.refit)
+    out = {"mixed_precision": None, "wide_links": first.wide_links, "equalize": first.equalized,
+           "weight_refit": refit, "refit_rounding": corr.rounding if refit else "nearest",
+           "bias_correction": corr is not None and corr.kept and not corr.refit,
+           "weight_rounding": first.weight_rounding is not None and first.weight_rounding.kept}
+    if first.search is not None:        # (the stem's input grid ops: deploy adds them where the grid applies)
+        grid = {d.name for d in first.lowering.decisions if d.reason == GRID_REASON}
+        out["quantize_table"] = {k: v for k, v in first.search.qtable.items() if k not in grid}
+    return out
+
+
+def carried(result: DeployResult, first: DeployResult, method: str) -> DeployResult:
+    """`result`, built with `choices_of(first)`, reporting `first`'s search as its own (the same
+    float ops), judged on its own weights; `method`: the table `first` was built with."""
+    if first.search is not None:
+        result.search = dataclasses.replace(
+            first.search, lowered=result.judged, trimmed=None, tables=None,
+            rival=f"the float ops, links and correction of the program built with the {method} table, "
+                  "taken as they are")
+    return result
 
 
 def _float_ops_fail(mixed: tuple, pure: tuple, target: float) -> tuple | None:
