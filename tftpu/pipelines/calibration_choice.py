@@ -26,9 +26,8 @@ __all__ = ["CALIBRATION_DEFAULT", "FULL_MARGIN", "methods_of", "target_of", "Tri
 
 CALIBRATION_DEFAULT = "mse,tail_mse"
 # a later table's program built with the first's choices is built in full (searched again) only
-# where it comes within this many dB under the best so far. Measured (2026-12-06, worst part
-# judged): PP-OCRv6's tail_mse 18.3 with mse's choices against mse's 20.0, in full 21.9; PP-OCRv3's
-# 13.5 against 19.4, in full 15.6; YOLOX's 17.8 above mse's 14.8 (in full 16.9: not built)
+# where it comes within this many dB under the best so far (the quantization guide's "which
+# method" has the detectors it was measured on)
 FULL_MARGIN = 3.0
 
 
