@@ -470,8 +470,9 @@ def test_depthwise(data):
     conv = native.Conv(rq, w, bias, zx, attrs, link=link)
     assert conv.kind == "depthwise"
     check_conv(conv, x, w, bias, zx, attrs, params, "depthwise link" if link else "depthwise")
-    if link:        # a link's zero point is 0: another one, or 8-bit data given to it, is declined
-        assert native.Conv(rq, w, bias, 5, attrs, link=True).kind is None
+    if link:        # a depthwise link's zero point is 0: another one, or 8-bit data given to it, is
+        # declined (one channel is an ungrouped conv as well: the GEMM takes any zero point)
+        assert native.Conv(rq, w, bias, 5, attrs, link=True).kind == (None if c > 1 else "gemm")
         assert native.Conv(rq, w, bias, 0, attrs)(x) is None
 
 
@@ -572,6 +573,43 @@ def test_gemm_kxk(data):
     conv = native.Conv(rq, w, bias, zx, attrs)
     assert conv.kind == ungrouped_kind(c, o)
     check_conv(conv, x, w, bias, zx, attrs, params, "gemm kxk")
+
+
+@settings(SWEEP, max_examples=120)
+@given(st.data())
+def test_gemm_link(data):
+    """Ungrouped convs of a 16-bit link (INT16 data, any zero point; 1x1 and KxK, strided, padded,
+    dilated) as the chip runs them, two INT8 passes over the high and low bytes summed in int64:
+    equal to the exact sums requantized, the passes taking the narrow kernel or not."""
+    need_library()
+    draw = data.draw
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    n, c, o = draw(st.integers(1, 2)), draw(st.integers(1, 40)), draw(st.integers(1, 20))
+    k = draw(st.sampled_from([1, 1, 2, 3, 5]))
+    kh, kw = k, draw(st.sampled_from([k, 1]))
+    strides = [draw(st.integers(1, 2)), draw(st.integers(1, 2))]
+    pads = [draw(st.integers(0, 2)) for _ in range(4)] if k > 1 or draw(st.booleans()) else [0, 0, 0, 0]
+    dilations = [draw(st.integers(1, 2)), 1]
+    h, wd = draw(st.integers(1, 14)), draw(st.integers(1, 14))
+    attrs = {"strides": strides, "pads": pads, "dilations": dilations, "group": 1}
+    oh = (h + pads[0] + pads[2] - dilations[0] * (kh - 1) - 1) // strides[0] + 1
+    ow = (wd + pads[1] + pads[3] - dilations[1] * (kw - 1) - 1) // strides[1] + 1
+    assume(oh > 0 and ow > 0)
+    span = draw(st.sampled_from(["full", "small", "positive"]))      # small: the high bytes span few values
+    lo, hi = {"full": (-32768, 32767), "small": (-700, 700), "positive": (0, 20000)}[span]
+    x = rng.integers(lo, hi + 1, (n, c, h, wd)).astype(np.int16)
+    if draw(st.booleans()):
+        x.reshape(-1)[: x.size // 3] = draw(st.sampled_from([lo, hi, -32768, 32767]))
+    zx = draw(st.one_of(st.just(0), st.sampled_from([-32768, 32767, -1, 255, 256]), st.integers(-32768, 32767)))
+    w = rng.integers(-128, 128, (o, c, kh, kw)).astype(np.int8)
+    bias, _ = draw_bias(draw, rng, o)
+    sums = ref_conv_sums(x, w, bias, zx, strides, pads, dilations, 1)
+    rq, params = draw_requant_for(draw, rng, sums, o)
+    conv = native.Conv(rq, w, bias, zx, attrs, link=True)
+    assert conv.kind == ungrouped_kind(c, o) or (c == o == 1 and zx)
+    if conv.kind == "gemm":
+        check_conv(conv, x, w, bias, zx, attrs, params, "gemm link")
+        assert conv(x.astype(np.int8)) is None          # 8-bit data given to a link's conv: declined
 
 
 def test_pointwise_explicit(build):
@@ -882,6 +920,49 @@ def test_every_variant_conv(kind):
             got = both(lambda: conv(x))
             check_equal(got, want, f"{variant}: {what} zx={zx} bias={None if bias is None else bias[:4]} "
                                    f"exact32={conv.exact32} params={params}")
+            return got
+
+        each_variant(run)
+
+
+def test_every_variant_gemm_link():
+    """Ungrouped convs of 16-bit links on every build: the most negative and positive sums (every
+    x - zx at its extreme, weights -128) with biases at the int32 edges, a bias that saturates, a
+    zero point at each end (whose two bytes the padding holds), data whose high bytes span few
+    values (their pass takes the narrow kernel where the build has one), and more pixels than one
+    chunk in two images."""
+    need_library()
+    rng = np.random.default_rng(77)
+    pad3 = {"strides": [1, 1], "pads": [1, 1, 1, 1], "dilations": [1, 1], "group": 1}
+    s2 = {"strides": [2, 2], "pads": [0, 1, 2, 1], "dilations": [1, 1], "group": 1}
+    # (what, n, c, o, k, h, w, attrs, data lo, data hi, zx, bias)
+    cases = [("1x1 max sums", 1, 9, 5, 1, 3, 17, ATTRS_1X1, -32768, -32768, 32767, "edge"),
+             ("3x3 min sums", 1, 4, 7, 3, 6, 6, pad3, 32767, 32767, -32768, "edge"),
+             ("3x3 s2 saturating", 2, 6, 9, 3, 9, 11, s2, -32768, 32767, 300, "saturate"),
+             ("1x1 small, chunks", 2, 40, 13, 1, 30, 200, ATTRS_1X1, -900, 900, 0, "random"),
+             ("3x3 small", 1, 5, 8, 3, 12, 12, pad3, -300, 500, -7, "random")]
+    for what, n, c, o, k, h, wd, attrs, lo, hi, zx, bias_kind in cases:
+        x = rng.integers(lo, hi + 1, (n, c, h, wd)).astype(np.int16)
+        w = np.full((o, c, k, k), -128, np.int8) if bias_kind == "edge" else \
+            rng.integers(-128, 128, (o, c, k, k)).astype(np.int8)
+        sums = ref_conv_sums(x, w, None, zx, attrs["strides"], attrs["pads"], attrs["dilations"], 1)
+        if bias_kind == "edge":          # the largest |sum| plus bias lands on the int32 edge
+            top = int(np.abs(sums).max())
+            bias = np.full(o, INT32_MAX - top if sums.max() > 0 else INT32_MIN + 1 + top, np.int64)
+        elif bias_kind == "saturate":
+            bias = np.where(np.arange(o) % 2, INT32_MAX, INT32_MIN + 1)
+        else:
+            bias = rng.integers(-(1 << 20), 1 << 20, o)
+        bias = bias.astype(np.int32)
+        params = requant_params(rng, o, (np.int8, np.int16)[c % 2], ("full", "relu", "narrow")[o % 3])
+        want = ref_requant(ref_conv_sums(x, w, bias, zx, attrs["strides"], attrs["pads"], attrs["dilations"], 1),
+                           *params[:2], 1, *params[2:])
+
+        def run(variant):
+            conv = native.Conv(native.Requantizer(*params), w, bias, zx, attrs, link=True)
+            assert conv.kind == "gemm", what
+            got = both(lambda: conv(x))
+            check_equal(got, want, f"{variant}: {what} zx={zx} exact32={conv.exact32} params={params}")
             return got
 
         each_variant(run)

@@ -127,6 +127,11 @@ class TopModel:
         """`module, weights = model` unpacks like a pair."""
         return iter((self.module, self.weights))
 
+    def copy(self):
+        """A copy to rewrite: its own module (cloned, not printed and parsed again) and its own
+        weight dict holding the same arrays."""
+        return type(self)(self.module.clone(), dict(self.weights))
+
     @property
     def name(self) -> str:
         return self.module.attributes["module.name"].data
@@ -231,7 +236,7 @@ class TpuModel(TopModel):
         if not any("group_info" in op.attributes for op in self.ops):
             return self.text()
         from tftpu.ir.group import wrap
-        copy = TpuModel(self.module.clone(), dict(self.weights))
+        copy = self.copy()
         wrap(copy.func.body.block)
         return copy.text()
 

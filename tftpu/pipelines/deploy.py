@@ -292,12 +292,11 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     seconds["load"] = time.perf_counter() - t0
     s2d_result = None
     if space_to_depth:
-        from tftpu.ir.module import parse_module
         from tftpu.transforms.pipeline import run_pipeline
         from tftpu.transforms.space_to_depth import SpaceToDepthPass
         t1 = time.perf_counter()
         original = top_model
-        top_model = TopModel(parse_module(top_model.text()), dict(top_model.weights))
+        top_model = top_model.copy()
         s2d_result, = run_pipeline(top_model, [SpaceToDepthPass(chip=the_chip.path or the_chip.name)])
         if table is not None:
             table = _entries_for_moves(top_model, table)

@@ -37,7 +37,7 @@ from tftpu.interp.kernels._registry import post_relu
 from tftpu.interp.top_interpreter import TopInterpreter
 from tftpu.ir import attrs as A
 from tftpu.ir import top
-from tftpu.ir.module import TopModel, parse_module
+from tftpu.ir.module import TopModel
 from tftpu.ir.quant import STORAGE
 from tftpu.quant import params as P
 from tftpu.quant.links import reach, reads_link, wide_grids
@@ -381,7 +381,7 @@ def _shrunk_mean(sums: np.ndarray, counts: np.ndarray) -> np.ndarray:
 def _apply(model: TopModel, corrections: dict[str, np.ndarray], refits: dict | None = None) -> TopModel:
     """A copy of `model` whose ops named in `corrections` have `bias - correction` as bias, and
     those in `refits` (name -> (weights, bias)) those weights and that bias before it."""
-    copy = TopModel(parse_module(model.text()), dict(model.weights))
+    copy = model.copy()
     block = copy.func.body.block
     refits = refits or {}
     for op in copy.ops:

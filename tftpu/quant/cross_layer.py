@@ -26,7 +26,7 @@ import numpy as np
 
 from tftpu.ir import top
 from tftpu.ir.base import value_name
-from tftpu.ir.module import TopModel, parse_module
+from tftpu.ir.module import TopModel
 from tftpu.quant.equalize import channel_ranges, check_factors, range_factors
 
 __all__ = ["equalize_cross_layer", "CrossLayer", "pairs", "POWER", "MAX_FACTOR", "MIN_FACTOR"]
@@ -133,4 +133,4 @@ def equalize_cross_layer(model: TopModel, samples, power: float = POWER,
         readers[name] = [b.loc for b in bs]
     if not factors:
         return CrossLayer(model, {}, {})
-    return CrossLayer(TopModel(parse_module(model.text()), weights), factors, readers)
+    return CrossLayer(TopModel(model.module.clone(), weights), factors, readers)

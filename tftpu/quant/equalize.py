@@ -38,7 +38,7 @@ from tftpu.interp.top_interpreter import TopInterpreter
 from tftpu.ir import attrs as A
 from tftpu.ir import top
 from tftpu.ir.base import value_name
-from tftpu.ir.module import TopModel, make_op, parse_module
+from tftpu.ir.module import TopModel, make_op
 from tftpu.quant.links import WIDE_PRODUCERS, is_depthwise
 from tftpu.utils.names import unique_name
 
@@ -168,7 +168,7 @@ def equalize_depthwise(model: TopModel, samples, power: float = POWER,
                if k is not None}
     if not factors:
         return Equalization(model, {}, {})
-    copy = TopModel(parse_module(model.text()), dict(model.weights))
+    copy = model.copy()
     block = copy.func.body.block
     locs = {op.loc: True for op in copy.ops}
     products = {}

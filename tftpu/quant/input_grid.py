@@ -23,7 +23,7 @@ from tftpu.interp.kernels import KERNELS
 from tftpu.ir import attrs as A
 from tftpu.ir import top
 from tftpu.ir.base import value_name
-from tftpu.ir.module import TopModel, make_op, parse_module
+from tftpu.ir.module import TopModel, make_op
 from tftpu.quant import params as P
 
 __all__ = ["InputGrid", "pixel_grid", "exact_input_grid", "LEVELS"]
@@ -156,7 +156,7 @@ def exact_input_grid(model: TopModel, table, samples: list[dict],
         own = P.activation(*entry[:3], asymmetric=asymmetric)
         if all(np.max(np.abs(own.dequantize(own.quantize(x)) - x)) <= _ON_GRID * step.min() for x in data):
             return model, table, InputGrid(conv.loc, "the input's own INT8 grid holds its levels already")
-    new = TopModel(parse_module(model.text()), dict(model.weights))
+    new = model.copy()
     scaled = _rewrite(new, next(op for op in new.ops if op.loc == conv.loc), step, origin)
     entries = dict(table.entries)
     src = value_name(conv.operands[0])

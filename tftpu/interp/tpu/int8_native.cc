@@ -918,10 +918,14 @@ TFTPU_INLINE void pack_pixels(const In* x, int64_t Q, int64_t P, int64_t p0, int
 constexpr int64_t kChunkBytes = 256 << 10;
 
 // bias: the int64 bias of each output channel with the offset's term folded in (tftpu_gemm).
+// sums_out: the pass over a 16-bit input's high bytes (tftpu_gemm_link), which stores each sum
+// (without bias) there and requantizes nothing; sums_in: the pass over its low bytes, which
+// requantizes 256 * sums_in + its own sums (int64) with the bias.
 template <typename K, typename In, typename Out>
 TFTPU_INLINE void gemm_impl(const In* x, const typename K::Weight* w, const int64_t* bias, const int32_t* mult,
                             const int32_t* rshift, Out* y, const int64_t* p, uint8_t s, int64_t p0, int64_t p1,
-                            int64_t o0, int64_t o1) {
+                            int64_t o0, int64_t o1, int32_t* sums_out = nullptr,
+                            const int32_t* sums_in = nullptr) {
   constexpr int64_t G = K::kGroup, R = K::kRows, T = kTilePixels<K>;
   const int64_t N = p[0], Q = p[1], P = p[2], O = p[3], lo = p[5], hi = p[6], zp = p[7];
   const bool per_channel = p[9] != 0, exact32 = p[10] != 0;
@@ -959,8 +963,22 @@ TFTPU_INLINE void gemm_impl(const In* x, const typename K::Weight* w, const int6
           else
             gemm_tile<K>(xp + pt * G, Pt * G, wb, groups, tile);
           for (int r = 0; r < rows; ++r) {
-            Out* dst = y + (n * O + ob + r) * P + p0 + c0 + pt;
-            if (exact32)
+            const int64_t at = (n * O + ob + r) * P + p0 + c0 + pt;
+            Out* dst = y + at;
+            if (sums_out) {
+              std::memcpy(sums_out + at, tile[r], valid * sizeof(int32_t));
+            } else if (sums_in && exact32) {
+              // every sum plus bias fits int32 (the caller's bound for 16-bit data): wrapping int32
+              // arithmetic gives it exactly, as above
+              alignas(64) int32_t whole[T];
+              for (int64_t i = 0; i < valid; ++i)
+                whole[i] = int32_t((uint32_t(sums_in[at + i]) << 8) + uint32_t(tile[r][i]));
+              requant_exact32(whole, valid, b32[r], cs[r], rqs[r], dst);
+            } else if (sums_in) {
+              int64_t whole[T];
+              for (int64_t i = 0; i < valid; ++i) whole[i] = int64_t(sums_in[at + i]) * 256 + tile[r][i];
+              requant_run(whole, valid, cs[r], dst);
+            } else if (exact32)
               requant_exact32(tile[r], valid, b32[r], cs[r], rqs[r], dst);
             else
               requant_run(tile[r], valid, cs[r], dst);
@@ -1384,17 +1402,25 @@ int tftpu_gemm_offset(const void* x, int in_kind, const int64_t* params, int64_t
 // (whole tiles) or the output channels (whole tiles), whichever shares out more evenly; o0 must be
 // 0 or a multiple of the chosen kernel's tile rows.
 // params[4]: 1 lets the narrow kernel run where it is exact (gemm_offset).
-int tftpu_gemm(const void* x, int in_kind, const void* w, const int64_t* bias, const int32_t* mult,
-               const int32_t* rshift, void* out, int out_kind, const int64_t* params, int64_t p0, int64_t p1,
-               int64_t o0, int64_t o1, int parts) {
+}  // extern "C"
+
+namespace {
+
+// tftpu_gemm's body: `offset` more (times each channel's weight sum) folded into the bias, the
+// input's own offset (gemm_offset) stored in *s_used; sums_out / sums_in as gemm_impl's.
+int gemm_pass(const void* x, int in_kind, const void* w, const int64_t* bias, const int32_t* mult,
+              const int32_t* rshift, void* out, int out_kind, const int64_t* params, int64_t p0, int64_t p1,
+              int64_t o0, int64_t o1, int parts, int64_t offset, int64_t* s_used, int32_t* sums_out,
+              const int32_t* sums_in) {
   const int64_t O = params[3], Q = params[1];
   int status = 0;
   status |= with_in(in_kind, [&](auto* in_tag) {
     using In = std::remove_pointer_t<decltype(in_tag)>;
     int64_t s;
     [[maybe_unused]] const bool narrow = gemm_offset(static_cast<const In*>(x), params, &s);
+    *s_used = s;
     std::vector<int64_t> folded(std::max<int64_t>(o1, 0));
-    for (int64_t o = o0; o < o1; ++o) folded[o] = bias[o] + s * bias[O + o];
+    for (int64_t o = o0; o < o1; ++o) folded[o] = bias[o] + (s + offset) * bias[O + o];
     status |= with_out(out_kind, [&](auto* out_tag) {
       using Out = std::remove_pointer_t<decltype(out_tag)>;
       const auto run = [&](auto* kernel_tag, const auto* wp) {
@@ -1408,12 +1434,12 @@ int tftpu_gemm(const void* x, int in_kind, const void* w, const int64_t* bias, c
         if (p1 - p0 >= 2 * T && by_pixels <= by_outputs)
           split_run(p0, p1, T, parts, [&](int64_t a, int64_t b) {
             gemm_impl<K>(static_cast<const In*>(x), wp, folded.data(), mult, rshift, static_cast<Out*>(out), params,
-                         uint8_t(s), a, b, o0, o1);
+                         uint8_t(s), a, b, o0, o1, sums_out, sums_in);
           });
         else
           split_run(o0, o1, R, parts, [&](int64_t a, int64_t b) {
             gemm_impl<K>(static_cast<const In*>(x), wp, folded.data(), mult, rshift, static_cast<Out*>(out), params,
-                         uint8_t(s), p0, p1, a, b);
+                         uint8_t(s), p0, p1, a, b, sums_out, sums_in);
           });
       };
 #ifdef TFTPU_GEMM_NARROW
@@ -1427,6 +1453,41 @@ int tftpu_gemm(const void* x, int in_kind, const void* w, const int64_t* bias, c
     });
   });
   return status;
+}
+
+}  // namespace
+
+extern "C" {
+
+int tftpu_gemm(const void* x, int in_kind, const void* w, const int64_t* bias, const int32_t* mult,
+               const int32_t* rshift, void* out, int out_kind, const int64_t* params, int64_t p0, int64_t p1,
+               int64_t o0, int64_t o1, int parts) {
+  int64_t s;
+  return gemm_pass(x, in_kind, w, bias, mult, rshift, out, out_kind, params, p0, p1, o0, o1, parts, 0, &s, nullptr,
+                   nullptr);
+}
+
+// An ungrouped conv of 16-bit NCHW data (a 16-bit link) as the chip runs it: two INT8 GEMM passes
+// over its bytes, x = 256 * hi + lo with hi = x >> 8 (INT8) and lo = x & 255 (UINT8), each exact
+// in int32, combined exactly in int64 (256 * hi's sums + lo's) and requantized as tftpu_gemm
+// requantizes. hi, lo: the two byte planes (NCHW, as the input); params as tftpu_gemm's, with
+// params[22] the 16-bit zero point (each plane pads with its own byte of it); sums: N * O * P
+// int32 of scratch for the high pass. Each pass takes its own kernel (the high bytes of a link
+// mostly span few values: the narrow one).
+int tftpu_gemm_link(const void* hi, const void* lo, const void* w, const int64_t* bias, const int32_t* mult,
+                    const int32_t* rshift, void* out, int out_kind, const int64_t* params, int32_t* sums, int parts) {
+  std::vector<int64_t> ph(params, params + 23), pl(params, params + 23);
+  const int64_t zx = params[22], P = params[2], O = params[3];
+  ph[22] = zx >> 8;                  // an arithmetic shift: floor(zx / 256), as the planes are split
+  pl[22] = zx & 0xFF;
+  int64_t s_hi, s_lo;
+  int status = gemm_pass(hi, 0, w, bias, mult, rshift, out, out_kind, ph.data(), 0, P, 0, O, parts, 0, &s_hi, sums,
+                         nullptr);
+  if (status) return status;
+  // x - zx = 256 (hi - s_hi) + (lo - s_lo) + 256 s_hi + s_lo - zx: the passes sum the bytes less
+  // their offsets, and the low pass's bias (b - zx * sum(w), tftpu_gemm's) takes both offsets' terms
+  return gemm_pass(lo, 1, w, bias, mult, rshift, out, out_kind, pl.data(), 0, P, 0, O, parts, 256 * s_hi, &s_lo,
+                   nullptr, sums);
 }
 
 int tftpu_add(const void* a, int a_kind, const void* b, int b_kind, void* out, int out_kind,

@@ -54,6 +54,7 @@ def library(variant: str | None = None):
     lib.tftpu_depthwise.argtypes = [_P, _I, _P, _P, _I, _P, _P, _P, _P, _L, _L, _I]
     lib.tftpu_add.argtypes = [_P, _I, _P, _I, _P, _I, _P, _L, _L, _I]
     lib.tftpu_gemm.argtypes = [_P, _I, _P, _P, _P, _P, _P, _I, _P, _L, _L, _L, _L, _I]
+    lib.tftpu_gemm_link.argtypes = [_P, _P, _P, _P, _P, _P, _P, _I, _P, _P, _I]
     lib.tftpu_gemm_packed_size.argtypes = [_L, _L]
     lib.tftpu_gemm_packed_size.restype = _L
     lib.tftpu_gemm_pack.argtypes = [_P, _L, _L, _P]
@@ -69,7 +70,8 @@ def library(variant: str | None = None):
     lib.tftpu_interpolate.argtypes = [_P, _P, _I, _I, _L, _L, _I, _P, _L, _I]
     lib.tftpu_set_threads.argtypes = [_I]
     lib.tftpu_set_threads.restype = None
-    for fn in (lib.tftpu_requant, lib.tftpu_depthwise, lib.tftpu_add, lib.tftpu_gemm, lib.tftpu_has_gemm,
+    for fn in (lib.tftpu_requant, lib.tftpu_depthwise, lib.tftpu_add, lib.tftpu_gemm, lib.tftpu_gemm_link,
+               lib.tftpu_has_gemm,
                lib.tftpu_quantize, lib.tftpu_has_f16, lib.tftpu_to_f16, lib.tftpu_from_f16,
                lib.tftpu_lookup, lib.tftpu_interpolate):
         fn.restype = _I
@@ -165,8 +167,9 @@ class Conv:
     stride, padding and dilation) whole, or an ungrouped conv as a GEMM over its input channels
     (1x1, stride 1, unpadded) or its im2col rows (any other kernel), in the library it was
     prepared with (its weights packed for that build's GEMM).
-    Input NCHW INT8/UINT8 with zero point `zx` (or, `link`, a depthwise conv's 16-bit link: INT16
-    with zero point 0), weight OIHW INT8, bias INT32 per output channel.
+    Input NCHW INT8/UINT8 with zero point `zx` (or, `link`, a 16-bit link: INT16, with zero point
+    0 into a depthwise conv; into an ungrouped one any, as two GEMM passes over its high and low
+    bytes, as the chip runs it), weight OIHW INT8, bias INT32 per output channel.
     `kind` is None where neither applies. Sums accumulate in int32 (each term is at most
     255 * 128, or 32768 * 128 from a link, and the taps are bounded here); `exact32` holds where
     every sum plus its bias fits int32 (255 or 32768 * sum|w| + |b| per channel), the kernels' fast form."""
@@ -181,14 +184,12 @@ class Conv:
         if self.lib is None or w.dtype != np.int8 or rq.dtype not in OUT_KINDS or b.size != o or \
                 (rq.per_channel and rq.mult.size != o) or (b.size and np.abs(b).max() >= 1 << 31):
             return
-        span = 32768 if link else 255
+        span = 32768 + abs(self.zx) if link else 255     # the largest |x - zx|
         self.exact32 = requant.sum_bound(w, b, span) < 1 << 31
         self.b32 = np.ascontiguousarray(b, np.int32)
         self._shape, self._params = None, None
         if attrs["group"] == o and cg == 1 and kh * kw * span * 128 < 1 << 31 and not (link and self.zx):
             self.kind = "depthwise"
-        elif link:
-            return
         elif attrs["group"] == 1 and cg * kh * kw * 255 * 128 < 1 << 31 and self.lib.tftpu_has_gemm():
             self.kind = "gemm"
             self.wpack, wsum = pack_gemm(w, self.lib)
@@ -204,6 +205,12 @@ class Conv:
             return None
         x = np.ascontiguousarray(x)
         return self._depthwise(x, ikind) if self.kind == "depthwise" else self._gemm(x, ikind)
+
+    def _planes(self, x):
+        """A 16-bit input's high bytes (INT8: x >> 8) and low bytes (UINT8: x & 255), each NCHW."""
+        b = x.view(np.uint8).reshape(*x.shape, 2)
+        first, second = (0, 1) if np.little_endian else (1, 0)
+        return np.ascontiguousarray(b[..., second]).view(np.int8), np.ascontiguousarray(b[..., first])
 
     def _out_size(self, h: int, wd: int) -> tuple[int, int]:
         (sh, sw), (dh, dw), (pt, pl, pb, pr) = self.strides, self.dilations, self.pads
@@ -246,6 +253,16 @@ class Conv:
         self._params[4] = int(narrow_allowed())
         out = np.empty(self._out, rq.dtype)
         pixels = self._out[2] * self._out[3]
+        work = _parts(n * o * pixels * c * kh * kw // 4)
+        if self.link:
+            if x.dtype != np.int16:
+                return None
+            hi, lo = self._planes(x)
+            sums = np.empty(self._out, np.int32)
+            _check(lib.tftpu_gemm_link(hi.ctypes.data, lo.ctypes.data, self.wpack.ctypes.data, self.bias2.ctypes.data,
+                                       rq.mult.ctypes.data, rq.rshift.ctypes.data, out.ctypes.data,
+                                       OUT_KINDS[rq.dtype], self._params.ctypes.data, sums.ctypes.data, work))
+            return out
         args = (x.ctypes.data, ikind, self.wpack.ctypes.data, self.bias2.ctypes.data, rq.mult.ctypes.data,
                 rq.rshift.ctypes.data, out.ctypes.data, OUT_KINDS[rq.dtype], self._params.ctypes.data)
         _check(lib.tftpu_gemm(*args, 0, pixels, 0, o, _parts(n * o * pixels * c * kh * kw // 8)))
