@@ -3,11 +3,13 @@ plus deploy time per stage and calibration images/s (issue 12 target: INT8 >= 0.
 onnxruntime float).
 
     python benchmarks/tpu_inference.py [--models ResNet50,MobileNetV2] [--size 224] [--runs 10]
+    python benchmarks/tpu_inference.py --wide_links convs     # every conv reads 16 bits (W8A16)
 
 All sides run the same ONNX export of keras.applications (weights=None) in one process, timed
 in alternating blocks (`benchmarks/top_inference.py`'s `throughputs`). tftpu's side is the
 model deployed for npu1 in INT8 (calibrated with mse on --calib random-uniform inputs, pure
-INT8, no mixed precision), run by the TPU interpreter with exact integer arithmetic. The
+INT8, no mixed precision; `--wide_links convs`: every conv reading its data on 16 bits, two INT8
+passes over the bytes), run by the TPU interpreter with exact integer arithmetic. The
 peers: onnxruntime float32 on the ONNX model, and onnxruntime on the model quantized by its
 own `quantize_static` (QDQ, per-channel weights, the same calibration inputs).
 """
@@ -78,6 +80,8 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--calib", type=int, default=8, help="calibration inputs")
     ap.add_argument("--chip", default="npu1")
+    ap.add_argument("--wide_links", default="auto", choices=["auto", "convs"],
+                    help="deploy's wide_links: convs = every conv reads a 16-bit link (W8A16)")
     args = ap.parse_args()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import keras
@@ -103,7 +107,7 @@ def main() -> None:
         table = quant.calibrate(top, samples, "mse")
         t_cal = time.perf_counter() - t0
         result = deploy(top, quantize="INT8", chip=args.chip, calibration_table=table, test_input=samples[0],
-                        mixed_precision="none")
+                        mixed_precision="none", **({"wide_links": "convs"} if args.wide_links == "convs" else {}))
         run = TpuInterpreter(result.model).run
         f32 = ort_session(proto.SerializeToString())
         ort_name = f32.get_inputs()[0].name

@@ -3,7 +3,8 @@
 Products of INT8 values accumulate in INT32 (saturating), then requantize with the rules of
 `tftpu.rounding` (multiplier and right shift per channel; `requant.Requant` computes the same
 integers in fewer passes). The sums come from the fastest exact source that applies: the
-native kernels (`native`: depthwise and 1x1 convs whole, requantization fused), onnxruntime's
+native kernels (`native`: depthwise and ungrouped convs whole, 8-bit data or 16-bit links,
+requantization fused), onnxruntime's
 ConvInteger / MatMulInteger (exact int32), its float32 Conv for grouped convs whose partial
 sums provably stay below 2**24, else float64 (TensorFlow's / BLAS's: exact for any reduction
 shorter than 2**38 taps).
@@ -265,9 +266,10 @@ def matmul_integer(x: np.ndarray, zx: int, w: np.ndarray, zw: int, right_transpo
 
 def _native_conv(w, b, attrs, info):
     """The native form of a 2-D conv of INT8 data (None where it has none), prepared once per op
-    (kept in `info.memo`): `run(x) -> y or None`. Depthwise and 1x1 convs run whole in the
-    native kernels (`native.Conv`), other ungrouped ones as onnxruntime's ConvInteger sums with
-    the bias and requantization fused after. NHWC data is transposed around the NCHW kernels."""
+    (kept in `info.memo`): `run(x) -> y or None`. Depthwise and ungrouped convs (8-bit data, or a
+    16-bit link) run whole in the native kernels (`native.Conv`); where those decline, ungrouped
+    8-bit ones as onnxruntime's ConvInteger sums with the bias and requantization fused after.
+    NHWC data is transposed around the NCHW kernels."""
     hit = info.memo.get("native_conv")
     if hit is not None and hit[0] is w and hit[1] is b and hit[2] is attrs:
         return hit[3]
@@ -278,7 +280,7 @@ def _native_conv(w, b, attrs, info):
 
 def _make_native_conv(w, b, attrs, info):
     fused = _native_plan(attrs, info.outs[0])
-    link = info.ins[0].dtype == "i16"           # a depthwise conv's 16-bit link
+    link = info.ins[0].dtype == "i16"           # a 16-bit link
     if fused is None or info.ins[0].dtype not in ("i8", "u8", "i16") or w.dtype != np.int8 or w.ndim != 4:
         return None
     nhwc = attrs["layout"] == "NHWC"
