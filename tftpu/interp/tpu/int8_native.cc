@@ -1396,12 +1396,6 @@ int tftpu_gemm_offset(const void* x, int in_kind, const int64_t* params, int64_t
   return 0;
 }
 
-// w: packed by tftpu_gemm_pack; bias: 2 * O int64, the bias of each output channel with the zero
-// point's term folded in (b[o] - zx * sum_q w[o][q]) and then sum_q w[o][q] (the offset s adds
-// s * sum_q w[o][q]: sum w * (x - zx) = sum w * (x - s) + (s - zx) * sum w). Splits the pixels
-// (whole tiles) or the output channels (whole tiles), whichever shares out more evenly; o0 must be
-// 0 or a multiple of the chosen kernel's tile rows.
-// params[4]: 1 lets the narrow kernel run where it is exact (gemm_offset).
 }  // extern "C"
 
 namespace {
@@ -1459,6 +1453,12 @@ int gemm_pass(const void* x, int in_kind, const void* w, const int64_t* bias, co
 
 extern "C" {
 
+// w: packed by tftpu_gemm_pack; bias: 2 * O int64, the bias of each output channel with the zero
+// point's term folded in (b[o] - zx * sum_q w[o][q]) and then sum_q w[o][q] (the offset s adds
+// s * sum_q w[o][q]: sum w * (x - zx) = sum w * (x - s) + (s - zx) * sum w). Splits the pixels
+// (whole tiles) or the output channels (whole tiles), whichever shares out more evenly; o0 must be
+// 0 or a multiple of the chosen kernel's tile rows.
+// params[4]: 1 lets the narrow kernel run where it is exact (gemm_offset).
 int tftpu_gemm(const void* x, int in_kind, const void* w, const int64_t* bias, const int32_t* mult,
                const int32_t* rshift, void* out, int out_kind, const int64_t* params, int64_t p0, int64_t p1,
                int64_t o0, int64_t o1, int parts) {
