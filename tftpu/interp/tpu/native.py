@@ -172,7 +172,8 @@ class Conv:
     bytes, as the chip runs it), weight OIHW INT8, bias INT32 per output channel.
     `kind` is None where neither applies. Sums accumulate in int32 (each term is at most
     255 * 128, or 32768 * 128 from a link, and the taps are bounded here); `exact32` holds where
-    every sum plus its bias fits int32 (255 or 32768 * sum|w| + |b| per channel), the kernels' fast form."""
+    every sum plus its bias fits int32 (255, or for a link 32768 + |zx|, times sum|w| plus |b| per
+    channel), the kernels' fast form."""
 
     def __init__(self, rq: Requantizer, w: np.ndarray, bias, zx: int, attrs: dict, link: bool = False):
         self.rq, self.w, self.bias, self.zx, self.link = rq, w, bias, int(zx), link
@@ -253,7 +254,6 @@ class Conv:
         self._params[4] = int(narrow_allowed())
         out = np.empty(self._out, rq.dtype)
         pixels = self._out[2] * self._out[3]
-        work = _parts(n * o * pixels * c * kh * kw // 4)
         if self.link:
             if x.dtype != np.int16:
                 return None
@@ -261,7 +261,8 @@ class Conv:
             sums = np.empty(self._out, np.int32)
             _check(lib.tftpu_gemm_link(hi.ctypes.data, lo.ctypes.data, self.wpack.ctypes.data, self.bias2.ctypes.data,
                                        rq.mult.ctypes.data, rq.rshift.ctypes.data, out.ctypes.data,
-                                       OUT_KINDS[rq.dtype], self._params.ctypes.data, sums.ctypes.data, work))
+                                       OUT_KINDS[rq.dtype], self._params.ctypes.data, sums.ctypes.data,
+                                       _parts(n * o * pixels * c * kh * kw // 4)))      # (two passes)
             return out
         args = (x.ctypes.data, ikind, self.wpack.ctypes.data, self.bias2.ctypes.data, rq.mult.ctypes.data,
                 rq.rshift.ctypes.data, out.ctypes.data, OUT_KINDS[rq.dtype], self._params.ctypes.data)
