@@ -20,6 +20,7 @@ and 1.15x the all-INT8 latency unless told otherwise (--mixed_precision_budget, 
 from absl import flags
 
 from tftpu import cli
+from tftpu.quant.links import WideWeights
 from tftpu.quant.refit import MAX_SAMPLES as REFIT_SAMPLES
 from tftpu.transforms.lowering.search import FLOAT_BUDGET, JUDGE_SAMPLES, LATENCY_BUDGET
 
@@ -92,6 +93,10 @@ flags.DEFINE_enum("wide_tables", "auto", ["auto", "on", "off"],
                   "INT8, with --wide_links: 'on': a conv that only smooth activation tables read (SiLU, "
                   "HardSwish, GELU, ...) writes 16 bits too, each table interpolating 513 knots (a fused conv + "
                   "activation); 'auto': with --test_input, the program is built both ways and the better kept")
+flags.DEFINE_list("wide_weights", None, "INT8: these convs (by name) multiply 16-bit weights, in two INT8 passes "
+                  "over their high and low byte, instead of INT8 weights (where a conv's weight rounding costs "
+                  "the outputs most: an early conv of a detector whose score maps are near constant); the other "
+                  "links as --wide_tables=on, no conv links priced")
 flags.DEFINE_bool("conv_links", True, "INT8, with --wide_links, --wide_tables=auto and --test_input or --samples: "
                   "where all INT8 misses the target, dense convs read their input on 16 bits too (two INT8 passes "
                   "over its high and low byte), those whose 8-bit input adds the most noise per extra cycle first, "
@@ -164,7 +169,8 @@ def main(args):
                     float_tail=FLAGS.float_tail, **fitting, refit_rounding=FLAGS.refit_rounding,
                     equalize={"auto": "auto", "on": True, "off": False}[FLAGS.equalize],
                     cross_layer=FLAGS.cross_layer, reader_ranges=FLAGS.reader_ranges,
-                    wide_links=FLAGS.wide_links and {"auto": "auto", "on": "tables", "off": True}[FLAGS.wide_tables],
+                    wide_links=(frozenset(WideWeights(n) for n in FLAGS.wide_weights) if FLAGS.wide_weights else
+                                FLAGS.wide_links and {"auto": "auto", "on": "tables", "off": True}[FLAGS.wide_tables]),
                     conv_links=FLAGS.conv_links,
                     input_grid=samples is not None if FLAGS.input_grid is None else FLAGS.input_grid)
     if result.calibration is not None:

@@ -91,14 +91,18 @@ _INTEGER = {"u8": "i8"}
 def _dtype(op) -> str:
     """The dtype an op computes in: a float op's type; an INT8 conv / matmul multiplies its data
     at the data's width whatever width it writes (a 16-bit link out costs nothing more; one in
-    is two INT8 passes: i16, half the rate), other integer ops work at the width of their widest
-    tensor."""
+    is two INT8 passes: i16, half the rate; 16-bit weights double the passes again), other
+    integer ops work at the width of their widest tensor."""
     out = A.dtype_name(op.results[0].type.element_type)
     if not tpu.is_quantized(op.results[0]):
         return out
     if op.name in _MATRIX and tpu.is_quantized(op.operands[0]):
         data = A.dtype_name(op.operands[0].type.element_type)
-        return _INTEGER.get(data, data)
+        data = _INTEGER.get(data, data)
+        if len(op.operands) > 1 and isinstance(op.operands[1].type, TensorType) \
+                and A.dtype_name(op.operands[1].type.element_type) == "i16":
+            return {"i8": "i16", "i16": "i32"}.get(data, data)      # 16-bit weights: twice the passes
+        return data
     widths = [A.dtype_name(v.type.element_type) for v in (*op.operands, *op.results)
               if isinstance(v.type, TensorType) and tpu.is_quantized(v)]
     return max((_INTEGER.get(w, w) for w in widths), key=lambda w: A.numpy_dtype(w).itemsize)

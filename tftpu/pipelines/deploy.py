@@ -166,7 +166,10 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     readers taking it through a cast to 8 bits (`tftpu.quant.links`); "tables": a conv that only
     smooth activation tables
     read (SiLU, HardSwish, GELU, ...) as well, each table interpolating 513 knots from 16 bits;
-    "convs": with the tables, every conv reads its data on 16 bits (W8A16, two INT8 passes);
+    "convs": with the tables, every conv reads its data on 16 bits (W8A16, two INT8 passes); a set:
+    with the tables, the convs it names read 16 bits, and those it names as
+    `tftpu.quant.links.WideWeights(name)` multiply 16-bit weights (W16A8: two INT8 passes over
+    the weights' high and low byte; the refit and bias correction simulate them so);
     "auto": the convs reading a model input read it on 16 bits where that keeps the all-INT8
     latency within `INPUT_LINKS_LATENCY`, or lifts a missed target by `INPUT_LINKS_GAIN` dB within
     the latency budget (`tftpu.pipelines.conv_links.input_links`; their price counts against the
@@ -248,6 +251,7 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     top_model = mlir if isinstance(mlir, TopModel) else load(mlir)
     if isinstance(top_model, TpuModel):
         raise errors.ModelFileError(mlir, "is already a TPU module: tftpu-deploy takes a TOP .mlir")
+    _check_wide_weights(top_model, wide_links)
     table = read_table(calibration_table) if isinstance(calibration_table, (str, Path)) else calibration_table
     if mode == "INT8" and table is not None and table.alternates:
         if test_input is not None:
@@ -683,6 +687,18 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
 
 
 GRID_REASON = "input grid: the image's levels computed in float, cast to INT8 exactly"
+
+
+def _check_wide_weights(top_model, links) -> None:
+    """A UsageError where `links` gives 16-bit weights (`WideWeights`) to an op that is not a
+    conv with constant weights in `top_model`."""
+    from tftpu.quant.links import wide_weights
+    convs = {op.loc for op in top_model.ops if isinstance(op, top.Conv) and isinstance(op.operands[1].owner, top.Weight)}
+    unknown = sorted(wide_weights(links) - convs)
+    if unknown:
+        shown = ", ".join(sorted(convs)[:5]) + (" ..." if len(convs) > 5 else "")
+        raise errors.UsageError(f"16-bit weights for {unknown[0]!r}: no conv with constant weights has that name "
+                                f"(the model's: {shown or 'none'})")
 
 
 def _write(result: DeployResult, *, tpu_mlir=None, model=None, trace=None, report=None) -> None:

@@ -11,7 +11,7 @@ import json
 import math
 from pathlib import Path
 
-from tftpu.quant.links import InputConvs
+from tftpu.quant.links import InputConvs, wide_weights
 from tftpu.transforms.lowering.search import KEPT_FIGURES, lowered_text
 from tftpu.utils.files import write_text
 
@@ -70,8 +70,10 @@ def report_data(result) -> dict:
     if result.search is not None:
         data["mixed_precision"] = result.search.as_dict()
     links = result.wide_links               # a set of conv names reading 16 bits: listed
-    data["wide_links"] = {"input_convs": sorted(links)} if isinstance(links, InputConvs) else \
-        sorted(links) if isinstance(links, (set, frozenset)) else links
+    reading = sorted(n for n in links if isinstance(n, str)) if isinstance(links, (set, frozenset)) else links
+    data["wide_links"] = {"input_convs": reading} if isinstance(links, InputConvs) else reading
+    if wide_weights(links):
+        data["wide_weights"] = sorted(wide_weights(links))
     if result.tables:
         data["interpolated_tables"] = result.tables
     if result.conv_links:

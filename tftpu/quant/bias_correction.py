@@ -40,7 +40,7 @@ from tftpu.ir import top
 from tftpu.ir.module import TopModel
 from tftpu.ir.quant import STORAGE
 from tftpu.quant import params as P
-from tftpu.quant.links import reach, reads_link, wide_grids
+from tftpu.quant.links import reach, reads_link, wide_grids, wide_weights
 from tftpu.quant.refit import Fit
 from tftpu.utils.names import unique_name
 from tftpu.utils.threads import one_blas_thread, pool_size
@@ -114,13 +114,14 @@ def _channel_axis(op, ndim: int) -> int:
     return 1 if op.attrs()["layout"] == "NCHW" else ndim - 1
 
 
-def _quantized_weight(op, w: np.ndarray) -> np.ndarray | None:
-    """The INT8 weights an INT8 lowering gives `op`, as floats (None where it would not quantize them)."""
+def _quantized_weight(op, w: np.ndarray, wide: bool = False) -> np.ndarray | None:
+    """The INT8 weights an INT8 lowering gives `op`, as floats (None where it would not quantize
+    them); `wide`: a conv's 16-bit weights (`tftpu.quant.links.WideWeights`)."""
     if w.dtype.kind != "f" or w.ndim < 2:
         return None
     if isinstance(op, top.Conv):
         axis = 0 if op.attrs()["kernel_layout"] == "OIHW" else -1
-        q, s = P.weights_per_channel(w, axis)
+        q, s = P.weights_per_channel(w, axis, wide)
     elif isinstance(op, top.MatMul):
         axis = -2 if op.attrs()["right_transpose"] else -1
         q, s = P.weights_per_channel(w, axis)
@@ -189,6 +190,7 @@ def correct_biases(model: TopModel, table, samples: list[dict], asymmetric: bool
     grids = {name: P.activation(*entry[:3], asymmetric=asymmetric) for name, entry in table.entries.items()}
     narrow: dict[str, P.QParams] = {}       # a 16-bit link's 8-bit grid, for the INT8 ops that read 8 bits
     tables, convs = reach(wide_links)
+    weights16 = wide_weights(wide_links)
     if wide_links:
         wide = wide_grids(model, table, asymmetric, lambda name: name not in float_ops, tables=tables, convs=convs)
         narrow = {name: grids[name] for name in wide}
@@ -230,7 +232,7 @@ def correct_biases(model: TopModel, table, samples: list[dict], asymmetric: bool
                 if why is None and not in_float:
                     wq = qweights.get(ins[1])
                     if wq is None:
-                        wq = _quantized_weight(op, consts[ins[1]])
+                        wq = _quantized_weight(op, consts[ins[1]], op.loc in weights16)
                         if wq is None:
                             why = "its weights are not float"
                         else:
@@ -262,9 +264,9 @@ def correct_biases(model: TopModel, table, samples: list[dict], asymmetric: bool
                     fit.add(products)
                 w_fit, b_fit = fit.solve()
                 w_fit = w_fit.astype(w.dtype)
-                if rounding == "gptq" and not in_float:
+                if rounding == "gptq" and not in_float and op.loc not in weights16:
                     w_fit, b_fit = fit.rounded(w_fit, b_fit)
-                w_used = w_fit if in_float else _quantized_weight(op, w_fit)
+                w_used = w_fit if in_float else _quantized_weight(op, w_fit, op.loc in weights16)
                 bias_q = b_fit.astype(np.float32)
                 refits[op.loc] = (w_fit, b_fit)
             def run(ef, eq):

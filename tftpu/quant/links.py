@@ -28,7 +28,7 @@ Add's integer multiplier for it is exact (`tftpu.quant.params.add_multipliers`).
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 
@@ -37,7 +37,8 @@ from tftpu.ir import top
 from tftpu.ir.base import value_name
 from tftpu.quant import params as P
 
-__all__ = ["wide_grids", "reach", "InputConvs", "input_convs", "input_rounding_noise", "reads_wide", "int8_reads_wide",
+__all__ = ["wide_grids", "reach", "WideWeights", "wide_weights", "InputConvs", "input_convs", "input_rounding_noise",
+           "reads_wide", "int8_reads_wide",
            "reads_link",
            "is_depthwise", "WIDE_PRODUCERS",
            "WIDE_READERS", "INTERPOLATED", "MAX_TAPS", "PASS_THROUGH", "LOOKUP_TABLES", "I16_MAX", "HEADROOM"]
@@ -97,16 +98,30 @@ def input_convs(model) -> frozenset:
     return frozenset(names)
 
 
+class WideWeights(NamedTuple):
+    """An item of a `wide_links` set: the conv `name` multiplies 16-bit weights, in two INT8
+    passes over their byte planes (`tftpu.quant.params.weight_planes`), its data as it is."""
+
+    name: str
+
+
 def reach(wide_links) -> tuple[bool, bool | frozenset]:
     """(tables, convs) of a lowering's `wide_links`: True the element-wise readers' and depthwise
     convs' links; "tables" with the interpolated tables too; "convs" with every conv reading 16
     bits; a set of conv names: the tables, and those convs reading 16 bits (an `InputConvs`: those
-    convs, without the tables). A model input is a link only where convs read 16 bits."""
-    if isinstance(wide_links, InputConvs):
-        return False, frozenset(wide_links)
+    convs, without the tables; `WideWeights` items name the convs with 16-bit weights instead,
+    `wide_weights`). A model input is a link only where convs read 16 bits."""
     if isinstance(wide_links, (set, frozenset)):
-        return True, frozenset(wide_links)
+        names = frozenset(n for n in wide_links if not isinstance(n, WideWeights))
+        return not isinstance(wide_links, InputConvs), names
     return wide_links in ("tables", "convs"), wide_links == "convs"
+
+
+def wide_weights(wide_links) -> frozenset:
+    """The convs a lowering's `wide_links` gives 16-bit weights (its `WideWeights` items)."""
+    if isinstance(wide_links, (set, frozenset)):
+        return frozenset(n.name for n in wide_links if isinstance(n, WideWeights))
+    return frozenset()
 
 
 def reads_wide(reader, v, in_int8, tables: bool = False, convs: bool | frozenset = False) -> bool:
@@ -320,3 +335,4 @@ def input_rounding_noise(model, table, asymmetric: bool | str, sample: dict, nam
         power = float(np.mean(np.square(np.asarray(y, np.float64))))
         noise[op.loc] = step ** 2 / 12 * float(np.mean(np.sum(per_channel ** 2, axis=1))) / max(power, 1e-30)
     return noise
+

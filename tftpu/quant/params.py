@@ -24,9 +24,12 @@ from tftpu.ir.quant import STORAGE
 from tftpu.errors import UsageError
 
 __all__ = ["QParams", "activation", "weights_per_channel", "deconv_weights", "weights_per_tensor", "bias", "requant",
-           "add_multipliers", "ADD_MULTIPLIER_BITS"]
+           "add_multipliers", "ADD_MULTIPLIER_BITS", "QMAX16"]
 
 QMAX = 127
+# 16-bit weights' largest level: 127 * 256 + 127, so both byte planes of every level are signed
+# INT8 (`tftpu.interp.tpu.int8_kernels.weight_planes`)
+QMAX16 = 32639
 ADD_MULTIPLIER_BITS = 15     # an Add's input multipliers fit int16, as TPU-MLIR's
 
 
@@ -75,18 +78,19 @@ def activation(threshold: float, lo: float, hi: float, asymmetric: bool | str = 
     return QParams(scale, zp)
 
 
-def weights_per_channel(w: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
+def weights_per_channel(w: np.ndarray, axis: int, wide: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """(int8 weights, float64 scale per channel of `axis`): symmetric, max|w| / 127 each
-    (an all-zero channel gets scale 1)."""
+    (an all-zero channel gets scale 1). `wide`: int16 weights, max|w| / `QMAX16` each."""
     w = np.asarray(w, np.float64)
     axis %= w.ndim
+    qmax = QMAX16 if wide else QMAX
     reduce = tuple(a for a in range(w.ndim) if a != axis)
     amax = np.abs(w).max(axis=reduce) if w.size else np.zeros(w.shape[axis])
-    scales = np.where(amax > 0, amax / QMAX, 1.0)
+    scales = np.where(amax > 0, amax / qmax, 1.0)
     shape = [1] * w.ndim
     shape[axis] = -1
-    q = np.clip(rounding.round_half_away(w / scales.reshape(shape)), -QMAX, QMAX).astype(np.int8)
-    return q, scales
+    q = np.clip(rounding.round_half_away(w / scales.reshape(shape)), -qmax, qmax)
+    return q.astype(np.int16 if wide else np.int8), scales
 
 
 def deconv_weights(w: np.ndarray, group: int) -> tuple[np.ndarray, int, np.ndarray, np.ndarray]:

@@ -331,12 +331,43 @@ def _two_passes(x, zp: int, w, attrs: dict, nhwc: bool) -> np.ndarray | None:
     return acc.transpose(0, 2, 3, 1) if nhwc else acc
 
 
+def weight_planes(q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The two INT8 planes (hi, lo) of 16-bit weights `q` (|q| <= 127 * 256 + 127): q = 256 hi +
+    lo, both signed, so a conv of 16-bit weights is two INT8 convs of the same data."""
+    q = np.asarray(q, np.int32)
+    hi = (q + 128) >> 8
+    return hi.astype(np.int8), (q - 256 * hi).astype(np.int8)
+
+
+def _weight_passes(x, zp: int, w, attrs: dict, nhwc: bool) -> np.ndarray | None:
+    """Exact int64 sums of a 2-D conv of INT8 data `x` (zero point `zp`) and 16-bit weights `w`
+    as the chip runs it: one INT8 pass per byte plane of the weights (`weight_planes`), each
+    exact in int32 (`conv_integer`), combined as 256 hi + lo in 64 bits; None where a pass is
+    not exact that way."""
+    wn = w.transpose(3, 2, 0, 1) if attrs["kernel_layout"] == "HWIO" else w
+    planes = WEIGHTS.get(w, ("planes_oihw",), lambda: tuple(np.ascontiguousarray(p) for p in weight_planes(wn)))
+    xn = np.ascontiguousarray(x.transpose(0, 3, 1, 2)) if nhwc else x
+    t_hi, t_lo = (conv_integer(xn, zp, p, attrs) for p in planes)
+    if t_hi is None or t_lo is None:
+        return None
+    acc = t_hi.astype(np.int64) * 256 + t_lo
+    return acc.transpose(0, 2, 3, 1) if nhwc else acc
+
+
 @int8("tpu.Conv")
 def conv(operands, attrs, info):
     x, w, b = operands
     nhwc = attrs["layout"] == "NHWC"
     axis = x.ndim - 1 if nhwc else 1
     acc = None
+    if w.dtype == np.int16:          # 16-bit weights: two INT8 passes (else exact in float64 below)
+        if x.ndim == 4 and info.ins[0].dtype == "i8":
+            acc = _weight_passes(x, info.ins[0].zp, w, attrs, nhwc)
+        if acc is None:
+            acc = np.rint(conv_accumulate(_centered(x, info.ins[0]), w, attrs)).astype(np.int64)
+        if b is not None:
+            acc += _per_channel(b, acc.ndim, axis)
+        return [_requant(acc, attrs, info.outs[0], axis)]
     fast = _native_conv(w, b, attrs, info)
     if fast is not None:
         y = fast(x)

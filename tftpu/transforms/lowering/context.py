@@ -47,11 +47,13 @@ class Lowering:
     """Builds the TPU module of `model` for `chip` in `mode` (see `tftpu.transforms.lowering.lower`)."""
 
     def __init__(self, model, chip, mode: str, table=None, asymmetric: bool | str = False,
-                 wide: dict | None = None, tables: bool = False, convs: bool | frozenset = False):
+                 wide: dict | None = None, tables: bool = False, convs: bool | frozenset = False,
+                 weights16: frozenset = frozenset()):
         self.src = model
         self.wide = dict(wide or {})        # tensor name -> its 16-bit grid (`tftpu.quant.links`)
         self.tables = tables                # smooth activation tables read links (`wide_links="tables"`)
         self.convs = convs                  # every conv (True) or those named read links (`links.reach`)
+        self.weights16 = weights16          # the convs with 16-bit weights (`links.wide_weights`)
         self.reading = None                 # the TOP op being lowered (which operands it reads wide)
         self.chip = chip
         self.mode = mode

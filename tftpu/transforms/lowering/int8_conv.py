@@ -20,17 +20,21 @@ def _calibrated(ctx, op, *values):
     return ps, None
 
 
-def _weighted(ctx, op, data, w, b, axis: int, tpu_name: str):
-    """The shared INT8 lowering of an op with constant weights quantized along `axis`."""
+def _weighted(ctx, op, data, w, b, axis: int, tpu_name: str, wide: bool = False):
+    """The shared INT8 lowering of an op with constant weights quantized along `axis` (`wide`:
+    on 16 bits, two INT8 passes, where the bias still fits int32 at the finer scale)."""
     grids, why = _calibrated(ctx, op, data, op.results[0])
     if why:
         return why
     xq, oq = grids
-    wq, ws = P.weights_per_channel(ctx.weight_array(w), axis)
+    wq, ws = P.weights_per_channel(ctx.weight_array(w), axis, wide)
+    if wide and ctx.is_weight(b) and np.any(np.abs(np.asarray(ctx.weight_array(b), np.float64).ravel()
+                                                   / (xq.scale * ws)) >= 2.0 ** 31):
+        wq, ws = P.weights_per_channel(ctx.weight_array(w), axis)
     acc_scales = xq.scale * ws
     ms, rs = P.requant(acc_scales / oq.scale)
     operands = [ctx.quantized(data, xq),
-                ctx.weight(w.owner.key, wq, quant.per_axis("i8", axis % wq.ndim, ws))]
+                ctx.weight(w.owner.key, wq, quant.per_axis("i16" if wq.dtype == np.int16 else "i8", axis % wq.ndim, ws))]
     if ctx.is_weight(b):
         bq = P.bias(ctx.weight_array(b), acc_scales)
         operands.append(ctx.weight(b.owner.key, bq, quant.per_axis("i32", 0, acc_scales)))
@@ -62,7 +66,7 @@ def conv(ctx, op):
         return why
     x, w, b = op.operands
     axis = 0 if op.attrs()["kernel_layout"] == "OIHW" else -1
-    return _weighted(ctx, op, x, w, b, axis, "tpu.Conv")
+    return _weighted(ctx, op, x, w, b, axis, "tpu.Conv", wide=op.loc in ctx.weights16)
 
 
 @int8("top.MatMul")

@@ -19,17 +19,19 @@ from tftpu.errors import UsageError
 from tftpu.ir import attrs as A
 from tftpu.ir import top, tpu
 from tftpu.ir.base import set_loc, loc_names, value_name
-from tftpu.quant.links import int8_reads_wide, reach, wide_grids
+from tftpu.quant.links import int8_reads_wide, reach, wide_grids, wide_weights
 from tftpu.transforms.lowering import int8_conv, int8_elementwise, int8_movement, int8_pool, int8_resize  # noqa: F401
 from tftpu.transforms.lowering.context import Decision, Lowering, float_dtype
 from tftpu.transforms.lowering.decode_tail import decode_tail, tail_mode
 from tftpu.transforms.lowering.float_ops import lower_float
 from tftpu.transforms.lowering.registry import INT8
 
-__all__ = ["lower", "LoweringReport", "float_mode_of", "TWO_PASSES", "WIDE_LINKS"]
+__all__ = ["lower", "LoweringReport", "float_mode_of", "TWO_PASSES", "WIDE_WEIGHTS", "FOUR_PASSES", "WIDE_LINKS"]
 
 # the note on an INT8 depthwise conv that reads a 16-bit link (`tftpu.quant.links`)
 TWO_PASSES = "16-bit input, two INT8 passes"
+WIDE_WEIGHTS = "16-bit weights, two INT8 passes"
+FOUR_PASSES = "16-bit input and weights, four INT8 passes"
 # the links a lowering may write (`tftpu.quant.links`): none, the element-wise readers' and
 # depthwise convs', with the interpolated activation tables, with every conv (W8A16)
 WIDE_LINKS = (False, True, "tables", "convs")
@@ -86,10 +88,12 @@ class LoweringReport:
         lines = [f"lowered for {self.chip} in {self.mode}: {counts}{flops}"]
         for d in self.fallbacks:
             lines.append(f"  {d.name} ({d.op}): {d.mode}: {d.reason}")
-        two = [d.name for d in self.decisions if d.mode == "INT8" and d.reason == TWO_PASSES]
-        if two:
-            shown = ", ".join(two[:4]) + (f" and {len(two) - 4} more" if len(two) > 4 else "")
-            lines.append(f"  {len(two)} conv(s) read a 16-bit link in two INT8 passes: {shown}")
+        for reasons, what in (((TWO_PASSES, FOUR_PASSES), "read a 16-bit link"),
+                              ((WIDE_WEIGHTS, FOUR_PASSES), "multiply 16-bit weights")):
+            two = [d.name for d in self.decisions if d.mode == "INT8" and d.reason in reasons]
+            if two:
+                shown = ", ".join(two[:4]) + (f" and {len(two) - 4} more" if len(two) > 4 else "")
+                lines.append(f"  {len(two)} conv(s) {what} in two INT8 passes: {shown}")
         return "\n".join(lines)
 
 
@@ -149,7 +153,8 @@ def lower(model, chip, mode: str, table=None, qtable: dict | None = None, asymme
     if wide_links and table is not None:
         wide = wide_grids(model, table, asymmetric, lambda name: qtable.get(name, mode) == "INT8", split_links,
                           tables=tables, convs=convs)
-    ctx = Lowering(model, chip, mode, table, asymmetric, wide, tables=tables, convs=convs)
+    ctx = Lowering(model, chip, mode, table, asymmetric, wide, tables=tables, convs=convs,
+                   weights16=wide_weights(wide_links))
     for op in model.ops:
         if isinstance(op, top.NoneOp):
             continue
@@ -191,6 +196,18 @@ def _reads_link_in_two_passes(ctx, op) -> bool:
         int8_reads_wide(op, op.operands[0], ctx.tables, ctx.convs)
 
 
+def _passes(ctx, op) -> str:
+    """An INT8 op's decision reason where it runs in more than one INT8 pass: a conv reading a
+    16-bit link (`TWO_PASSES`), multiplying 16-bit weights (`WIDE_WEIGHTS`), or both."""
+    link = _reads_link_in_two_passes(ctx, op)
+    lowered = ctx.values.get(op.results[0]) if op.results else None
+    weights = lowered is not None and op.name == "top.Conv" and len(lowered.owner.operands) > 1 \
+        and "i16" in str(lowered.owner.operands[1].type)
+    if link and weights:
+        return FOUR_PASSES
+    return TWO_PASSES if link else WIDE_WEIGHTS if weights else ""
+
+
 def _rename(value, new: str) -> None:
     names = loc_names(value.owner) or [value_name(value)]
     names = list(names) + [f"{names[0]}_{i}" for i in range(len(names), len(value.owner.results))]
@@ -216,7 +233,7 @@ def _lower_op(ctx, op, want: str, fallback: str, why: str) -> None:
             finally:
                 ctx.reading = None
         if reason is None:
-            ctx.record(op, "INT8", TWO_PASSES if _reads_link_in_two_passes(ctx, op) else "")
+            ctx.record(op, "INT8", _passes(ctx, op))
             return
         mode = _input_float_mode(ctx, op) if follows_float else fallback
         if mode not in ctx.chip.modes:                    # a model input is f32; edge16 has no F32

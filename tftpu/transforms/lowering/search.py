@@ -398,11 +398,14 @@ def removal_gains(top_model, tpu_model, samples: list[dict], names: set, floor: 
     from tftpu.quant.bias_correction import _quantized_weight
 
     grids: dict[str, dict] = {}             # TOP op -> {tensor it reads: the grid it reads it on}
+    weights16: set = set()                  # the convs lowered with 16-bit weights
     for op in tpu_model.ops:
         if not isinstance(op, tpu.TpuOp) or not op.quantized:
             continue
         top_name = _top_name(op, names)
         if top_name in names:
+            if op.name == "tpu.Conv" and "i16" in str(op.operands[1].type):
+                weights16.add(top_name)
             reads = grids.setdefault(top_name, {})
             for v in op.operands:
                 info = info_of(v.type) if hasattr(v.type, "get_shape") else None
@@ -416,7 +419,7 @@ def removal_gains(top_model, tpu_model, samples: list[dict], names: set, floor: 
     for kernel, ins, outs, attrs, _, loc in interp.steps:
         if loc not in grids:
             continue
-        key = (loc, floor, frozenset(grids[loc].items()))
+        key = (loc, floor, frozenset(grids[loc].items()), loc in weights16)
         if memo is not None and key in memo:
             gains[loc] = memo[key]
             continue
@@ -429,7 +432,8 @@ def removal_gains(top_model, tpu_model, samples: list[dict], names: set, floor: 
                     args.append(None)
                 elif s in interp.consts:
                     w = interp.consts[s]
-                    q = _quantized_weight(op, w) if i == 1 and isinstance(op, (top.Conv, top.MatMul, top.Deconv)) else None
+                    q = _quantized_weight(op, w, loc in weights16) \
+                        if i == 1 and isinstance(op, (top.Conv, top.MatMul, top.Deconv)) else None
                     args.append(w if q is None else q)
                 else:
                     x, info = ref[interp.names[s]], grids[loc].get(interp.names[s])

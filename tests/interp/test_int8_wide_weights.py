@@ -1,0 +1,181 @@
+"""16-bit weights (`tftpu.quant.links.WideWeights`): a conv multiplies int16 weights in two INT8
+passes over their byte planes (`256 hi + lo`, both signed), combined exactly; lowered, run and
+simulated bit for bit against the exact integer reference, and priced at twice the passes."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import assume, given, settings, strategies as st
+
+from tests.interp import int8_reference as R
+from tests.interp.test_tpu_int8_exact import SWEEP, W, feeds, make_model, table_for
+from tftpu.interp.tpu import TpuInterpreter
+from tftpu.interp.tpu import int8_kernels as K
+from tftpu.quant import params as P
+from tftpu.quant.links import WideWeights, reach, wide_weights
+from tftpu.transforms.lowering import lower
+from tftpu.transforms.lowering.lower import FOUR_PASSES, TWO_PASSES, WIDE_WEIGHTS
+
+
+def test_weight_planes_split_every_level_into_two_signed_bytes():
+    q = np.arange(-P.QMAX16, P.QMAX16 + 1, dtype=np.int16)
+    hi, lo = K.weight_planes(q)
+    assert hi.dtype == lo.dtype == np.int8
+    assert np.array_equal(256 * hi.astype(np.int32) + lo, q)
+    assert hi.min() == -127 and hi.max() == 127
+
+
+def test_weights_per_channel_wide_keeps_the_largest_level():
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((5, 3, 3, 3))
+    w[2] = 0.0
+    q, s = P.weights_per_channel(w, 0, wide=True)
+    assert q.dtype == np.int16 and np.abs(q).max() == P.QMAX16 and s[2] == 1.0
+    assert np.abs(q.astype(np.float64) * s[:, None, None, None] - w).max() <= s.max() / 2 + 1e-12
+    q8, s8 = P.weights_per_channel(w, 0)
+    assert q8.dtype == np.int8 and np.allclose(s8[s8 != 1] / s[s != 1], P.QMAX16 / P.QMAX)
+
+
+def test_wide_weights_items_are_not_conv_links():
+    links = frozenset({"a", WideWeights("b")})
+    assert reach(links) == (True, frozenset({"a"}))
+    assert wide_weights(links) == frozenset({"b"}) and wide_weights(True) == frozenset()
+
+
+@settings(max_examples=40, deadline=None)
+@given(cin=st.sampled_from([1, 3, 16, 300]), cout=st.integers(1, 5), kernel=st.sampled_from([1, 3, 5]),
+       stride=st.sampled_from([1, 2]), dilation=st.sampled_from([1, 2]), pad=st.integers(0, 2),
+       groups=st.sampled_from([1, 3]), zero_point=st.sampled_from([-128, 0, 5, 127]), nhwc=st.booleans(),
+       hwio=st.booleans(), seed=st.integers(0, 2 ** 16))
+def test_weight_passes_equal_the_exact_conv(cin, cout, kernel, stride, dilation, pad, groups, zero_point, nhwc,
+                                            hwio, seed):
+    rng = np.random.default_rng(seed)
+    cin, cout = cin * groups, cout * groups
+    side = kernel * dilation + int(rng.integers(0, 5))
+    x = rng.integers(-128, 128, (1, cin, side, side + 1)).astype(np.int8)
+    x[0, :, 0, 0] = -128
+    w = rng.integers(-P.QMAX16, P.QMAX16 + 1, (cout, cin // groups, kernel, kernel)).astype(np.int16)
+    w[0] = P.QMAX16             # every term at its largest: past int32 for a long contraction
+    attrs = {"strides": [stride, stride], "pads": [pad] * 4, "dilations": [dilation, dilation], "group": groups,
+             "kernel_layout": "HWIO" if hwio else "OIHW", "layout": "NHWC" if nhwc else "NCHW"}
+    want = np.rint(K.conv_accumulate(x.astype(np.float64) - zero_point, w, {**attrs, "kernel_layout": "OIHW",
+                                                                              "layout": "NCHW"})).astype(np.int64)
+    wk = np.ascontiguousarray(w.transpose(2, 3, 1, 0)) if hwio else w
+    xk = np.ascontiguousarray(x.transpose(0, 2, 3, 1)) if nhwc else x
+    got = K._weight_passes(xk, zero_point, wk, attrs, nhwc)
+    assert got is not None and got.dtype == np.int64
+    assert np.array_equal(got.transpose(0, 3, 1, 2) if nhwc else got, want)
+
+
+@SWEEP
+@given(st.data())
+def test_conv_with_wide_weights_is_exact(data):
+    """Lowered with 16-bit weights (and, drawn, a 16-bit input: four passes), every INT8 op
+    equals the integer reference, and the conv's weights are int16 on their finer grid."""
+    d = data.draw
+    g = d(st.sampled_from([1, 1, 2]))
+    cg, o = d(st.integers(1, 4)), g * d(st.integers(1, 3))
+    k, s, dil = d(st.integers(1, 3)), d(st.integers(1, 2)), d(st.integers(1, 2))
+    size, pad = d(st.integers(3, 9)), d(st.integers(0, 2))
+    assume(size + 2 * pad >= dil * (k - 1) + 1)
+    nhwc, hwio, has_bias, relu, asym, wide_in = (d(st.booleans()) for _ in range(6))
+    seed = d(st.integers(0, 2 ** 16))
+    rng = np.random.default_rng(seed)
+    c = g * cg
+    w = W(rng, o, cg, k, k) * rng.uniform(0.2, 3, (o, 1, 1, 1)).astype(np.float32)
+    if hwio:
+        w = np.moveaxis(np.moveaxis(w, 0, -1), 0, -2).copy()
+    xshape = (1, size, size, c) if nhwc else (1, c, size, size)
+    attrs = {"kernel_shape": [k, k], "strides": [s, s], "dilations": [dil, dil], "pads": [pad] * 4, "group": g,
+             "do_relu": relu, "relu_limit": -1.0, "layout": "NHWC" if nhwc else "NCHW",
+             "kernel_layout": "HWIO" if hwio else "OIHW"}
+
+    def body(b, xs):
+        bias = b.weight("b", W(rng, o)) if has_bias else b.none()
+        return b.op("Conv", [xs[0], b.weight("w", w), bias], attrs, "y")
+
+    model = make_model({"x": xshape}, body)
+    inputs = feeds({"x": xshape}, seed)
+    links = frozenset({WideWeights("y")} | ({"y"} if wide_in else set()))
+    tm, report = lower(model, "npu1", "INT8", table_for(model, inputs, seed), asymmetric=asym, wide_links=links)
+    tm.verify()
+    assert [x.reason for x in report.decisions if x.name == "y"] == [FOUR_PASSES if wide_in else WIDE_WEIGHTS]
+    assert any(v.dtype == np.int16 for v in tm.weights.values())
+    seen = R.check_model(tm, TpuInterpreter(tm).run(inputs, dump_all=True))
+    assert seen.get("tpu.Conv") == 1
+
+
+def _conv_model(rng):
+    w = W(rng, 16, 8, 3, 3)
+
+    def body(b, xs):
+        y = b.op("Conv", [xs[0], b.weight("w1", w), b.weight("b1", W(rng, 16))],
+                 {"kernel_shape": [3, 3], "pads": [1] * 4, "do_relu": True}, "c1")
+        return b.op("Conv", [y, b.weight("w2", W(rng, 8, 16, 1, 1)), b.none()], {"kernel_shape": [1, 1]}, "c2")
+
+    return make_model({"x": (1, 8, 12, 12)}, body)
+
+
+def test_wide_weights_cost_twice_the_passes_and_simulate_bit_for_bit(tmp_path):
+    from tftpu.backend import tpumodel
+    from tftpu.backend.codegen import generate
+    from tftpu.backend.cycles import estimate
+    from tftpu.backend.simulator import Simulator
+
+    rng = np.random.default_rng(1)
+    model = _conv_model(rng)
+    inputs = feeds({"x": (1, 8, 12, 12)}, 1)
+    table = table_for(model, inputs, 1)
+    plain, _ = lower(model, "npu1", "INT8", table)
+    wide, report = lower(model, "npu1", "INT8", table, wide_links=frozenset({WideWeights("c1")}))
+    assert [x.name for x in report.decisions if x.reason == WIDE_WEIGHTS] == ["c1"]
+    assert not [x for x in report.decisions if x.reason == TWO_PASSES]
+    assert "1 conv(s) multiply 16-bit weights in two INT8 passes: c1" in str(report)
+    cycles = {m: {o.name: o.cycles for o in estimate(t, "npu1").ops} for m, t in (("plain", plain), ("wide", wide))}
+    assert cycles["wide"]["c1"] > cycles["plain"]["c1"] and cycles["wide"]["c2"] == cycles["plain"]["c2"]
+    want = TpuInterpreter(wide).run(inputs)
+    program = generate(wide, "npu1")
+    again = tpumodel.load(tpumodel.save(program, tmp_path / "wide.tpumodel"))     # the int16 weights kept
+    for got in (Simulator(program).run(inputs), Simulator(again).run(inputs)):
+        assert all(np.array_equal(np.asarray(got[name]), np.asarray(want[name])) for name in want)
+
+
+def test_deploy_with_wide_weights_refits_them_on_their_grid(tmp_path):
+    """`deploy` with 16-bit weights named in its links: the weight refit fits those convs
+    against their 16-bit grid (no INT8 rounding of theirs), the program runs them in two passes
+    and simulates bit for bit, the report lists them; all convs so come closer to float than
+    with INT8 weights; an unknown conv is a UsageError naming it, and in tftpu-deploy one line
+    and exit status 2."""
+    import json
+
+    import pytest
+
+    from tests.tools.test_deploy import _tool, conv_net, samples_for
+    from tftpu import errors, quant
+    from tftpu.pipelines.deploy import deploy
+    from tftpu.pipelines.judge import Judge
+
+    model = conv_net([(16, 3), (16, 3), (4, 1)], 3, 16)
+    samples = samples_for(model, n=5)
+    table = quant.calibrate(model, samples, "mse")
+    kw = dict(quantize="INT8", chip="npu1", calibration_table=table, test_input=samples[0], samples=samples[1:],
+              mixed_precision="none")
+    every = frozenset(WideWeights(n) for n in ("c0", "c1", "c2"))
+    wide = deploy(model, wide_links=every, weight_refit=True, bias_correction=True, report=tmp_path / "r.json", **kw)
+    assert sorted(d.name for d in wide.lowering.decisions if d.reason == WIDE_WEIGHTS) == ["c0", "c1", "c2"]
+    assert wide.bias_correction.refit == 3 and all(r["bit_exact"] for r in wide.simulator["outputs"])
+    assert json.loads((tmp_path / "r.json").read_text())["wide_weights"] == ["c0", "c1", "c2"]
+    judge = Judge(model, samples)
+    plain, narrow = deploy(model, wide_links="tables", **kw), deploy(model, wide_links=every, **kw)
+    assert min(judge(narrow.model)) > min(judge(plain.model))
+    with pytest.raises(errors.UsageError, match="16-bit weights for 'nope'"):
+        deploy(model, wide_links=frozenset({WideWeights("nope")}), **kw)
+    top_path, _ = model.save(tmp_path / "convs.top.mlir")
+    table.save(tmp_path / "cali")
+    np.savez(tmp_path / "x.npz", **samples[0])
+    args = ("deploy", f"--mlir={top_path}", "--quantize=INT8", "--chip=npu1", f"--calibration_table={tmp_path / 'cali'}",
+            f"--test_input={tmp_path / 'x.npz'}", "--mixed_precision=none")
+    done, bad = _tool(*args, "--wide_weights=c0"), _tool(*args, "--wide_weights=nope")
+    assert done.returncode == 0, done.stderr
+    assert "1 conv(s) multiply 16-bit weights in two INT8 passes: c0" in done.stdout
+    assert bad.returncode == 2 and "16-bit weights for 'nope'" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
