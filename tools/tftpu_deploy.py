@@ -190,6 +190,8 @@ def main(args):
         print(f"wide links: {result.conv_links}")
     if result.tables and result.search is None:      # (str(search) holds it too)
         print(f"wide links: {result.tables}")
+    if result.weights_line:
+        print(f"weights: {result.weights_line}")
     if result.weight_rounding is not None:
         print(f"weight rounding: {result.weight_rounding}")
     if result.bias_correction is not None:

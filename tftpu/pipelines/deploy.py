@@ -84,6 +84,19 @@ class DeployResult:
     reader_ranges: str | None = None            # ranges clipped to what their saturating readers tell apart
     equalized: bool = False                     # the depthwise inputs equalized (`equalize` kept)
     judged: tuple | None = None                 # (pooled, test input alone) worst SQNR as the judge saw the program
+    weights_alone: tuple | None = None          # where that misses the target: the same with only its weights rounded
+
+    @property
+    def weights_line(self) -> str | None:
+        """Where the INT8 program misses the target: its figures against those of its weights'
+        rounding alone (the TOP model with the weights lowered, run in float)."""
+        if self.weights_alone is None or self.judged is None:
+            return None
+        (wp, wt), (p, t) = self.weights_alone, self.judged
+        return (f"the weights' rounding alone (activations in float): worst part {wp:.1f} dB on the test input and "
+                f"samples, {wt:.1f} dB on the test input, against {p:.1f} / {t:.1f} dB for the program"
+                + ("; the weights set the floor here (16-bit weights on the convs that weigh most lift it: "
+                   "`tftpu.quant.links.WideWeights`, tftpu-deploy --wide_weights)" if min(wp, wt) < min(p, t) + 3.0 else ""))
 
     @property
     def checked(self) -> bool:
@@ -628,6 +641,16 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
         search.lowered = judge(tpu_model)
     # (how a calibration choice weighs this program against another table's, judged the same way)
     judged = (judge or the_judge())(tpu_model) if mode == "INT8" and table is not None and inputs is not None else None
+    weights_alone = None
+    if judged is not None and min(judged) < target:
+        # (what the weights' rounding alone costs, the activations in float: which side the noise is on)
+        from tftpu.quant.bias_correction import lowered_weights
+        from tftpu.transforms.lowering.lower import FOUR_PASSES, WIDE_WEIGHTS
+        t1 = time.perf_counter()
+        weights_alone = (judge or the_judge()).float_run(lowered_weights(
+            lowered, {d.name for d in lowering.decisions if d.mode == "INT8"},
+            {d.name for d in lowering.decisions if d.reason in (WIDE_WEIGHTS, FOUR_PASSES)}))
+        seconds["weights alone"] = time.perf_counter() - t1
     t1 = time.perf_counter()
     from tftpu.backend import s2d_stem
     from tftpu.backend.codegen import annotate, generate
@@ -671,7 +694,7 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
                           equalize=equalized.line if equalized is not None else None, input_grid=grid_line,
                           cross_layer=crossed.line if crossed is not None else None,
                           reader_ranges=clipped.line if clipped is not None else None, judged=judged,
-                          equalized=equalized_kept)
+                          equalized=equalized_kept, weights_alone=weights_alone)
     if inputs is not None:
         t1 = time.perf_counter()
         pool = [inputs] + [s for s in (samples or []) if s is not inputs]

@@ -74,6 +74,9 @@ def report_data(result) -> dict:
     data["wide_links"] = {"input_convs": reading} if isinstance(links, InputConvs) else reading
     if wide_weights(links):
         data["wide_weights"] = sorted(wide_weights(links))
+    if result.weights_alone is not None:
+        data["weights_alone_db"] = {"pooled": round(result.weights_alone[0], 3),
+                                    "test_input": round(result.weights_alone[1], 3), "line": result.weights_line}
     if result.tables:
         data["interpolated_tables"] = result.tables
     if result.conv_links:

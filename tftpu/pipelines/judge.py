@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+from tftpu.interp.top_interpreter import TopInterpreter
 from tftpu.interp.tpu import TpuInterpreter
 from tftpu.transforms.lowering.search import References, judge_runs, output_pairs, worst_figures
 
@@ -32,6 +33,15 @@ class Judge:
                     for x, ref in zip(self.held, self.refs)]
             self.seen[id(tpu)] = (tpu, judge_runs(runs, self.floor), judge_runs(runs[:1], self.floor))
         return self.seen[id(tpu)][1:]
+
+    def float_run(self, variant) -> tuple[float, float]:
+        """(pooled, test input alone) worst SQNR of `variant`, the TOP model judged with other
+        weights (`tftpu.quant.bias_correction.lowered_weights`), run in float."""
+        run = TopInterpreter(variant)
+        runs = [output_pairs(self.model, self.parts, ref, run.run(x, keep=self.needed))
+                for x, ref in zip(self.held, self.refs)]
+        figures = (worst_figures(judge_runs(runs, self.floor))[1], worst_figures(judge_runs(runs[:1], self.floor))[1])
+        return tuple(-math.inf if math.isnan(v) else v for v in figures)
 
     def __call__(self, tpu) -> tuple[float, float]:
         pooled, alone = self._judged(tpu)

@@ -45,7 +45,7 @@ from tftpu.quant.refit import Fit
 from tftpu.utils.names import unique_name
 from tftpu.utils.threads import one_blas_thread, pool_size
 
-__all__ = ["correct_biases", "BiasCorrection", "MAX_SAMPLES"]
+__all__ = ["correct_biases", "BiasCorrection", "MAX_SAMPLES", "lowered_weights"]
 
 # samples the correction runs on (the first ones given): the means settle on a few photos, and
 # the float and INT8 runs of every sample are held at once; at most MAX_SAMPLES, fewer (not under
@@ -130,6 +130,21 @@ def _quantized_weight(op, w: np.ndarray, wide: bool = False) -> np.ndarray | Non
     shape = [1] * w.ndim
     shape[axis % w.ndim] = -1
     return (q.astype(np.float64) * s.reshape(shape)).astype(w.dtype)
+
+
+def lowered_weights(model: TopModel, names: set, wide: set = frozenset()) -> TopModel:
+    """`model` with the weights of the Conv / Deconv / MatMul ops `names` (those lowered to INT8)
+    on the INT8 grid the lowering gives them (`wide`: the convs with 16-bit weights), everything
+    else as it is: run in float, what the weights' rounding alone does to the outputs."""
+    weights = dict(model.weights)
+    for op in model.ops:
+        if op.loc in names and isinstance(op, (top.Conv, top.Deconv, top.MatMul)) \
+                and isinstance(op.operands[1].owner, top.Weight):
+            key = op.operands[1].owner.key
+            q = _quantized_weight(op, weights[key], op.loc in wide)
+            if q is not None:
+                weights[key] = q
+    return TopModel(model.module, weights)
 
 
 def _why_not(op, model, table) -> str | None:
