@@ -174,7 +174,7 @@ def test_deploy_with_wide_weights_refits_them_on_their_grid(tmp_path):
              for links in ("tables", every)]
     assert all(r.weights_alone is not None and min(r.weights_alone) > min(r.judged) for r in aimed)
     assert min(aimed[1].weights_alone) > min(aimed[0].weights_alone) + 20
-    assert "the weights' rounding alone (activations in float): worst part" in aimed[0].weights_line
+    assert "the weights' rounding to nearest alone (activations in float): worst part" in aimed[0].weights_line
     with pytest.raises(errors.UsageError, match="16-bit weights for 'nope'"):
         deploy(model, wide_links=frozenset({WideWeights("nope")}), **kw)
     top_path, _ = model.save(tmp_path / "convs.top.mlir")
@@ -186,5 +186,5 @@ def test_deploy_with_wide_weights_refits_them_on_their_grid(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "1 conv(s) multiply 16-bit weights in two INT8 passes: c0" in done.stdout
     aimed = _tool(*args[:-1], "--mixed_precision=0.99,90", "--mixed_precision_budget=0")
-    assert aimed.returncode == 0 and "weights: the weights' rounding alone (activations in float)" in aimed.stdout
+    assert aimed.returncode == 0 and "weights: the weights' rounding to nearest alone" in aimed.stdout
     assert bad.returncode == 2 and "16-bit weights for 'nope'" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1

@@ -89,11 +89,11 @@ class DeployResult:
     @property
     def weights_line(self) -> str | None:
         """Where the INT8 program misses the target: its figures against those of its weights'
-        rounding alone (the TOP model with the weights lowered, run in float)."""
+        rounding alone (the TOP model with its INT8 ops' weights rounded to nearest, run in float)."""
         if self.weights_alone is None or self.judged is None:
             return None
         (wp, wt), (p, t) = self.weights_alone, self.judged
-        return (f"the weights' rounding alone (activations in float): worst part {wp:.1f} dB on the test input and "
+        return (f"the weights' rounding to nearest alone (activations in float): worst part {wp:.1f} dB on the test input and "
                 f"samples, {wt:.1f} dB on the test input, against {p:.1f} / {t:.1f} dB for the program"
                 + ("; the weights set the floor here (16-bit weights on the convs that weigh most lift it: "
                    "`tftpu.quant.links.WideWeights`, tftpu-deploy --wide_weights)" if min(wp, wt) < min(p, t) + 3.0 else ""))
@@ -643,12 +643,13 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     judged = (judge or the_judge())(tpu_model) if mode == "INT8" and table is not None and inputs is not None else None
     weights_alone = None
     if judged is not None and min(judged) < target:
-        # (what the weights' rounding alone costs, the activations in float: which side the noise is on)
+        # (what the weights' rounding alone costs, the activations in float: which side the noise is
+        # on; the model's own weights rounded to nearest, as a refit's are fitted to INT8 inputs)
         from tftpu.quant.bias_correction import lowered_weights
         from tftpu.transforms.lowering.lower import FOUR_PASSES, WIDE_WEIGHTS
         t1 = time.perf_counter()
         weights_alone = (judge or the_judge()).float_run(lowered_weights(
-            lowered, {d.name for d in lowering.decisions if d.mode == "INT8"},
+            top_model, {d.name for d in lowering.decisions if d.mode == "INT8"},
             {d.name for d in lowering.decisions if d.reason in (WIDE_WEIGHTS, FOUR_PASSES)}))
         seconds["weights alone"] = time.perf_counter() - t1
     t1 = time.perf_counter()
