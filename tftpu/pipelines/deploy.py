@@ -95,8 +95,7 @@ class DeployResult:
         (wp, wt), (p, t) = self.weights_alone, self.judged
         return (f"the weights' rounding to nearest alone (activations in float): worst part {wp:.1f} dB on the test input and "
                 f"samples, {wt:.1f} dB on the test input, against {p:.1f} / {t:.1f} dB for the program"
-                + ("; the weights set the floor here (16-bit weights on the convs that weigh most lift it: "
-                   "`tftpu.quant.links.WideWeights`, tftpu-deploy --wide_weights)" if min(wp, wt) < min(p, t) + 3.0 else ""))
+                + (" (with its corrections)" if self.bias_correction is not None and self.bias_correction.kept else ""))
 
     @property
     def checked(self) -> bool:
