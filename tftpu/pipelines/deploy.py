@@ -84,7 +84,13 @@ class DeployResult:
     reader_ranges: str | None = None            # ranges clipped to what their saturating readers tell apart
     equalized: bool = False                     # the depthwise inputs equalized (`equalize` kept)
     judged: tuple | None = None                 # (pooled, test input alone) worst SQNR as the judge saw the program
-    weights_alone: tuple | None = None          # where that misses the target: the same with only its weights rounded
+    weights_alone_of: object | None = None      # where that misses the target: () -> `weights_alone`
+
+    @functools.cached_property
+    def weights_alone(self) -> tuple | None:
+        """Where the INT8 program misses the target: (pooled, test input alone) worst SQNR of the
+        TOP model with only its INT8 ops' weights rounded to nearest, run in float; measured once."""
+        return None if self.weights_alone_of is None else self.weights_alone_of()
 
     @property
     def weights_line(self) -> str | None:
@@ -643,14 +649,14 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     weights_alone = None
     if judged is not None and min(judged) < target:
         # (what the weights' rounding alone costs, the activations in float: which side the noise is
-        # on; the model's own weights rounded to nearest, as a refit's are fitted to INT8 inputs)
-        from tftpu.quant.bias_correction import lowered_weights
-        from tftpu.transforms.lowering.lower import FOUR_PASSES, WIDE_WEIGHTS
-        t1 = time.perf_counter()
-        weights_alone = (judge or the_judge()).float_run(lowered_weights(
-            top_model, {d.name for d in lowering.decisions if d.mode == "INT8"},
-            {d.name for d in lowering.decisions if d.reason in (WIDE_WEIGHTS, FOUR_PASSES)}))
-        seconds["weights alone"] = time.perf_counter() - t1
+        # on; the model's own weights rounded to nearest, as a refit's are fitted to INT8 inputs;
+        # measured when asked, not for each table a calibration choice builds)
+        def weights_alone(judging=judge or the_judge(), decisions=tuple(lowering.decisions)):
+            from tftpu.quant.bias_correction import lowered_weights
+            from tftpu.transforms.lowering.lower import FOUR_PASSES, WIDE_WEIGHTS
+            return judging.float_run(lowered_weights(
+                top_model, {d.name for d in decisions if d.mode == "INT8"},
+                {d.name for d in decisions if d.reason in (WIDE_WEIGHTS, FOUR_PASSES)}))
     t1 = time.perf_counter()
     from tftpu.backend import s2d_stem
     from tftpu.backend.codegen import annotate, generate
@@ -694,7 +700,7 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
                           equalize=equalized.line if equalized is not None else None, input_grid=grid_line,
                           cross_layer=crossed.line if crossed is not None else None,
                           reader_ranges=clipped.line if clipped is not None else None, judged=judged,
-                          equalized=equalized_kept, weights_alone=weights_alone)
+                          equalized=equalized_kept, weights_alone_of=weights_alone)
     if inputs is not None:
         t1 = time.perf_counter()
         pool = [inputs] + [s for s in (samples or []) if s is not inputs]
