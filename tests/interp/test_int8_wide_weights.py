@@ -188,3 +188,20 @@ def test_deploy_with_wide_weights_refits_them_on_their_grid(tmp_path):
     aimed = _tool(*args[:-1], "--mixed_precision=0.99,90", "--mixed_precision_budget=0")
     assert aimed.returncode == 0 and "weights: the weights' rounding to nearest alone" in aimed.stdout
     assert bad.returncode == 2 and "16-bit weights for 'nope'" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_wide_weights_give_way_where_the_bias_would_saturate():
+    """A bias that int32 cannot hold at the 16-bit weights' finer scale keeps the conv's weights
+    on 8 bits (the decision says nothing of two passes)."""
+    rng = np.random.default_rng(2)
+
+    def body(b, xs):
+        return b.op("Conv", [xs[0], b.weight("w", W(rng, 4, 3, 1, 1) * 1e-3),
+                             b.weight("b", np.full(4, 1e4, np.float32))], {"kernel_shape": [1, 1]}, "y")
+
+    model = make_model({"x": (1, 3, 4, 4)}, body)
+    inputs = feeds({"x": (1, 3, 4, 4)}, 2)
+    tm, report = lower(model, "npu1", "INT8", table_for(model, inputs, 2), wide_links=frozenset({WideWeights("y")}))
+    assert not any(v.dtype == np.int16 for v in tm.weights.values())
+    assert [x.reason for x in report.decisions if x.name == "y"] == [""]
+    assert R.check_model(tm, TpuInterpreter(tm).run(inputs, dump_all=True)).get("tpu.Conv") == 1

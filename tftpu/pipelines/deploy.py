@@ -99,8 +99,8 @@ class DeployResult:
         if self.weights_alone is None or self.judged is None:
             return None
         (wp, wt), (p, t) = self.weights_alone, self.judged
-        return (f"the weights' rounding to nearest alone (activations in float): worst part {wp:.1f} dB on the test input and "
-                f"samples, {wt:.1f} dB on the test input, against {p:.1f} / {t:.1f} dB for the program"
+        return (f"the weights' rounding to nearest alone (activations in float): worst part {wp:.1f} dB on the "
+                f"test input and samples, {wt:.1f} dB on the test input, against {p:.1f} / {t:.1f} dB for the program"
                 + (" (with its corrections)" if self.bias_correction is not None and self.bias_correction.kept else ""))
 
     @property
@@ -722,7 +722,8 @@ def _check_wide_weights(top_model, links) -> None:
     """A UsageError where `links` gives 16-bit weights (`WideWeights`) to an op that is not a
     conv with constant weights in `top_model`."""
     from tftpu.quant.links import wide_weights
-    convs = {op.loc for op in top_model.ops if isinstance(op, top.Conv) and isinstance(op.operands[1].owner, top.Weight)}
+    convs = {op.loc for op in top_model.ops
+             if isinstance(op, top.Conv) and isinstance(op.operands[1].owner, top.Weight)}
     unknown = sorted(wide_weights(links) - convs)
     if unknown:
         shown = ", ".join(sorted(convs)[:5]) + (" ..." if len(convs) > 5 else "")

@@ -100,7 +100,7 @@ def input_convs(model) -> frozenset:
 
 class WideWeights(NamedTuple):
     """An item of a `wide_links` set: the conv `name` multiplies 16-bit weights, in two INT8
-    passes over their byte planes (`tftpu.quant.params.weight_planes`), its data as it is."""
+    passes over their byte planes (`tftpu.interp.tpu.int8_kernels.weight_planes`), its data as it is."""
 
     name: str
 
@@ -335,4 +335,3 @@ def input_rounding_noise(model, table, asymmetric: bool | str, sample: dict, nam
         power = float(np.mean(np.square(np.asarray(y, np.float64))))
         noise[op.loc] = step ** 2 / 12 * float(np.mean(np.sum(per_channel ** 2, axis=1))) / max(power, 1e-30)
     return noise
-

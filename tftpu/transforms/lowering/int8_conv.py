@@ -30,11 +30,12 @@ def _weighted(ctx, op, data, w, b, axis: int, tpu_name: str, wide: bool = False)
     wq, ws = P.weights_per_channel(ctx.weight_array(w), axis, wide)
     if wide and ctx.is_weight(b) and np.any(np.abs(np.asarray(ctx.weight_array(b), np.float64).ravel()
                                                    / (xq.scale * ws)) >= 2.0 ** 31):
+        wide = False                            # (the bias would saturate int32 at the finer scale)
         wq, ws = P.weights_per_channel(ctx.weight_array(w), axis)
     acc_scales = xq.scale * ws
     ms, rs = P.requant(acc_scales / oq.scale)
     operands = [ctx.quantized(data, xq),
-                ctx.weight(w.owner.key, wq, quant.per_axis("i16" if wq.dtype == np.int16 else "i8", axis % wq.ndim, ws))]
+                ctx.weight(w.owner.key, wq, quant.per_axis("i16" if wide else "i8", axis % wq.ndim, ws))]
     if ctx.is_weight(b):
         bq = P.bias(ctx.weight_array(b), acc_scales)
         operands.append(ctx.weight(b.owner.key, bq, quant.per_axis("i32", 0, acc_scales)))
