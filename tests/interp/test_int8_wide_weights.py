@@ -8,7 +8,7 @@ import numpy as np
 from hypothesis import assume, given, settings, strategies as st
 
 from tests.interp import int8_reference as R
-from tests.interp.test_tpu_int8_exact import SWEEP, W, feeds, make_model, table_for
+from tests.interp.test_tpu_int8_exact import SWEEP, W, conv_model, feeds, make_model, table_for
 from tftpu.interp.tpu import TpuInterpreter
 from tftpu.interp.tpu import int8_kernels as K
 from tftpu.quant import params as P
@@ -80,21 +80,12 @@ def test_conv_with_wide_weights_is_exact(data):
     assume(size + 2 * pad >= dil * (k - 1) + 1)
     nhwc, hwio, has_bias, relu, asym, wide_in = (d(st.booleans()) for _ in range(6))
     seed = d(st.integers(0, 2 ** 16))
-    rng = np.random.default_rng(seed)
     c = g * cg
-    w = W(rng, o, cg, k, k) * rng.uniform(0.2, 3, (o, 1, 1, 1)).astype(np.float32)
-    if hwio:
-        w = np.moveaxis(np.moveaxis(w, 0, -1), 0, -2).copy()
     xshape = (1, size, size, c) if nhwc else (1, c, size, size)
     attrs = {"kernel_shape": [k, k], "strides": [s, s], "dilations": [dil, dil], "pads": [pad] * 4, "group": g,
              "do_relu": relu, "relu_limit": -1.0, "layout": "NHWC" if nhwc else "NCHW",
              "kernel_layout": "HWIO" if hwio else "OIHW"}
-
-    def body(b, xs):
-        bias = b.weight("b", W(rng, o)) if has_bias else b.none()
-        return b.op("Conv", [xs[0], b.weight("w", w), bias], attrs, "y")
-
-    model = make_model({"x": xshape}, body)
+    model = conv_model(np.random.default_rng(seed), xshape, o, cg, attrs, has_bias)
     inputs = feeds({"x": xshape}, seed)
     links = frozenset({WideWeights("y")} | ({"y"} if wide_in else set()))
     tm, report = lower(model, "npu1", "INT8", table_for(model, inputs, seed), asymmetric=asym, wide_links=links)

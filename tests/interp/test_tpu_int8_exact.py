@@ -133,23 +133,29 @@ def test_conv_exact(data):
     asym = d(st.booleans(), "asymmetric")
     n = d(st.integers(1, 2))
     seed = d(st.integers(0, 2 ** 16))
-    rng = np.random.default_rng(seed)
-    w = W(rng, o, cg, *k) * rng.uniform(0.2, 3, (o,) + (1,) * (nsp + 1)).astype(np.float32)
-    if hwio:
-        w = np.moveaxis(np.moveaxis(w, 0, -1), 0, -2).copy()       # [O, I, *k] -> [*k, I, O]
     xshape = (n, *size, c) if nhwc else (n, c, *size)
     attrs = {"kernel_shape": k, "strides": s, "dilations": dil, "pads": pads, "group": g,
              "do_relu": relu, "relu_limit": limit, "layout": "NHWC" if nhwc else "NCHW",
              "kernel_layout": "HWIO" if hwio else "OIHW"}
+    model = conv_model(np.random.default_rng(seed), xshape, o, cg, attrs, has_bias)
+    inputs = feeds({"x": xshape}, seed)
+    *_, seen = run_exact(model, inputs, table_for(model, inputs, seed), asymmetric=asym)
+    assert seen.get("tpu.Conv") == 1
+
+
+def conv_model(rng, xshape, o: int, cg: int, attrs: dict, has_bias: bool):
+    """One conv "y" over input "x" (`xshape`): `o` output channels of `cg` input channels each,
+    random weights scaled per channel (in `attrs`' kernel layout), a bias where `has_bias`."""
+    k = list(attrs["kernel_shape"])
+    w = W(rng, o, cg, *k) * rng.uniform(0.2, 3, (o,) + (1,) * (len(k) + 1)).astype(np.float32)
+    if attrs["kernel_layout"] == "HWIO":
+        w = np.moveaxis(np.moveaxis(w, 0, -1), 0, -2).copy()       # [O, I, *k] -> [*k, I, O]
 
     def body(b, xs):
         bias = b.weight("b", W(rng, o)) if has_bias else b.none()
         return b.op("Conv", [xs[0], b.weight("w", w), bias], attrs, "y")
 
-    model = make_model({"x": xshape}, body)
-    inputs = feeds({"x": xshape}, seed)
-    *_, seen = run_exact(model, inputs, table_for(model, inputs, seed), asymmetric=asym)
-    assert seen.get("tpu.Conv") == 1
+    return make_model({"x": xshape}, body)
 
 
 def test_conv_large_reduction_saturates_like_int32():
