@@ -265,7 +265,9 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None,
     the FLOPs staying INT8 (`tftpu.quant.links`); False keeps every
     activation on 8 bits; "tables": a conv that only smooth activation tables read (SiLU,
     HardSwish, GELU, ...) as well, each table interpolating 513 knots from 16 bits; "convs": with
-    the tables, every conv reads 16 bits (W8A16, two INT8 passes); "auto" (the default): where
+    the tables, every conv reads 16 bits (W8A16, two INT8 passes); a set: the tables, the convs
+    it names reading 16 bits and those named by `tftpu.quant.links.WideWeights(name)` multiplying
+    16-bit weights (W16A8, two INT8 passes; `deploy`); "auto" (the default): where
     all INT8 misses the target, the dense convs whose 8-bit input adds the most noise per extra
     cycle read 16 bits too, as many as keep the estimated latency within 1.10x of the program
     with 8-bit conv inputs (the float ops' latency budget counts from that program); else links,
