@@ -99,8 +99,7 @@ def _dtype(op) -> str:
     if op.name in _MATRIX and tpu.is_quantized(op.operands[0]):
         data = A.dtype_name(op.operands[0].type.element_type)
         data = _INTEGER.get(data, data)
-        if len(op.operands) > 1 and isinstance(op.operands[1].type, TensorType) \
-                and A.dtype_name(op.operands[1].type.element_type) == "i16":
+        if tpu.has_wide_weights(op):
             return {"i8": "i16", "i16": "i32"}.get(data, data)      # 16-bit weights: twice the passes
         return data
     widths = [A.dtype_name(v.type.element_type) for v in (*op.operands, *op.results)

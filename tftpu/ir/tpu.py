@@ -31,7 +31,8 @@ from tftpu.ir import attrs as A
 from tftpu.ir import quant, top
 from tftpu.ir.base import Elementwise, Ints, Pure, Str, TensorOp, define_op, numel
 
-__all__ = ["TpuOp", "Cast", "Lut", "TPU_OPS", "OPS_BY_NAME", "FROM_TOP", "Tpu", "MODES", "is_quantized"]
+__all__ = ["TpuOp", "Cast", "Lut", "TPU_OPS", "OPS_BY_NAME", "FROM_TOP", "Tpu", "MODES", "is_quantized",
+           "has_wide_weights"]
 
 MODES = ("F32", "BF16", "F16", "INT8")
 FLOAT_DTYPES = ("f32", "bf16", "f16")
@@ -41,6 +42,13 @@ _REQUANT = {"multiplier": Ints(()), "rshift": Ints(())}
 def is_quantized(value) -> bool:
     """Whether an SSA value holds quantized (integer-stored) data."""
     return isinstance(value.type, TensorType) and quant.is_quant(value.type.element_type)
+
+
+def has_wide_weights(op) -> bool:
+    """Whether `op` is a `tpu.Conv` multiplying 16-bit weights (two INT8 passes over their byte
+    planes: `tftpu.quant.links.WideWeights`)."""
+    return op.name == "tpu.Conv" and len(op.operands) > 1 and is_quantized(op.operands[1]) \
+        and op.operands[1].type.element_type.storage == "i16"
 
 
 _PROBES: dict = {}

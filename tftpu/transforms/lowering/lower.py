@@ -201,8 +201,7 @@ def _passes(ctx, op) -> str:
     16-bit link (`TWO_PASSES`), multiplying 16-bit weights (`WIDE_WEIGHTS`), or both."""
     link = _reads_link_in_two_passes(ctx, op)
     lowered = ctx.values.get(op.results[0]) if op.results else None
-    weights = lowered is not None and op.name == "top.Conv" and len(lowered.owner.operands) > 1 \
-        and "i16" in str(lowered.owner.operands[1].type)
+    weights = lowered is not None and tpu.has_wide_weights(lowered.owner)
     if link and weights:
         return FOUR_PASSES
     return TWO_PASSES if link else WIDE_WEIGHTS if weights else ""

@@ -404,7 +404,7 @@ def removal_gains(top_model, tpu_model, samples: list[dict], names: set, floor: 
             continue
         top_name = _top_name(op, names)
         if top_name in names:
-            if op.name == "tpu.Conv" and "i16" in str(op.operands[1].type):
+            if tpu.has_wide_weights(op):
                 weights16.add(top_name)
             reads = grids.setdefault(top_name, {})
             for v in op.operands:
