@@ -196,3 +196,33 @@ def test_wide_weights_give_way_where_the_bias_would_saturate():
     assert not any(v.dtype == np.int16 for v in tm.weights.values())
     assert [x.reason for x in report.decisions if x.name == "y"] == [""]
     assert R.check_model(tm, TpuInterpreter(tm).run(inputs, dump_all=True)).get("tpu.Conv") == 1
+
+
+def test_refit_rounds_on_the_grid_the_lowering_keeps():
+    """The refit simulates the weights the lowering gives: a conv whose bias int32 cannot hold at
+    the 16-bit scale keeps 8 bits there, so its refit weights are GPTQ-rounded onto the 8-bit grid;
+    with a bias that fits they stay on the 16-bit grid (no INT8 rounding of theirs)."""
+    from tftpu.ir import top
+    from tftpu.quant.bias_correction import correct_biases
+
+    rng = np.random.default_rng(3)
+    weights = W(rng, 4, 3, 3, 3) * 1e-3
+
+    def fitted(bias: float) -> np.ndarray:
+        def body(b, xs):
+            return b.op("Conv", [xs[0], b.weight("w", weights), b.weight("b", np.full(4, bias, np.float32))],
+                        {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}, "y")
+
+        model = make_model({"x": (1, 3, 8, 8)}, body)
+        inputs = [feeds({"x": (1, 3, 8, 8)}, seed) for seed in range(3)]
+        links = frozenset({WideWeights("y")})
+        refit, report = correct_biases(model, table_for(model, inputs[0], 3, (1.0, 1.0)), inputs, wide_links=links,
+                                       refit=True, rounding="gptq")
+        assert report.refit == 1
+        conv = next(op for op in refit.ops if isinstance(op, top.Conv))
+        w = np.asarray(refit.weights[conv.operands[1].owner.key], np.float64)
+        levels = w / (np.abs(w).reshape(4, -1).max(1) / P.QMAX).reshape(4, 1, 1, 1)
+        return np.abs(levels - np.round(levels)).max()
+
+    assert fitted(1e4) < 1e-3                 # 8-bit weights lowered: GPTQ put them on their grid
+    assert fitted(1e-2) > 1e-2                # 16-bit weights: refit, not rounded to 8 bits

@@ -242,12 +242,30 @@ def correct_biases(model: TopModel, table, samples: list[dict], asymmetric: bool
             weighted = isinstance(op, (top.Conv, top.Deconv, top.MatMul))
             why = None
             in_float = op.loc in float_ops
+            # operands this INT8 op reads through a link's cast to 8 bits
+            narrowed = [] if op.loc in float_ops else \
+                [(i, narrow[interp.names[s]]) for i, (s, v) in enumerate(zip(ins, op.operands))
+                 if s is not None and interp.names.get(s) in narrow
+                 and not reads_link(op, v, narrow, tables, convs)]
+
+            def wide(w, b) -> bool:
+                """Whether the lowering gives this conv 16-bit weights `w` (asked for, and its
+                bias `b` fits int32 at their scale on the grid its input is read on)."""
+                if op.loc not in weights16 or not isinstance(op, top.Conv):
+                    return False
+                grid = dict(narrowed).get(0) or grids.get(interp.names.get(ins[0]))
+                if b is None or grid is None:
+                    return True
+                axis = 0 if op.attrs()["kernel_layout"] == "OIHW" else -1
+                return P.wide_bias_fits(b, grid.scale, P.weights_per_channel(w, axis, True)[1])
+
             if weighted:
                 why = "left as given" if op.loc in fixed else _why_not(op, model, table)
                 if why is None and not in_float:
                     wq = qweights.get(ins[1])
                     if wq is None:
-                        wq = _quantized_weight(op, consts[ins[1]], op.loc in weights16)
+                        wq = _quantized_weight(op, consts[ins[1]], wide(
+                            consts[ins[1]], consts[ins[2]] if len(ins) > 2 and ins[2] is not None else None))
                         if wq is None:
                             why = "its weights are not float"
                         else:
@@ -256,11 +274,6 @@ def correct_biases(model: TopModel, table, samples: list[dict], asymmetric: bool
                     skipped[op.loc] = why
             correct = weighted and why is None
             run_attrs = dict(attrs, do_relu=False) if correct else attrs
-            # operands this INT8 op reads through a link's cast to 8 bits
-            narrowed = [] if op.loc in float_ops else \
-                [(i, narrow[interp.names[s]]) for i, (s, v) in enumerate(zip(ins, op.operands))
-                 if s is not None and interp.names.get(s) in narrow
-                 and not reads_link(op, v, narrow, tables, convs)]
             bias_q = None
             w_used = qweights.get(ins[1]) if correct and not in_float else None   # the weights it computes with
             if correct and refit and _refittable(op, model):
@@ -279,9 +292,10 @@ def correct_biases(model: TopModel, table, samples: list[dict], asymmetric: bool
                     fit.add(products)
                 w_fit, b_fit = fit.solve()
                 w_fit = w_fit.astype(w.dtype)
-                if rounding == "gptq" and not in_float and op.loc not in weights16:
+                sixteen = wide(w_fit, b_fit)
+                if rounding == "gptq" and not in_float and not sixteen:
                     w_fit, b_fit = fit.rounded(w_fit, b_fit)
-                w_used = w_fit if in_float else _quantized_weight(op, w_fit, op.loc in weights16)
+                w_used = w_fit if in_float else _quantized_weight(op, w_fit, sixteen)
                 bias_q = b_fit.astype(np.float32)
                 refits[op.loc] = (w_fit, b_fit)
             def run(ef, eq):

@@ -24,7 +24,7 @@ from tftpu.ir.quant import STORAGE
 from tftpu.errors import UsageError
 
 __all__ = ["QParams", "activation", "weights_per_channel", "deconv_weights", "weights_per_tensor", "bias", "requant",
-           "add_multipliers", "ADD_MULTIPLIER_BITS", "QMAX16"]
+           "add_multipliers", "ADD_MULTIPLIER_BITS", "QMAX16", "wide_bias_fits"]
 
 QMAX = 127
 # 16-bit weights' largest level: 127 * 256 + 127, so both byte planes of every level are signed
@@ -76,6 +76,13 @@ def activation(threshold: float, lo: float, hi: float, asymmetric: bool | str = 
     scale = _positive((hi - lo) / 255.0, 1.0 / 255.0)
     zp = int(np.clip(rounding.round_half_away_scalar(-128.0 - lo / scale), -128, 127))
     return QParams(scale, zp)
+
+
+def wide_bias_fits(bias, in_scale, scales) -> bool:
+    """Whether int32 holds `bias` at the accumulator scale of 16-bit weights (the input's scale
+    times their per-channel `scales`): where it does not, the conv keeps 8-bit weights."""
+    acc = np.asarray(in_scale, np.float64) * np.asarray(scales, np.float64)
+    return not np.any(np.abs(np.asarray(bias, np.float64).ravel()) / acc >= 2.0 ** 31)
 
 
 def weights_per_channel(w: np.ndarray, axis: int, wide: bool = False) -> tuple[np.ndarray, np.ndarray]:

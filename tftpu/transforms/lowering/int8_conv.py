@@ -28,9 +28,8 @@ def _weighted(ctx, op, data, w, b, axis: int, tpu_name: str, wide: bool = False)
         return why
     xq, oq = grids
     wq, ws = P.weights_per_channel(ctx.weight_array(w), axis, wide)
-    if wide and ctx.is_weight(b) and np.any(np.abs(np.asarray(ctx.weight_array(b), np.float64).ravel()
-                                                   / (xq.scale * ws)) >= 2.0 ** 31):
-        wide = False                            # (the bias would saturate int32 at the finer scale)
+    if wide and ctx.is_weight(b) and not P.wide_bias_fits(ctx.weight_array(b), xq.scale, ws):
+        wide = False
         wq, ws = P.weights_per_channel(ctx.weight_array(w), axis)
     acc_scales = xq.scale * ws
     ms, rs = P.requant(acc_scales / oq.scale)
