@@ -114,13 +114,18 @@ def _channel_axis(op, ndim: int) -> int:
     return 1 if op.attrs()["layout"] == "NCHW" else ndim - 1
 
 
+def _conv_axis(op) -> int:
+    """The output-channel axis of a conv's filter, which its weights are quantized along."""
+    return 0 if op.attrs()["kernel_layout"] == "OIHW" else -1
+
+
 def _quantized_weight(op, w: np.ndarray, wide: bool = False) -> np.ndarray | None:
     """The INT8 weights an INT8 lowering gives `op`, as floats (None where it would not quantize
     them); `wide`: a conv's 16-bit weights (`tftpu.quant.links.WideWeights`)."""
     if w.dtype.kind != "f" or w.ndim < 2:
         return None
     if isinstance(op, top.Conv):
-        axis = 0 if op.attrs()["kernel_layout"] == "OIHW" else -1
+        axis = _conv_axis(op)
         q, s = P.weights_per_channel(w, axis, wide)
     elif isinstance(op, top.MatMul):
         axis = -2 if op.attrs()["right_transpose"] else -1
@@ -256,8 +261,7 @@ def correct_biases(model: TopModel, table, samples: list[dict], asymmetric: bool
                 grid = dict(narrowed).get(0) or grids.get(interp.names.get(ins[0]))
                 if b is None or grid is None:
                     return True
-                axis = 0 if op.attrs()["kernel_layout"] == "OIHW" else -1
-                return P.wide_bias_fits(b, grid.scale, P.weights_per_channel(w, axis, True)[1])
+                return P.wide_bias_fits(b, grid.scale, P.weights_per_channel(w, _conv_axis(op), True)[1])
 
             if weighted:
                 why = "left as given" if op.loc in fixed else _why_not(op, model, table)
