@@ -111,6 +111,7 @@ setup(
         "PyYAML==6.0.3",
         "ai-edge-litert==2.3.0",   # LiteRT runs .tflite files (tftpu.lite.runtime); installs with the stack above
         "matplotlib==3.11.2",      # the plots of tftpu-deploy's HTML report
+        "scipy==1.17.1",           # LAPACK's Cholesky routines for the refit's SPD systems (tftpu.utils.spd)
         "threadpoolctl==3.6.0",    # numpy's BLAS held to one thread where its small products would spin
     ],
     extras_require={

@@ -297,7 +297,7 @@ def correct_biases(model: TopModel, table, samples: list[dict], asymmetric: bool
                 w_fit, b_fit = fit.solve()
                 w_fit = w_fit.astype(w.dtype)
                 sixteen = wide(w_fit, b_fit)
-                if rounding == "gptq" and not in_float and not sixteen:
+                if rounding == "gptq" and not in_float and not sixteen and fit.determined:
                     w_fit, b_fit = fit.rounded(w_fit, b_fit)
                 w_used = w_fit if in_float else _quantized_weight(op, w_fit, sixteen)
                 bias_q = b_fit.astype(np.float32)

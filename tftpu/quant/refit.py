@@ -20,6 +20,7 @@ import numpy as np
 
 from tftpu.quant import params as P
 from tftpu.quant.weight_rounding import conv_patches, gptq, keep_scale
+from tftpu.utils import spd
 
 __all__ = ["Fit", "RIDGE", "MAX_ROWS", "INPUT_BUDGET", "MAX_SAMPLES", "ROUNDINGS"]
 
@@ -86,10 +87,18 @@ class Fit:
         ridge = RIDGE if ridge is None else ridge
         d1 = self.qq.shape[1]
         power = np.diagonal(self.qq, axis1=1, axis2=2)[:, :-1].mean(axis=1)
-        lam = ridge * np.maximum(power, 1e-30)[:, None, None] * np.eye(d1)
-        sol = np.linalg.solve(self.qq + lam, self.qf @ self.wb + lam @ self.wb)    # [g, d + 1, O/g]
+        lam = ridge * np.maximum(power, 1e-30)[:, None, None]
+        sol = spd.solve(self.qq + lam * np.eye(d1), self.qf @ self.wb + lam * self.wb)    # [g, d + 1, O/g]
         sol = np.swapaxes(sol, 1, 2)
         return sol[:, :, :-1].reshape(self.shape), sol[:, :, -1].reshape(-1)
+
+    @property
+    def determined(self) -> bool:
+        """Whether the samples gave at least as many input rows as a channel has weights (its
+        bias included): fewer, and the inputs' covariance is singular, so GPTQ's error feedback
+        would run on its damping alone (a squeeze-excitation conv reads one pooled row an image;
+        a deep 3x3 conv a few)."""
+        return self.rows >= self.qq.shape[1]
 
     def rounded(self, w: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(weights on the lowering's per-channel INT8 grid, bias) for the fit `w`, `b`: each

@@ -33,6 +33,7 @@ from tftpu.ir import top
 from tftpu.ir.base import value_name
 from tftpu.ir.module import TopModel
 from tftpu.quant import params as P
+from tftpu.utils import spd
 from tftpu.utils.threads import one_blas_thread
 
 __all__ = ["reconstruct_rounding", "restore_weights", "WeightRounding", "gptq", "keep_scale", "conv_patches", "MAX_SAMPLES"]
@@ -79,13 +80,6 @@ class WeightRounding:
 
 # ---------------------------------------------------------------------------- the rounding
 
-def _inverse_cholesky_upper(h: np.ndarray) -> np.ndarray:
-    """U (upper triangular, per batch) with U^T U = H^-1."""
-    hinv = np.linalg.inv(h)
-    hinv = (hinv + np.swapaxes(hinv, -1, -2)) / 2
-    return np.swapaxes(np.linalg.cholesky(hinv), -1, -2)
-
-
 def gptq(w: np.ndarray, h: np.ndarray, scales: np.ndarray) -> np.ndarray:
     """Integer levels of `w` [B, O, d] (B independent blocks: groups or depthwise channels) on
     the grid `scales` [B, O], each row rounded column by column with the error fed back through
@@ -103,7 +97,7 @@ def gptq(w: np.ndarray, h: np.ndarray, scales: np.ndarray) -> np.ndarray:
         h[bi, ci, ci] = 1.0
         diag = np.diagonal(h, axis1=1, axis2=2).copy()
     h[:, np.arange(d), np.arange(d)] += DAMP * diag.mean(axis=1, keepdims=True)
-    u = _inverse_cholesky_upper(h)
+    u = spd.inverse_cholesky_upper(h)
     s = scales[:, :, None]
     q = np.zeros((b, o, d), np.float64)
     for i1 in range(0, d, BLOCK):
