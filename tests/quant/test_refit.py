@@ -108,6 +108,27 @@ def test_gptq_rounded_refit_stays_on_the_lowering_grid_and_fits_closer_than_near
     assert error(w_g, b_g) < error(nearest, b_fit)
 
 
+def test_gptq_rounds_only_convs_whose_samples_determine_their_inputs_covariance(case, monkeypatch):
+    """`Fit.determined`: at least as many input rows as a channel has weights (bias included).
+    With fewer, GPTQ's feedback would run on its damping alone, so the GPTQ build rounds that
+    conv to nearest: its weights then equal the nearest build's, the others' do not."""
+    import tftpu.quant.refit as refit
+
+    fit = Fit(np.ones((2, 3, 3, 3), np.float32), np.zeros(2, np.float32), {"kernel_shape": [3, 3]})
+    fit.observe(np.ones((1, 3, 5, 7), np.float32), np.ones((1, 3, 5, 7), np.float32))    # 3 x 5 = 15 rows
+    assert fit.rows == 15 and not fit.determined                                        # 28 weights a channel
+    fit.observe(np.ones((1, 3, 5, 7), np.float32), np.ones((1, 3, 5, 7), np.float32))
+    assert fit.rows == 30 and fit.determined
+    model, table, samples = case
+    nearest, _ = correct_biases(model, table, samples, refit=True, rounding="nearest")
+    gptq, _ = correct_biases(model, table, samples, refit=True, rounding="gptq")
+    assert not np.array_equal(gptq.weights["wp1"], nearest.weights["wp1"])
+    monkeypatch.setattr(refit.Fit, "determined", property(lambda self: self.rows >= 10 ** 9))
+    undetermined, _ = correct_biases(model, table, samples, refit=True, rounding="gptq")
+    for key in ("wp1", "wd1", "wp2"):
+        assert undetermined.weights[key].tobytes() == nearest.weights[key].tobytes(), key
+
+
 def chain():
     """Depthwise high-pass convs between pointwise ones, on smooth images: INT8 activation noise
     the refit can lower."""
