@@ -203,7 +203,9 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     (`result.conv_links` says); where all INT8 is kept in the end (`mixed_precision="none"`, or
     the search's float ops undone) and misses the target, it is built once more with the convs
     priced at the whole `mixed_precision_latency`, with the correction it took, the better kept
-    (`result.conv_links` ends with both figures and the choice); where none fits,
+    (`result.conv_links` ends with both figures and the choice); where float ops are kept and
+    miss the target, that all-INT8 program is weighed against them as the float check weighs all
+    INT8 (taken, the float ops undone, where it does better); where none fits,
     links (True) for the search and its builds, then, given a test input, the program
     chosen is built once more with the tables and the better kept, judged as the search judges
     (`result.tables` says; measured: the tables lift pure INT8, but the search's float ops, chosen
