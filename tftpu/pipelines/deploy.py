@@ -588,7 +588,7 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
             rounding = pure_rounding
             if dropped is not None:
                 links, trying_tables = dropped, False
-            search = dataclasses.replace(search, qtable=dict(given_qtable or {}), kept=[], undone=undone)
+            search = _undone(search, given_qtable, undone)
             qtable = search.qtable
         pure = pure[:2]
         seconds["float check"] = time.perf_counter() - t1
@@ -611,7 +611,7 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
             if undone is not None:
                 tpu_model, lowering, lowered, corrected = other
                 rounding, links, trying_tables, pure = other_rounding, wider[0], False, other[:2]
-                search = dataclasses.replace(search, qtable=dict(given_qtable or {}), kept=[], undone=undone)
+                search = _undone(search, given_qtable, undone)
                 qtable = search.qtable
         elif not floats and wider[0] != links and wider[0] is not base_links:
             other, other_rounding = trial(qtable, wider[0], given=_given(corrected) or (False, False, ""))
@@ -653,7 +653,7 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
             if undone is not None:
                 tpu_model, lowering, lowered, corrected = other
                 rounding, links, pure = other_rounding, with_tables, other[:2]
-                search = dataclasses.replace(search, qtable=dict(given_qtable or {}), kept=[], undone=undone)
+                search = _undone(search, given_qtable, undone)
                 qtable = search.qtable
                 tables += f"; all INT8 with them: {min(judge(tpu_model)):.2f} dB, taken"
         seconds["tables check"] = time.perf_counter() - t1
@@ -859,6 +859,12 @@ def carried(result: DeployResult, first: DeployResult, method: str) -> DeployRes
             rival=f"the float ops, links and correction of the program built with the {method} table, "
                   "taken as they are")
     return result
+
+
+def _undone(search, given_qtable, undone: tuple):
+    """`search` with its float ops undone (all INT8 judged better: `undone`'s figures), the quantize
+    table given back."""
+    return dataclasses.replace(search, qtable=dict(given_qtable or {}), kept=[], undone=undone)
 
 
 def _float_ops_fail(mixed: tuple, pure: tuple, target: float) -> tuple | None:
