@@ -521,6 +521,29 @@ def test_a_table_with_alternates_builds_each_until_one_meets_the_target(cnn_case
     assert "minmax" in line and line.endswith(" kept")
 
 
+def test_checks_left_for_later_are_the_same_checks(cnn_case, monkeypatch):
+    """deploy(..., checks=False) builds the same program and leaves verify and the simulator to
+    `run_checks`, which gives what deploy's own checks give, once; a calibration choice checks
+    only the program it keeps."""
+    import tftpu.pipelines.deploy as D
+
+    model, table, samples = cnn_case
+    fixed = dict(quantize="INT8", chip="npu1", calibration_table=table, test_input=samples[0], samples=samples[1:])
+    now = deploy(model, **fixed)
+    later = deploy(model, checks=False, **fixed)
+    assert later.outputs == [] and later.simulator is None and not later.passed
+    assert later.model.text() == now.model.text()
+    assert later.run_checks() is later and later.outputs == now.outputs and later.parts == now.parts
+    assert later.simulator["passed"] and later.passed and "verify" in later.seconds
+    assert later.pending_checks is None
+    calls = []
+    real = D.verify
+    monkeypatch.setattr(D, "verify", lambda *a, **k: calls.append(1) or real(*a, **k))
+    both = quant.calibrate(model, samples, "mse,minmax", asymmetric=True)
+    chose = deploy(model, **{**fixed, "calibration_table": both}, mixed_precision="0.99,99", wide_links=False)
+    assert len(chose.calibration.figures) == 2 and calls == [1] and chose.outputs
+
+
 def test_the_tool_fits_the_weights_on_samples(cnn_case, tmp_path):
     """tftpu-deploy --samples refits the weights on them by default (as tftpu.compile does on its
     calibration data); without it nothing is fitted to the test input it is judged on."""

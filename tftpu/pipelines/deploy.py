@@ -85,6 +85,15 @@ class DeployResult:
     equalized: bool = False                     # the depthwise inputs equalized (`equalize` kept)
     judged: tuple | None = None                 # (pooled, test input alone) worst SQNR as the judge saw the program
     weights_alone_of: object | None = None      # where that misses the target: () -> `weights_alone`
+    pending_checks: object | None = None        # deploy(..., checks=False): (result) -> None, run by `run_checks`
+
+    def run_checks(self) -> "DeployResult":
+        """The test input's checks (verify, the simulator) that `deploy(..., checks=False)` left
+        for later, run once; this result."""
+        pending, self.pending_checks = self.pending_checks, None
+        if pending is not None:
+            pending(self)
+        return self
 
     @functools.cached_property
     def weights_alone(self) -> tuple | None:
@@ -142,7 +151,7 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
            wide_links: bool | str = "auto", float_tail: bool = True, weight_refit: bool = False,
            refit_rounding: str = "auto", conv_links: bool = True,
            equalize: bool | str = False, input_grid: bool = False, cross_layer: bool = False,
-           reader_ranges: bool = True) -> DeployResult:
+           reader_ranges: bool = True, checks: bool = True) -> DeployResult:
     """Lower the TOP model `mlir` (a path or TopModel) for `chip` in `quantize` mode.
 
     `asymmetric` (INT8): True gives every activation a zero point, False none, "auto" those whose
@@ -240,7 +249,10 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     model lowered and checked is the rewritten one, the same in float; `result.input_grid` says
     what was done or why not). `reader_ranges` (INT8, on by default): each tensor that only
     saturating functions read has its range clipped to where they still change
-    (`tftpu.quant.saturation.clip_to_readers`; `result.reader_ranges` says which). A calibration table with alternates (`calibrate(..., method="mse,tail_mse")`, tftpu-calibrate's
+    (`tftpu.quant.saturation.clip_to_readers`; `result.reader_ranges` says which). `checks=False`
+    (nothing to write) leaves the test input's checks (verify, the simulator) to
+    `result.run_checks()`: a program built to be weighed, not kept, skips them (a calibration
+    choice builds several and checks the one it keeps). A calibration table with alternates (`calibrate(..., method="mse,tail_mse")`, tftpu-calibrate's
     default) and a test input: the program is built with the first table and, where it misses the
     target (`mixed_precision`'s, else 0.99 / 20 dB) on the test input and samples, with the next
     and the first's choices (`choices_of`), searched again only near the best
@@ -717,16 +729,21 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
                           cross_layer=crossed.line if crossed is not None else None,
                           reader_ranges=clipped.line if clipped is not None else None, judged=judged,
                           equalized=equalized_kept, weights_alone_of=weights_alone)
-    if inputs is not None:
-        t1 = time.perf_counter()
-        pool = [inputs] + [s for s in (samples or []) if s is not inputs]
-        result.tensors, result.outputs, result.parts = verify(top_model, tpu_model, pool, tol, reference)
-        result.reference = "--test_reference" if reference is not None else "TOP"
-        seconds["verify"] = time.perf_counter() - t1
-        t1 = time.perf_counter()
-        result.simulator = check_simulator(program, tpu_model, inputs)
-        seconds["simulate"] = time.perf_counter() - t1
     result.seconds = seconds
+    if inputs is not None:
+        def run_checks(result: DeployResult) -> None:
+            t1 = time.perf_counter()
+            pool = [inputs] + [s for s in (samples or []) if s is not inputs]
+            result.tensors, result.outputs, result.parts = verify(top_model, tpu_model, pool, tol, reference)
+            result.reference = "--test_reference" if reference is not None else "TOP"
+            result.seconds["verify"] = time.perf_counter() - t1
+            t1 = time.perf_counter()
+            result.simulator = check_simulator(program, tpu_model, inputs)
+            result.seconds["simulate"] = time.perf_counter() - t1
+
+        result.pending_checks = run_checks
+        if checks or outputs:
+            result.run_checks()
     _write(result, tpu_mlir=tpu_mlir, model=model, trace=trace, report=report)
     return result
 
@@ -778,12 +795,12 @@ def _deploy_each(call: dict, top_model, table) -> DeployResult:
     writes = {k: call[k] for k in ("tpu_mlir", "report", "model", "trace")}
     if any(p is not None for p in writes.values()):
         check_writable(*(p for p in writes.values() if p is not None))
-    once = {**call, "mlir": top_model, **dict.fromkeys(writes)}
+    once = {**call, "mlir": top_model, **dict.fromkeys(writes), "checks": False}      # (the one kept is checked)
     tried = try_tables(table.tables(), lambda m, t: (deploy(**{**once, "calibration_table": t}),),
                        target_of(call["mixed_precision"]), _LOG.info,
                        like=lambda m, t, first, was: (carried(deploy(**{**once, "calibration_table": t,
                                                                        **choices_of(first[-1])}), first[-1], was),))
-    result = tried.built[-1]
+    result = tried.built[-1].run_checks()
     result.calibration = tried
     result.seconds["calibration choice"] = sum(v for m, v in tried.seconds.items() if m != tried.method)
     _write(result, **writes)
