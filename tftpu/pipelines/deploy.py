@@ -31,7 +31,6 @@ from tftpu.quant.refit import ROUNDINGS as REFIT_ROUNDINGS
 from tftpu.transforms.lowering.decode_tail import decode_tail
 from tftpu.pipelines.equalization import check_cross_layer, check_equalize, cross_layer_step, equalize_step
 from tftpu.pipelines.conv_links import CONV_LINKS_LATENCY, input_links, program_profile, rank_conv_links
-from tftpu.pipelines.depthwise_weights import depthwise_weights, weights_alone
 from tftpu.pipelines.judge import Judge as _Judge
 from tftpu.pipelines.verify import SimulatorRow, check_simulator, verify
 from tftpu.transforms.lowering.search import (AUTO_TARGET, FLOAT_BUDGET, LATENCY_BUDGET, RANK_SAMPLES, References,
@@ -201,8 +200,7 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     "auto": the convs reading a model input read it on 16 bits where that keeps the all-INT8
     latency within `INPUT_LINKS_LATENCY`, or lifts a missed target by `INPUT_LINKS_GAIN` dB within
     the latency budget (`tftpu.pipelines.conv_links.input_links`; their price counts against the
-    float ops'); the depthwise convs whose 8-bit weights' rounding holds all INT8 under the target
-    multiply 16-bit weights (`tftpu.pipelines.depthwise_weights`, priced the same way); and
+    float ops'); and
     where all INT8 misses the target (`mixed_precision`'s, else 0.99 / 20 dB) on the test
     input and samples, the dense convs reading 16 bits too, the most noise spared at the outputs
     per cycle first, as many as keep the all-INT8 program's estimated latency within
@@ -392,17 +390,6 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
             if float_latency is not None:
                 float_latency = max(1.0, float_latency * eight_us / inputs_us)
         seconds["input links"] = time.perf_counter() - t1
-    if wide_links == "auto" and mode == "INT8" and table is not None and pool:
-        t1 = time.perf_counter()
-        step = depthwise_weights(top_model, the_chip, table, qtable, asymmetric, float_tail, links, base_plain,
-                                 the_judge(), need, mixed_precision_latency or LATENCY_BUDGET, refit=refitting)
-        if step is not None:                     # their price counts against the float ops' and conv links' budget
-            links, note, before_us, inputs_us, base_plain = step
-            inputs_note = "; ".join(filter(None, [inputs_note, note]))
-            eight_us = int8_us = int8_us or before_us
-            if mixed_precision_latency is not None:
-                float_latency = max(1.0, mixed_precision_latency * eight_us / inputs_us)
-        seconds["depthwise weights"] = time.perf_counter() - t1
     base_links = links                           # the default links, the model input's where they are taken
     base_latency = float_latency                 # what the float ops may cost on top of them
 
@@ -687,13 +674,17 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
         search.lowered = judge(tpu_model)
     # (how a calibration choice weighs this program against another table's, judged the same way)
     judged = (judge or the_judge())(tpu_model) if mode == "INT8" and table is not None and inputs is not None else None
-    weights_alone_of = None
+    weights_alone = None
     if judged is not None and min(judged) < target:
         # (what the weights' rounding alone costs, the activations in float: which side the noise is
         # on; the model's own weights rounded to nearest, as a refit's are fitted to INT8 inputs;
         # measured when asked, not for each table a calibration choice builds)
-        def weights_alone_of(judging=judge or the_judge(), decisions=tuple(lowering.decisions)):
-            return weights_alone(judging, top_model, decisions)
+        def weights_alone(judging=judge or the_judge(), decisions=tuple(lowering.decisions)):
+            from tftpu.quant.bias_correction import lowered_weights
+            from tftpu.transforms.lowering.lower import FOUR_PASSES, WIDE_WEIGHTS
+            return judging.float_run(lowered_weights(
+                top_model, {d.name for d in decisions if d.mode == "INT8"},
+                {d.name for d in decisions if d.reason in (WIDE_WEIGHTS, FOUR_PASSES)}))
     t1 = time.perf_counter()
     from tftpu.backend import s2d_stem
     from tftpu.backend.codegen import annotate, generate
@@ -737,7 +728,7 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
                           equalize=equalized.line if equalized is not None else None, input_grid=grid_line,
                           cross_layer=crossed.line if crossed is not None else None,
                           reader_ranges=clipped.line if clipped is not None else None, judged=judged,
-                          equalized=equalized_kept, weights_alone_of=weights_alone_of)
+                          equalized=equalized_kept, weights_alone_of=weights_alone)
     result.seconds = seconds
     if inputs is not None:
         def run_checks(result: DeployResult) -> None:
