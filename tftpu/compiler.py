@@ -365,7 +365,7 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None,
             test_input=check, tolerance=tolerance, samples=others[:JUDGE_SAMPLES], fit_samples=others[:REFIT_SAMPLES],
             space_to_depth=space_to_depth, mixed_precision_budget=mixed_precision_budget,
             mixed_precision_latency=mixed_precision_latency, float_tail=float_tail, input_grid=input_grid,
-            reader_ranges=reader_ranges, checks=len(methods) == 1 or mode != "INT8", **args)
+            reader_ranges=reader_ranges, checks=False, **args)
         if like is not None:
             done = carried(done, like[0][-1], like[1])
         return model, table, [(k, st) for k, st in steps if st is not None], done
@@ -374,7 +374,6 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None,
         tried = try_tables(tables, build, target_of(mixed_precision), say,
                            like=lambda method, table, first, was: build(method, table, (first, was)))
         top_model, table, steps, deployed = tried.built
-        deployed.run_checks()                  # (the programs weighed and not kept are not checked)
         extra["calibration"] = tried.as_dict()
         if len(tried.figures) > 1:           # (a stage only where the first table missed the target)
             others = sum(v for m, v in tried.seconds.items() if m != tried.method)
@@ -383,6 +382,7 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None,
             shown += 1
     else:
         top_model, table, steps, deployed = build(methods[0] if mode == "INT8" else None, table)
+    deployed.run_checks()                      # (the programs weighed and not kept are not checked)
     for key, stage in steps:
         stages.insert(shown, stage)
         extra[key] = stage.check

@@ -733,7 +733,6 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     if inputs is not None:
         def run_checks(result: DeployResult) -> None:
             t1 = time.perf_counter()
-            pool = [inputs] + [s for s in (samples or []) if s is not inputs]
             result.tensors, result.outputs, result.parts = verify(top_model, tpu_model, pool, tol, reference)
             result.reference = "--test_reference" if reference is not None else "TOP"
             result.seconds["verify"] = time.perf_counter() - t1
