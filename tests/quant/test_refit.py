@@ -51,6 +51,44 @@ def test_exact_inputs_give_the_float_weights_back(group, cin, cout, ridge):
     np.testing.assert_allclose(b2, b, atol=1e-4)
 
 
+def _normal_equations(fit, xs, xqs, ridge):
+    """The refit solved as the docstring writes it, from every patch row: (X_q^T X_q + lam I)^-1
+    (X_q^T X_f WB + lam WB) per group."""
+    from tftpu.quant.weight_rounding import conv_patches
+
+    kernel = tuple(fit.attrs["kernel_shape"])
+    xq = np.concatenate([p for x in xqs for p in conv_patches(x, kernel, fit.attrs, ones=True)], 1).astype(float)
+    xf = np.concatenate([p for x in xs for p in conv_patches(x, kernel, fit.attrs, ones=True)], 1).astype(float)
+    qq, qf = np.swapaxes(xq, 1, 2) @ xq, np.swapaxes(xq, 1, 2) @ xf
+    lam = ridge * np.diagonal(qq, axis1=1, axis2=2)[:, :-1].mean(axis=1)[:, None, None]
+    sol = np.linalg.solve(qq + lam * np.eye(qq.shape[1]), qf @ fit.wb + lam * fit.wb)
+    sol = np.swapaxes(sol, 1, 2)
+    return sol[:, :, :-1].reshape(fit.shape), sol[:, :, -1].reshape(-1), xq.shape[1]
+
+
+@pytest.mark.parametrize("group,cin,cout", [(1, 2, 3), (1, 16, 5), (1, 64, 8), (2, 32, 6), (4, 4, 4)])
+@pytest.mark.parametrize("images,side", [(1, 2), (3, 3), (2, 6), (4, 4)])
+@pytest.mark.parametrize("ridge", [0.3, 1.0])
+def test_few_rows_solve_as_the_normal_equations(group, cin, cout, images, side, ridge):
+    """Fewer patch rows than a channel's unknowns (a wide conv deep in a small map) are solved
+    from the rows' side; more, or patches kept until the rows reach the unknowns, from the
+    normal equations: the same refit either way, over both sides of the threshold."""
+    attrs = {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1], "group": group, "strides": [1, 1], "dilations": [1, 1]}
+    rng = np.random.default_rng(images * 100 + side + cin)
+    w = rng.standard_normal((cout, cin // group, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(cout).astype(np.float32)
+    fit = Fit(w, b, attrs)
+    xs = [rng.standard_normal((1, cin, side, side)).astype(np.float32) for _ in range(images)]
+    xqs = [x + 0.1 * rng.standard_normal(x.shape).astype(np.float32) for x in xs]
+    for x, xq in zip(xs, xqs):
+        fit.observe(x, xq)
+    want_w, want_b, rows = _normal_equations(fit, xs, xqs, ridge)
+    assert fit.rows == rows and bool(fit.patches) == (rows < fit.qq.shape[1])
+    got_w, got_b = fit.solve(ridge)
+    np.testing.assert_allclose(got_w, want_w, rtol=1e-6, atol=1e-6 * np.abs(want_w).max())
+    np.testing.assert_allclose(got_b, want_b, rtol=1e-6, atol=1e-6 * np.abs(want_b).max())
+
+
 @pytest.mark.parametrize("group", [1, 3], ids=["dense", "depthwise"])
 def test_a_high_pass_conv_refit_to_noisy_inputs_is_closer_on_unseen_ones(group):
     """A Laplacian-like kernel passes little of a smooth image and all of white noise: the fitted

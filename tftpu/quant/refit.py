@@ -60,35 +60,62 @@ class Fit:
         self.qq = np.zeros((self.group, d + 1, d + 1))
         self.qf = np.zeros((self.group, d + 1, d + 1))
         self.rows = 0
+        self.patches: list = []     # (X_q, X_f) blocks kept as they are while fewer rows than unknowns
 
     def observe(self, x_float: np.ndarray, x_quant: np.ndarray) -> None:
         self.add(self.products(x_float, x_quant))
 
     def products(self, x_float: np.ndarray, x_quant: np.ndarray) -> list:
-        """One image's blocks of (X_q^T X_q, X_q^T X_f, rows), not yet summed: images may be
-        gathered on several threads, then `add`ed in order (the same sums on any count)."""
+        """One image's blocks of (X_q^T X_q, X_q^T X_f, rows, False), not yet summed: images may
+        be gathered on several threads, then `add`ed in order (the same sums on any count). An
+        image with fewer patch rows than a channel has unknowns (a wide conv deep in a small map)
+        gives its patches (X_q, X_f, rows, True) instead: `solve` may then work in their row space."""
         kernel = tuple(self.attrs.get("kernel_shape") or self.shape[2:])
-        rows = int(min(MAX_ROWS, max(MIN_ROWS, GRAM_BUDGET // self.qq.shape[1] ** 2)))
+        d1 = self.qq.shape[1]
+        rows = int(min(MAX_ROWS, max(MIN_ROWS, GRAM_BUDGET // d1 ** 2)))
         out = []
         for pf, pq in zip(conv_patches(x_float, kernel, self.attrs, rows, ones=True),
                           conv_patches(x_quant, kernel, self.attrs, rows, ones=True)):
+            if pq.shape[1] < d1:
+                out.append((pq, pf, pf.shape[1], True))
+                continue
             pqt = np.swapaxes(pq, 1, 2)
-            out.append((pqt @ pq, pqt @ pf, pf.shape[1]))
+            out.append((pqt @ pq, pqt @ pf, pf.shape[1], False))
         return out
 
     def add(self, products: list) -> None:
-        for qq, qf, rows in products:
-            self.qq += qq
-            self.qf += qf
+        for a, b, rows, patches in products:
+            if patches:
+                self.patches.append((a, b))
+            else:
+                self.qq += a
+                self.qf += b
             self.rows += rows
+        if self.patches and self.rows >= self.qq.shape[1]:    # enough rows: their products from here on
+            for pq, pf in self.patches:
+                pqt = np.swapaxes(pq, 1, 2)
+                self.qq += pqt @ pq
+                self.qf += pqt @ pf
+            self.patches = []
 
     def solve(self, ridge: float | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """(weights [O, C/g, kh, kw], bias [O]) refit, float64; `ridge` RIDGE by default."""
+        """(weights [O, C/g, kh, kw], bias [O]) refit, float64; `ridge` RIDGE by default. With
+        fewer input rows than unknowns, the same solution from the rows' side (Woodbury:
+        `WB + X_q^T (X_q X_q^T + lam I)^-1 (X_f - X_q) WB`): an R x R system for R rows instead
+        of the unknowns' square (a 3x3 conv over 512 channels: 4,609)."""
         ridge = RIDGE if ridge is None else ridge
         d1 = self.qq.shape[1]
-        power = np.diagonal(self.qq, axis1=1, axis2=2)[:, :-1].mean(axis=1)
-        lam = ridge * np.maximum(power, 1e-30)[:, None, None]
-        sol = spd.solve(self.qq + lam * np.eye(d1), self.qf @ self.wb + lam * self.wb)    # [g, d + 1, O/g]
+        if self.patches:
+            xq = np.concatenate([pq for pq, _ in self.patches], 1).astype(np.float64)    # [g, R, d + 1]
+            xf = np.concatenate([pf for _, pf in self.patches], 1).astype(np.float64)
+            power = np.einsum("grd,grd->gd", xq, xq)[:, :-1].mean(axis=1)
+            lam = ridge * np.maximum(power, 1e-30)[:, None, None]
+            k = xq @ np.swapaxes(xq, 1, 2) + lam * np.eye(xq.shape[1])
+            sol = self.wb + np.swapaxes(xq, 1, 2) @ spd.solve(k, (xf - xq) @ self.wb)
+        else:
+            power = np.diagonal(self.qq, axis1=1, axis2=2)[:, :-1].mean(axis=1)
+            lam = ridge * np.maximum(power, 1e-30)[:, None, None]
+            sol = spd.solve(self.qq + lam * np.eye(d1), self.qf @ self.wb + lam * self.wb)    # [g, d + 1, O/g]
         sol = np.swapaxes(sol, 1, 2)
         return sol[:, :, :-1].reshape(self.shape), sol[:, :, -1].reshape(-1)
 
