@@ -1,6 +1,7 @@
 """Deployed INT8 on real models: mtcnn R-Net / O-Net with their real weights on lfw_subset
 (integer inference, against TFLite's own INT8 figures in PEERS.md), and mediapipe's selfie
-segmentation, whose pure INT8 mask falls apart and which the mixed-precision search repairs."""
+segmentation, whose pure INT8 mask falls apart and which the mixed-precision search repairs (the
+rankings each on a synthetic model: tests/tools/test_deploy.py)."""
 
 from __future__ import annotations
 
@@ -82,16 +83,6 @@ def test_selfie_segmentation_mixed_precision():
     # with 16-bit links most of the FLOPs stay INT8 (measured 76%; 36% with 8-bit links)
     assert default.lowering.flop_shares()["INT8"] >= 0.6
     assert _pooled_iou(model, default.model, samples) >= 0.98
-    # a stricter target ranked by TPU-MLIR's measure keeps more of the model in INT8
-    auto = deploy(model, quantize="INT8", chip="npu1", calibration_table=table, test_input=samples[0],
-                  samples=samples[1:], mixed_precision="0.995,25", mixed_precision_ranking="alone",
-                  mixed_precision_budget=None, mixed_precision_latency=None)
-    search = auto.search
-    assert search is not None and search.met and 0 < len(search.kept) < search.candidates
-    # a good part of the model stays INT8 (45 of 150 ops with 16-bit links, 63 without: the links
-    # make every op look better alone in INT8, so TPU-MLIR's measure orders them less sharply)
-    assert auto.lowering.counts()["INT8"] >= 40
-    assert _pooled_iou(model, auto.model, samples) >= 0.98
     assert _pooled_iou(model, pure.model, samples) < 0.98     # pure INT8 needed the search
 
 
