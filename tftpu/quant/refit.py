@@ -45,6 +45,12 @@ MAX_SAMPLES = 16
 ROUNDINGS = ("nearest", "gptq")     # how a refit conv's weights reach their INT8 grid
 
 
+def _grams(pq: np.ndarray, pf: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(X_q^T X_q, X_q^T X_f) per group of one block of patches [g, rows, d + 1]."""
+    pqt = np.swapaxes(pq, 1, 2)
+    return pqt @ pq, pqt @ pf
+
+
 class Fit:
     """The normal equations of one conv (NCHW input, OIHW filter `w` [O, C/g, kh, kw], bias `b`),
     gathered one image at a time, then solved for the refit weights and bias."""
@@ -76,11 +82,7 @@ class Fit:
         out = []
         for pf, pq in zip(conv_patches(x_float, kernel, self.attrs, rows, ones=True),
                           conv_patches(x_quant, kernel, self.attrs, rows, ones=True)):
-            if pq.shape[1] < d1:
-                out.append((pq, pf, pf.shape[1], True))
-                continue
-            pqt = np.swapaxes(pq, 1, 2)
-            out.append((pqt @ pq, pqt @ pf, pf.shape[1], False))
+            out.append((pq, pf, pf.shape[1], True) if pq.shape[1] < d1 else (*_grams(pq, pf), pf.shape[1], False))
         return out
 
     def add(self, products: list) -> None:
@@ -93,9 +95,9 @@ class Fit:
             self.rows += rows
         if self.patches and self.rows >= self.qq.shape[1]:    # enough rows: their products from here on
             for pq, pf in self.patches:
-                pqt = np.swapaxes(pq, 1, 2)
-                self.qq += pqt @ pq
-                self.qf += pqt @ pf
+                qq, qf = _grams(pq, pf)
+                self.qq += qq
+                self.qf += qf
             self.patches = []
 
     def solve(self, ridge: float | None = None) -> tuple[np.ndarray, np.ndarray]:
