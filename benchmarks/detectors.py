@@ -3,6 +3,7 @@
     python benchmarks/detectors.py [--models layout,text,palm,face,pose,palm_full,yolo,text_v4,yolox,face_short] [--calib 20] [--json out.json]
     python benchmarks/detectors.py --models palm,face --calib 8          # a quicker run
     python benchmarks/detectors.py --model my_detector.onnx --size 640 --range -1,1 --calib 8
+    python benchmarks/detectors.py --model det.onnx --size 640 --range bgr_imagenet --held-out text.png
     python benchmarks/detectors.py --models layout --sides pure,ort         # no mixed-precision search
 
 Models: the detectors `tftpu.datasets` serves (issue 22's four: `layout_cdla.onnx`,
@@ -508,7 +509,8 @@ def main() -> None:
     ap.add_argument("--models", default=",".join(MODELS), help=f"of {', '.join(MODELS)} (or their file names)")
     ap.add_argument("--model", help="any other ONNX/TFLite file (then --models is ignored)")
     ap.add_argument("--size", help="--model's input H,W or one side (default: its own shape)")
-    ap.add_argument("--range", default="-1,1", help="--model's input range, RGB (default -1,1)")
+    ap.add_argument("--range", default="-1,1", help="--model's input: a range LO,HI of RGB (default -1,1), or one "
+                    "of the preprocessings above: bgr_pm1, bgr_imagenet (PaddleOCR's detectors), bgr_raw, unit, pm1")
     ap.add_argument("--held-out", default="astronaut.png", help="--model's held-out photo")
     ap.add_argument("--calib", type=int, default=20, help="calibration photos (default 20: 9 photos + mirrored)")
     ap.add_argument("--chip", default="npu1")
