@@ -166,6 +166,7 @@ def test_deploy_with_wide_weights_refits_them_on_their_grid(tmp_path):
     assert all(r.weights_alone is not None and min(r.weights_alone) > min(r.judged) for r in aimed)
     assert min(aimed[1].weights_alone) > min(aimed[0].weights_alone) + 20
     assert "the weights' rounding to nearest alone (activations in float): worst part" in aimed[0].weights_line
+    assert "the weights alone miss the 90 dB target" in aimed[0].weights_line    # (what to do about it)
     with pytest.raises(errors.UsageError, match="16-bit weights for 'nope'"):
         deploy(model, wide_links=frozenset({WideWeights("nope")}), **kw)
     top_path, _ = model.save(tmp_path / "convs.top.mlir")

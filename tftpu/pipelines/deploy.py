@@ -46,6 +46,8 @@ _LOG = logging.getLogger("tftpu.deploy")
 # taken on five of nine, and each of those gained; half the set, or another quarter, did worse
 TRIM_SHARE = 0.25
 TRIM_MIN_OPS = 4
+# where the weights alone do this many dB better than the program, its noise is the activations'
+WEIGHTS_MARGIN_DB = 3.0
 
 
 @dataclasses.dataclass
@@ -85,6 +87,7 @@ class DeployResult:
     equalized: bool = False                     # the depthwise inputs equalized (`equalize` kept)
     judged: tuple | None = None                 # (pooled, test input alone) worst SQNR as the judge saw the program
     weights_alone_of: object | None = None      # where that misses the target: () -> `weights_alone`
+    target_db: float | None = None              # the SQNR target the program was judged against
     pending_checks: object | None = None        # deploy(..., checks=False): (result) -> None, run by `run_checks`
 
     def run_checks(self) -> "DeployResult":
@@ -108,9 +111,16 @@ class DeployResult:
         if self.weights_alone is None or self.judged is None:
             return None
         (wp, wt), (p, t) = self.weights_alone, self.judged
-        return (f"the weights' rounding to nearest alone (activations in float): worst part {wp:.1f} dB on the "
+        line = (f"the weights' rounding to nearest alone (activations in float): worst part {wp:.1f} dB on the "
                 f"test input and samples, {wt:.1f} dB on the test input, against {p:.1f} / {t:.1f} dB for the program"
                 + (" (with its corrections)" if self.bias_correction is not None and self.bias_correction.kept else ""))
+        if self.target_db is not None and min(wp, wt) < self.target_db:
+            line += (f": the weights alone miss the {self.target_db:g} dB target, which no calibration of the "
+                     "activations then reaches (16-bit weights for the convs whose rounding costs most: "
+                     "tftpu-deploy --wide_weights; or more of the model in float: mixed_precision_budget)")
+        elif min(wp, wt) - min(p, t) >= WEIGHTS_MARGIN_DB:
+            line += ": the activations' rounding costs the most"
+        return line
 
     @property
     def checked(self) -> bool:
@@ -728,7 +738,7 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
                           equalize=equalized.line if equalized is not None else None, input_grid=grid_line,
                           cross_layer=crossed.line if crossed is not None else None,
                           reader_ranges=clipped.line if clipped is not None else None, judged=judged,
-                          equalized=equalized_kept, weights_alone_of=weights_alone)
+                          equalized=equalized_kept, weights_alone_of=weights_alone, target_db=target)
     result.seconds = seconds
     if inputs is not None:
         def run_checks(result: DeployResult) -> None:
