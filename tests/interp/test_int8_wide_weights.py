@@ -5,6 +5,7 @@ simulated bit for bit against the exact integer reference, and priced at twice t
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import assume, given, settings, strategies as st
 
 from tests.interp import int8_reference as R
@@ -139,7 +140,6 @@ def test_deploy_with_wide_weights_refits_them_on_their_grid(tmp_path):
     and exit status 2."""
     import json
 
-    import pytest
 
     from tests.tools.test_deploy import _tool, conv_net, samples_for
     from tftpu import errors, quant
@@ -227,3 +227,23 @@ def test_refit_rounds_on_the_grid_the_lowering_keeps():
 
     assert fitted(1e4) < 1e-3                 # 8-bit weights lowered: GPTQ put them on their grid
     assert fitted(1e-2) > 1e-2                # 16-bit weights: refit, not rounded to 8 bits
+
+
+@pytest.mark.parametrize("weights, program, verdict", [
+    ((18.0, 19.0), (17.0, 17.5), "the weights alone miss the 20 dB target"),
+    ((30.0, 29.0), (19.0, 18.0), "the activations' rounding costs the most"),
+    ((21.0, 20.5), (19.0, 18.0), None),
+])
+def test_weights_line_says_which_side_the_noise_is_on(weights, program, verdict):
+    """Where the program misses: weights alone under the target (no calibration helps), far above
+    the program (the activations' rounding), or neither (nothing more said)."""
+    from tftpu.pipelines.deploy import DeployResult
+
+    result = DeployResult(model=None, lowering=None, tolerance=(0.8, 0.5), judged=program,
+                          weights_alone_of=lambda: weights, target_db=20.0)
+    line = result.weights_line
+    assert line.startswith("the weights' rounding to nearest alone")
+    if verdict is None:
+        assert "target" not in line and "costs the most" not in line
+    else:
+        assert line.count(verdict) == 1

