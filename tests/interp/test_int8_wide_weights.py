@@ -167,6 +167,8 @@ def test_deploy_with_wide_weights_refits_them_on_their_grid(tmp_path):
     assert min(aimed[1].weights_alone) > min(aimed[0].weights_alone) + 20
     assert "the weights' rounding to nearest alone (activations in float): worst part" in aimed[0].weights_line
     assert "the weights alone miss the 90 dB target" in aimed[0].weights_line    # (what to do about it)
+    named = [n for n, _ in aimed[0].weights_worst]          # (and the convs to give 16-bit weights)
+    assert named and set(named) <= {"c0", "c1", "c2"} and f"{named[0]} " in aimed[0].weights_line
     with pytest.raises(errors.UsageError, match="16-bit weights for 'nope'"):
         deploy(model, wide_links=frozenset({WideWeights("nope")}), **kw)
     top_path, _ = model.save(tmp_path / "convs.top.mlir")
@@ -239,11 +241,16 @@ def test_weights_line_says_which_side_the_noise_is_on(weights, program, verdict)
     the program (the activations' rounding), or neither (nothing more said)."""
     from tftpu.pipelines.deploy import DeployResult
 
-    result = DeployResult(model=None, lowering=None, tolerance=(0.8, 0.5), judged=program,
-                          weights_alone_of=lambda: weights, target_db=20.0)
+    convs = {"c2": 31.0, "c0": 12.5, "c3": 40.0, "c1": 19.0}
+    result = DeployResult(model=None, lowering=None, tolerance=(0.8, 0.5), judged=program, target_db=20.0,
+                          weights_alone_of=lambda per_conv=False: convs if per_conv else weights)
     line = result.weights_line
     assert line.startswith("the weights' rounding to nearest alone")
     if verdict is None:
         assert "target" not in line and "costs the most" not in line
     else:
         assert line.count(verdict) == 1
+    # the convs to give 16-bit weights are named where the weights alone miss, worst first
+    missed = min(weights) < 20.0
+    assert result.weights_worst == ([("c0", 12.5), ("c1", 19.0), ("c2", 31.0)] if missed else [])
+    assert line.endswith("each conv's weights alone, on the test input: c0 12.5 dB, c1 19.0 dB, c2 31.0 dB") == missed

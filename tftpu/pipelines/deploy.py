@@ -48,6 +48,7 @@ TRIM_SHARE = 0.25
 TRIM_MIN_OPS = 4
 # where the weights alone do this many dB better than the program, its noise is the activations'
 WEIGHTS_MARGIN_DB = 3.0
+WORST_CONVS = 3           # the convs whose weights cost most, named where the weights alone miss
 
 
 @dataclasses.dataclass
@@ -104,6 +105,15 @@ class DeployResult:
         TOP model with only its INT8 ops' weights rounded to nearest, run in float; measured once."""
         return None if self.weights_alone_of is None else self.weights_alone_of()
 
+    @functools.cached_property
+    def weights_worst(self) -> list[tuple[str, float]]:
+        """Where the weights alone miss the target: the convs whose weights cost most, each alone
+        rounded (the rest in float) on the test input, (name, worst output SQNR), worst first."""
+        if self.weights_alone is None or self.target_db is None or min(self.weights_alone) >= self.target_db:
+            return []
+        effects = self.weights_alone_of(per_conv=True)
+        return sorted(effects.items(), key=lambda t: (t[1], t[0]))[:WORST_CONVS]
+
     @property
     def weights_line(self) -> str | None:
         """Where the INT8 program misses the target: its figures against those of its weights'
@@ -118,6 +128,9 @@ class DeployResult:
             line += (f": the weights alone miss the {self.target_db:g} dB target, which no calibration of the "
                      "activations then reaches (16-bit weights for the convs whose rounding costs most: "
                      "tftpu-deploy --wide_weights; or more of the model in float: mixed_precision_budget)")
+            if self.weights_worst:
+                line += "; each conv's weights alone, on the test input: " + ", ".join(
+                    f"{name} {db:.1f} dB" for name, db in self.weights_worst)
         elif min(wp, wt) - min(p, t) >= WEIGHTS_MARGIN_DB:
             line += ": the activations' rounding costs the most"
         return line
@@ -689,12 +702,16 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
         # (what the weights' rounding alone costs, the activations in float: which side the noise is
         # on; the model's own weights rounded to nearest, as a refit's are fitted to INT8 inputs;
         # measured when asked, not for each table a calibration choice builds)
-        def weights_alone(judging=judge or the_judge(), decisions=tuple(lowering.decisions)):
+        def weights_alone(judging=judge or the_judge(), decisions=tuple(lowering.decisions), per_conv=False):
             from tftpu.quant.bias_correction import lowered_weights
             from tftpu.transforms.lowering.lower import FOUR_PASSES, WIDE_WEIGHTS
-            return judging.float_run(lowered_weights(
-                top_model, {d.name for d in decisions if d.mode == "INT8"},
-                {d.name for d in decisions if d.reason in (WIDE_WEIGHTS, FOUR_PASSES)}))
+            names = {d.name for d in decisions if d.mode == "INT8"}
+            wide = {d.name for d in decisions if d.reason in (WIDE_WEIGHTS, FOUR_PASSES)}
+            if per_conv:                         # each conv's weights alone, on the test input
+                from tftpu.transforms.lowering.search import weight_rounding_effects
+                dump = TopInterpreter(top_model).run(inputs, dump_all=True)
+                return weight_rounding_effects(top_model, names, dump, references().floor, wide)
+            return judging.float_run(lowered_weights(top_model, names, wide))
     t1 = time.perf_counter()
     from tftpu.backend import s2d_stem
     from tftpu.backend.codegen import annotate, generate

@@ -76,7 +76,8 @@ def report_data(result) -> dict:
         data["wide_weights"] = sorted(wide_weights(links))
     if result.weights_alone is not None:
         data["weights_alone_db"] = {"pooled": round(result.weights_alone[0], 3),
-                                    "test_input": round(result.weights_alone[1], 3), "line": result.weights_line}
+                                    "test_input": round(result.weights_alone[1], 3), "line": result.weights_line,
+                                    "worst_convs": {n: round(db, 3) for n, db in result.weights_worst}}
     if result.tables:
         data["interpolated_tables"] = result.tables
     if result.conv_links:

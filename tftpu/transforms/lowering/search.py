@@ -449,6 +449,37 @@ def removal_gains(top_model, tpu_model, samples: list[dict], names: set, floor: 
     return gains
 
 
+def weight_rounding_effects(top_model, names: set, dump: dict, floor: float = 0.0,
+                            wide: set = frozenset()) -> dict[str, float]:
+    """Per Conv / Deconv / MatMul named in `names` (constant weights): the worst output (or part)
+    SQNR of the float model with only that op's weights on the INT8 grid its lowering gives them
+    (`wide`: 16-bit), from TOP's every tensor on one sample (`dump`), carried through the ops
+    after it. An op's own error hides what the network does with it: a high-pass depthwise kernel
+    that sums to almost zero loses that to the rounding, and the layers after it amplify the
+    low frequencies it then lets through."""
+    from tftpu.quant.bias_correction import _quantized_weight
+
+    interp = TopInterpreter(top_model)
+    parts = [spec for specs in output_parts(top_model).values() for spec in specs]
+    ops = {op.loc: op for op in top_model.ops}
+    effects: dict[str, float] = {}
+    for kernel, ins, outs, attrs, _, loc in interp.steps:
+        op = ops.get(loc)
+        if loc not in names or not isinstance(op, (top.Conv, top.Deconv, top.MatMul)) \
+                or len(ins) < 2 or ins[1] not in interp.consts:
+            continue
+        q = _quantized_weight(op, interp.consts[ins[1]], loc in wide)
+        if q is None:
+            continue
+        args = [None if s is None else q if i == 1 else interp.consts[s] if s in interp.consts
+                else dump[interp.names[s]] for i, s in enumerate(ins)]
+        changed = {interp.names[s]: np.asarray(r).astype(dump[interp.names[s]].dtype, copy=False)
+                   for s, r in zip(outs, kernel(args, attrs))}
+        pairs = output_pairs(top_model, parts, dump, {**dump, **interp.rerun(dump, changed)})
+        effects[loc] = min(worst_figures(judge_runs([pairs], floor))[1], _CAP)
+    return effects
+
+
 def input_rounding_effects(top_model, table, asymmetric, sample: dict, names: set,
                            dump: dict | None = None) -> dict[str, float]:
     """Per conv named in `names` (a calibrated input, constant weights): the noise its input's
