@@ -628,6 +628,30 @@ def test_removal_gains_carry_an_ops_own_rounding_to_the_outputs(cnn_case):
     got = np.concatenate([TopInterpreter(rounded).run(s, observe=on_grid)["prob"].ravel() for s in samples[:2]])
     assert gains["o"] == pytest.approx(sqnr(want, got), abs=1e-3)
 
+def test_weight_rounding_effects_are_each_convs_weights_alone(cnn_case):
+    """What deploy names the convs by: per conv / matmul, the outputs of the float model with only
+    that op's weights on their INT8 grid, run whole, against the float outputs; none for others."""
+    from tftpu.interp.similarity import sqnr
+    from tftpu.interp.top_interpreter import TopInterpreter
+    from tftpu.ir import TopModel, top
+    from tftpu.quant.bias_correction import _quantized_weight
+    from tftpu.transforms.lowering.search import weight_rounding_effects
+
+    model, _, samples = cnn_case
+    names = {op.loc for op in model.ops}
+    dump = TopInterpreter(model).run(samples[0], dump_all=True)
+    effects = weight_rounding_effects(model, names, dump)
+    weighted = [op for op in model.ops
+                if isinstance(op, (top.Conv, top.MatMul)) and isinstance(op.operands[1].owner, top.Weight)]
+    assert set(effects) == {op.loc for op in weighted} and len(effects) >= 2
+    want = TopInterpreter(model).run(samples[0])["prob"]
+    for op in weighted:
+        key = op.operands[1].owner.key
+        rounded = TopModel(model.module, {**model.weights, key: _quantized_weight(op, model.weights[key])})
+        assert effects[op.loc] == pytest.approx(sqnr(want, TopInterpreter(rounded).run(samples[0])["prob"]), abs=1e-3)
+    assert weight_rounding_effects(model, names - {weighted[0].loc}, dump).keys() == set(effects) - {weighted[0].loc}
+
+
 def test_removal_gains_remembered_by_the_grids_an_op_reads(cnn_case):
     """Gains kept in a memo (a deploy's searches share one) come back the same as measured
     afresh; a program whose grids moved for some ops measures those ops again, and only those."""
