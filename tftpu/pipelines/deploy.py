@@ -126,8 +126,9 @@ class DeployResult:
                 + (" (with its corrections)" if self.bias_correction is not None and self.bias_correction.kept else ""))
         if self.target_db is not None and min(wp, wt) < self.target_db:
             line += (f": the weights alone miss the {self.target_db:g} dB target, which no calibration of the "
-                     "activations then reaches (16-bit weights for the convs whose rounding costs most: "
-                     "tftpu-deploy --wide_weights; or more of the model in float: mixed_precision_budget)")
+                     "activations then reaches (more of the model in float: mixed_precision_budget; or 16-bit "
+                     "weights for the convs whose rounding costs most: tftpu-deploy --wide_weights, in place of "
+                     "the priced 16-bit conv inputs)")
             if self.weights_worst:
                 line += "; each conv's weights alone, on the test input: " + ", ".join(
                     f"{name} {db:.1f} dB" for name, db in self.weights_worst)
