@@ -243,7 +243,7 @@ def test_weights_line_says_which_side_the_noise_is_on(weights, program, verdict)
 
     convs = {"c2": 31.0, "c0": 12.5, "c3": 40.0, "c1": 19.0}
     result = DeployResult(model=None, lowering=None, tolerance=(0.8, 0.5), judged=program, target_db=20.0,
-                          weights_alone_of=lambda per_conv=False: convs if per_conv else weights)
+                          weights_alone_of=lambda: weights, weights_each_of=lambda: convs)
     line = result.weights_line
     assert line.startswith("the weights' rounding to nearest alone")
     if verdict is None:

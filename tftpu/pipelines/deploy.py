@@ -88,6 +88,7 @@ class DeployResult:
     equalized: bool = False                     # the depthwise inputs equalized (`equalize` kept)
     judged: tuple | None = None                 # (pooled, test input alone) worst SQNR as the judge saw the program
     weights_alone_of: object | None = None      # where that misses the target: () -> `weights_alone`
+    weights_each_of: object | None = None       # ... () -> {conv: worst SQNR with its weights alone rounded}
     target_db: float | None = None              # the SQNR target the program was judged against
     pending_checks: object | None = None        # deploy(..., checks=False): (result) -> None, run by `run_checks`
 
@@ -111,7 +112,7 @@ class DeployResult:
         rounded (the rest in float) on the test input, (name, worst output SQNR), worst first."""
         if self.weights_alone is None or self.target_db is None or min(self.weights_alone) >= self.target_db:
             return []
-        effects = self.weights_alone_of(per_conv=True)
+        effects = self.weights_each_of()
         return sorted(effects.items(), key=lambda t: (t[1], t[0]))[:WORST_CONVS]
 
     @property
@@ -698,21 +699,23 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
         search.lowered = judge(tpu_model)
     # (how a calibration choice weighs this program against another table's, judged the same way)
     judged = (judge or the_judge())(tpu_model) if mode == "INT8" and table is not None and inputs is not None else None
-    weights_alone = None
+    weights_alone = weights_each = None
     if judged is not None and min(judged) < target:
         # (what the weights' rounding alone costs, the activations in float: which side the noise is
         # on; the model's own weights rounded to nearest, as a refit's are fitted to INT8 inputs;
         # measured when asked, not for each table a calibration choice builds)
-        def weights_alone(judging=judge or the_judge(), decisions=tuple(lowering.decisions), per_conv=False):
+        from tftpu.transforms.lowering.lower import FOUR_PASSES, WIDE_WEIGHTS
+        int8_names = {d.name for d in lowering.decisions if d.mode == "INT8"}
+        wide_names = {d.name for d in lowering.decisions if d.reason in (WIDE_WEIGHTS, FOUR_PASSES)}
+
+        def weights_alone(judging=judge or the_judge()):
             from tftpu.quant.bias_correction import lowered_weights
-            from tftpu.transforms.lowering.lower import FOUR_PASSES, WIDE_WEIGHTS
-            names = {d.name for d in decisions if d.mode == "INT8"}
-            wide = {d.name for d in decisions if d.reason in (WIDE_WEIGHTS, FOUR_PASSES)}
-            if per_conv:                         # each conv's weights alone, on the test input
-                from tftpu.transforms.lowering.search import weight_rounding_effects
-                dump = TopInterpreter(top_model).run(inputs, dump_all=True)
-                return weight_rounding_effects(top_model, names, dump, references().floor, wide)
-            return judging.float_run(lowered_weights(top_model, names, wide))
+            return judging.float_run(lowered_weights(top_model, int8_names, wide_names))
+
+        def weights_each():                      # each conv's weights alone, on the test input
+            from tftpu.transforms.lowering.search import weight_rounding_effects
+            dump = TopInterpreter(top_model).run(inputs, dump_all=True)
+            return weight_rounding_effects(top_model, int8_names, dump, references().floor, wide_names)
     t1 = time.perf_counter()
     from tftpu.backend import s2d_stem
     from tftpu.backend.codegen import annotate, generate
@@ -756,7 +759,8 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
                           equalize=equalized.line if equalized is not None else None, input_grid=grid_line,
                           cross_layer=crossed.line if crossed is not None else None,
                           reader_ranges=clipped.line if clipped is not None else None, judged=judged,
-                          equalized=equalized_kept, weights_alone_of=weights_alone, target_db=target)
+                          equalized=equalized_kept, weights_alone_of=weights_alone,
+                          weights_each_of=weights_each, target_db=target)
     result.seconds = seconds
     if inputs is not None:
         def run_checks(result: DeployResult) -> None:

@@ -380,6 +380,14 @@ def carrying_work(model, names: set, samples: int = RANK_SAMPLES) -> float:
     return work * samples
 
 
+def _carried(interp, top_model, parts: list, ref: dict, outs, results) -> list:
+    """`output_pairs` of TOP's tensors `ref` against the float model rerun after one op whose
+    results (`outs`, the interpreter's slots) became `results`: that op's change carried to the outputs."""
+    changed = {interp.names[s]: np.asarray(r).astype(ref[interp.names[s]].dtype, copy=False)
+               for s, r in zip(outs, results)}
+    return output_pairs(top_model, parts, ref, {**ref, **interp.rerun(ref, changed)})
+
+
 def removal_gains(top_model, tpu_model, samples: list[dict], names: set, floor: float = 0.0,
                   dumps: list[dict] | None = None, memo: dict | None = None) -> dict[str, float]:
     """Per INT8 op named in `names`: the worst output (or part) SQNR, pooled over `samples`, of
@@ -440,9 +448,7 @@ def removal_gains(top_model, tpu_model, samples: list[dict], names: set, floor: 
                     if info is not None and info.axis is None and x.dtype.kind == "f":
                         x = info.dequantize(quantize(x, info.scale, info.zp, np.dtype(STORAGE[info.dtype][0])))
                     args.append(x)
-            changed = {interp.names[s]: np.asarray(r).astype(ref[interp.names[s]].dtype, copy=False)
-                       for s, r in zip(outs, kernel(args, attrs))}
-            runs.append(output_pairs(top_model, parts, ref, {**ref, **interp.rerun(ref, changed)}))
+            runs.append(_carried(interp, top_model, parts, ref, outs, kernel(args, attrs)))
         gains[loc] = min(worst_figures(judge_runs(runs, floor))[1], _CAP)
         if memo is not None:
             memo[key] = gains[loc]
@@ -473,9 +479,7 @@ def weight_rounding_effects(top_model, names: set, dump: dict, floor: float = 0.
             continue
         args = [None if s is None else q if i == 1 else interp.consts[s] if s in interp.consts
                 else dump[interp.names[s]] for i, s in enumerate(ins)]
-        changed = {interp.names[s]: np.asarray(r).astype(dump[interp.names[s]].dtype, copy=False)
-                   for s, r in zip(outs, kernel(args, attrs))}
-        pairs = output_pairs(top_model, parts, dump, {**dump, **interp.rerun(dump, changed)})
+        pairs = _carried(interp, top_model, parts, dump, outs, kernel(args, attrs))
         effects[loc] = min(worst_figures(judge_runs([pairs], floor))[1], _CAP)
     return effects
 
@@ -505,9 +509,7 @@ def input_rounding_effects(top_model, table, asymmetric, sample: dict, names: se
             continue
         args = [None if s is None else interp.consts[s] if s in interp.consts else ref[interp.names[s]] for s in ins]
         args[0] = _fake_quant(ref[x], P.activation(*entry[:3], asymmetric=asymmetric))
-        changed = {interp.names[s]: np.asarray(r).astype(ref[interp.names[s]].dtype, copy=False)
-                   for s, r in zip(outs, kernel(args, attrs))}
-        pairs = output_pairs(top_model, parts, ref, {**ref, **interp.rerun(ref, changed)})
+        pairs = _carried(interp, top_model, parts, ref, outs, kernel(args, attrs))
         db = worst_figures(judge_runs([pairs], 0.0))[1]
         effects[loc] = 10.0 ** (-min(db, _CAP) / 10.0)
     return effects
