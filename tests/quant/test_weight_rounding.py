@@ -41,6 +41,10 @@ def test_patches_are_what_the_conv_multiplies(k, s, d, pads, groups, size, seed)
     got = np.einsum("gpd,god->pgo", rows.astype(np.float64), w.reshape(groups, og, -1).astype(np.float64))
     got = got.reshape(2, want.shape[2], want.shape[3], o).transpose(0, 3, 1, 2)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    # stored rows last (what the refit multiplies), with the bias's column of ones: the same patches
+    last = np.concatenate(list(W.conv_patches(x, k, attrs, ones=True, rows_last=True)), axis=2)
+    np.testing.assert_array_equal(last[:, :-1], np.swapaxes(rows, 1, 2))
+    np.testing.assert_array_equal(last[:, -1], 1.0)
 
 
 def test_large_maps_are_sampled_every_few_rows(monkeypatch):
@@ -54,6 +58,8 @@ def test_large_maps_are_sampled_every_few_rows(monkeypatch):
     np.testing.assert_array_equal(some, every.reshape(1, 12, 5, 18)[:, ::3].reshape(1, -1, 18))
     with_ones = np.concatenate(list(W.conv_patches(x, (3, 3), attrs, ones=True)), axis=1)
     np.testing.assert_array_equal(with_ones, np.concatenate([some, np.ones((1, some.shape[1], 1), np.float32)], 2))
+    last = np.concatenate(list(W.conv_patches(x, (3, 3), attrs, ones=True, rows_last=True)), axis=2)
+    np.testing.assert_array_equal(last, np.swapaxes(with_ones, 1, 2))
 
 
 def _grid(o, d, rng):

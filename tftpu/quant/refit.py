@@ -46,9 +46,8 @@ ROUNDINGS = ("nearest", "gptq")     # how a refit conv's weights reach their INT
 
 
 def _grams(pq: np.ndarray, pf: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(X_q^T X_q, X_q^T X_f) per group of one block of patches [g, rows, d + 1]."""
-    pqt = np.swapaxes(pq, 1, 2)
-    return pqt @ pq, pqt @ pf
+    """(X_q^T X_q, X_q^T X_f) per group of one block of patches stored rows last [g, d + 1, rows]."""
+    return pq @ np.swapaxes(pq, 1, 2), pq @ np.swapaxes(pf, 1, 2)
 
 
 class Fit:
@@ -80,9 +79,9 @@ class Fit:
         d1 = self.qq.shape[1]
         rows = int(min(MAX_ROWS, max(MIN_ROWS, GRAM_BUDGET // d1 ** 2)))
         out = []
-        for pf, pq in zip(conv_patches(x_float, kernel, self.attrs, rows, ones=True),
-                          conv_patches(x_quant, kernel, self.attrs, rows, ones=True)):
-            out.append((pq, pf, pf.shape[1], True) if pq.shape[1] < d1 else (*_grams(pq, pf), pf.shape[1], False))
+        for pf, pq in zip(conv_patches(x_float, kernel, self.attrs, rows, ones=True, rows_last=True),
+                          conv_patches(x_quant, kernel, self.attrs, rows, ones=True, rows_last=True)):
+            out.append((pq, pf, pf.shape[2], True) if pq.shape[2] < d1 else (*_grams(pq, pf), pf.shape[2], False))
         return out
 
     def add(self, products: list) -> None:
@@ -108,8 +107,8 @@ class Fit:
         ridge = RIDGE if ridge is None else ridge
         d1 = self.qq.shape[1]
         if self.patches:
-            xq = np.concatenate([pq for pq, _ in self.patches], 1).astype(np.float64)    # [g, R, d + 1]
-            xf = np.concatenate([pf for _, pf in self.patches], 1).astype(np.float64)
+            xq = np.swapaxes(np.concatenate([pq for pq, _ in self.patches], 2), 1, 2).astype(np.float64)  # [g, R, d + 1]
+            xf = np.swapaxes(np.concatenate([pf for _, pf in self.patches], 2), 1, 2).astype(np.float64)
             power = np.einsum("grd,grd->gd", xq, xq)[:, :-1].mean(axis=1)
             lam = ridge * np.maximum(power, 1e-30)[:, None, None]
             k = xq @ np.swapaxes(xq, 1, 2) + lam * np.eye(xq.shape[1])

@@ -153,12 +153,15 @@ def _db(signal: float, noise: float) -> float:
 
 # ---------------------------------------------------------------------------- the layers' inputs
 
-def conv_patches(x: np.ndarray, kernel: tuple, attrs: dict, max_rows: int | None = None, ones: bool = False):
+def conv_patches(x: np.ndarray, kernel: tuple, attrs: dict, max_rows: int | None = None, ones: bool = False,
+                 rows_last: bool = False):
     """Yield the input patches of a 2-D NCHW conv, a block of output rows at a time, as
     contiguous float32 [group, rows, C/group * kh * kw] (the order of the OIHW filter's flattened
     [C/g, kh, kw]), with a last column of ones where `ones` (a bias's input); about `max_rows`
     (MAX_ROWS) rows per image at most (every few output rows of a large map). Contiguous, as
-    numpy's batched matmul takes a path many times slower on strided blocks."""
+    numpy's batched matmul takes a path many times slower on strided blocks. `rows_last`: each
+    block [group, C/group * kh * kw (+ 1), rows] instead, filled a run of output columns at a time
+    (a stride-1 conv's input rows copied whole, not a few taps at a time)."""
     max_rows = MAX_ROWS if max_rows is None else max_rows
     kh, kw = kernel
     pt, pl, pb, pr = (list(attrs.get("pads") or ()) + [0, 0, 0, 0])[:4]
@@ -178,6 +181,14 @@ def conv_patches(x: np.ndarray, kernel: tuple, attrs: dict, max_rows: int | None
         for k in range(0, len(rows), step):
             block = win[i, :, rows[k]:rows[min(k + step, len(rows)) - 1] + 1:every]    # [C, R, Wo, kh, kw]
             r = block.shape[1]
+            if rows_last:
+                out = np.empty((g, d + ones, r * wo), np.float32)
+                out[:, :d].reshape(g, cg, kh, kw, r, wo)[...] = \
+                    block.reshape(g, cg, r, wo, kh, kw).transpose(0, 1, 4, 5, 2, 3)
+                if ones:
+                    out[:, d] = 1.0
+                yield out
+                continue
             out = np.empty((g, r * wo, d + ones), np.float32)
             into = out.reshape(g, r, wo, d + ones)[..., :d].reshape(g, r, wo, cg, kh, kw)    # (a view: axes split)
             into[...] = block.reshape(g, cg, r, wo, kh, kw).transpose(0, 2, 3, 1, 4, 5)
