@@ -50,6 +50,26 @@ def quantize_multiplier(real: float) -> tuple[int, int]:
     return int(q), int(shift)
 
 
+def quantize_multipliers(reals) -> tuple[np.ndarray, np.ndarray]:
+    """`quantize_multiplier` of each of `reals` at once: (multipliers, shifts) as int64 arrays,
+    the same integers (a lowering asks for one per output channel of every conv)."""
+    reals = np.asarray(reals, np.float64).ravel()
+    invalid = ~np.isfinite(reals) | (reals < 0)
+    frac, shift = np.frexp(np.where(invalid, 0.0, reals))
+    a = frac * float(1 << 31)                           # exact: frac has 53 bits
+    q = np.floor(a)
+    q = (q + (a - q >= 0.5)).astype(np.int64)
+    shift = shift.astype(np.int64)
+    full = q == 1 << 31
+    q = np.where(full, q // 2, q)
+    shift = shift + full
+    bad = invalid | (shift > 30)
+    if bad.any():                                       # the scalar form says what is wrong with the first
+        quantize_multiplier(float(reals[np.argmax(bad)]))
+    gone = (reals == 0.0) | (shift < -31)
+    return np.where(gone, 0, q), np.where(gone, 0, shift)
+
+
 def round_half_away_scalar(x: float) -> int:
     """Round half away from zero (C's `round`)."""
     a = abs(x)

@@ -64,6 +64,35 @@ def test_quantize_multiplier_is_tflites(real):
     assert abs(Fraction(m) * Fraction(2) ** (shift - 31) - Fraction(real)) <= Fraction(2) ** (shift - 32)
 
 
+EDGES = [0.0, 0.5, 1.0, 0.75, 1 - 2 ** -40, 2.0 ** -31, 2.0 ** -31.5, 2.0 ** -32, 2.0 ** -33, 5e-324,
+         2.0 ** 30 - 1, np.nextafter(2.0 ** 30, 0), 2.0 ** 30, 3.0, float("nan"), float("inf"), -1e-300]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.floats(0, 2 ** 31, allow_nan=False), st.sampled_from(EDGES),
+                          st.floats(-45, 31).map(lambda e: 2.0 ** e)), min_size=1, max_size=24))
+def test_quantize_multipliers_are_each_scales_own(reals):
+    """The lowering's per-channel form gives each scale's integers, or the scalar form's error."""
+    try:
+        want = [R.quantize_multiplier(float(r)) for r in reals]
+    except UsageError as e:
+        with pytest.raises(UsageError) as got:
+            R.quantize_multipliers(reals)
+        bad = next(r for r in reals if _message(r) is not None)       # the first scale that fails
+        assert str(got.value) == str(e) == _message(bad)
+        return
+    ms, shifts = R.quantize_multipliers(reals)
+    assert list(zip(ms.tolist(), shifts.tolist())) == want
+
+
+def _message(real):
+    try:
+        R.quantize_multiplier(float(real))
+    except UsageError as e:
+        return str(e)
+    return None
+
+
 def test_ties_as_gemmlowp_rounds_them():
     m, shift = R.quantize_multiplier(0.5)         # the high multiply alone: ties go up
     assert R.multiply_by_quantized_multiplier(np.array([7, -7, 5, -5, 1, -1], np.int32), m, shift).tolist() == \

@@ -136,15 +136,11 @@ def bias(b: np.ndarray, scales) -> np.ndarray:
 def requant(real_scales) -> tuple[list[int], list[int]]:
     """(multipliers, rshifts) of real requantization scales (TFLite's QuantizeMultiplier;
     rshift = -shift). A scale too large for the integer path is a UsageError naming it."""
-    ms, rs = [], []
-    for real in np.asarray(real_scales, np.float64).ravel():
-        try:
-            m, shift = rounding.quantize_multiplier(float(real))
-        except UsageError as e:
-            raise UsageError(f"cannot requantize in INT8: {e}") from None
-        ms.append(m)
-        rs.append(-shift)
-    return ms, rs
+    try:
+        ms, shifts = rounding.quantize_multipliers(real_scales)
+    except UsageError as e:
+        raise UsageError(f"cannot requantize in INT8: {e}") from None
+    return [int(m) for m in ms], [int(-s) for s in shifts]
 
 
 def add_multipliers(ratios) -> tuple[list[int], int]:

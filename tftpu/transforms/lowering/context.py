@@ -9,6 +9,7 @@ and form, so precision changes appear exactly where the modes of producer and co
 from __future__ import annotations
 
 import dataclasses
+from collections import OrderedDict
 
 import numpy as np
 from xdsl.dialects import func
@@ -41,6 +42,25 @@ class Decision:
     mode: str
     reason: str = ""
     flops: int = 0
+
+
+class _TypeKey:
+    """An element type as part of a dictionary key: its hash taken once, equal where the types are."""
+
+    __slots__ = ("type", "hash")
+
+    def __init__(self, t):
+        self.type, self.hash = t, hash(t)
+
+    def __hash__(self) -> int:
+        return self.hash
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, _TypeKey) and (self.type is other.type or self.type == other.type)
+
+
+_TYPE_KEYS: OrderedDict = OrderedDict()      # id(element type) -> its _TypeKey, the latest last
+_TYPE_KEYS_SIZE = 1 << 13
 
 
 class Lowering:
@@ -94,7 +114,7 @@ class Lowering:
         array's dtype), reused for the same name, array and type."""
         array = np.asarray(array, order="C")          # (ascontiguousarray makes a scalar 1-D)
         et = element_type or A.DTYPES[A.dtype_of_numpy(array.dtype)]
-        key = (name, et, array.dtype.str, array.shape, array.tobytes())
+        key = (name, self._type_key(et), array.dtype.str, array.shape, array.tobytes())
         if key in self.weight_values:
             return self.weight_values[key]
         wname = unique_name(name, self.weights)
@@ -104,6 +124,19 @@ class Lowering:
         self.block.add_op(op)
         self.weight_values[key] = op.results[0]
         return op.results[0]
+
+    @staticmethod
+    def _type_key(et) -> "_TypeKey":
+        """`et` as a dictionary key whose hash is taken once per type object: hashing a per-channel
+        quantized type hashes each of its scales' attributes, and a search lowers program after
+        program asking for the same weights on the same types (`quant.per_axis` shares them).
+        Each key holds its type, so an id remembered stays that type's."""
+        got = _TYPE_KEYS.get(id(et))
+        if got is None or got.type is not et:
+            got = _TYPE_KEYS[id(et)] = _TypeKey(et)
+            if len(_TYPE_KEYS) > _TYPE_KEYS_SIZE:
+                _TYPE_KEYS.popitem(last=False)
+        return got
 
     def emit(self, op_name: str, operands: list, attributes: dict, loc, result_types: list):
         """Append a TPU op (`tpu.Conv`) with builtin `attributes` and the given result types."""
