@@ -430,3 +430,24 @@ def test_the_fewest_slices_hint_changes_no_plan(zoo_model, chip_paths, which, mo
     assert hinted.as_dict() == plain.as_dict()
     assert [g.local for g in hinted.groups] == [g.local for g in plain.groups]
     assert any(g.h_slices > 1 for g in hinted.groups) or which == "npu1"
+
+
+@pytest.mark.parametrize("which", ["tiny512", "tiny1024", "npu1"])
+def test_slice_ranges_carried_to_longer_groups_change_no_plan(zoo_model, chip_paths, which, monkeypatch):
+    # a group's slice ranges are carried on from the group one op shorter: the plan must be the
+    # one that propagates every candidate group's ranges afresh
+    from tftpu.backend import layer_group
+    tpu_model, chip = lowered(zoo_model, chip_paths, which, "INT8")
+    layer_group._EVALUATED.clear()
+    carried = plan_groups(tpu_model, chip)
+
+    def afresh(self, start, stop, n, h):
+        return layer_group.slice_ranges(self.facts[start:stop], self.types, n, h)
+
+    monkeypatch.setattr(layer_group._Planner, "_slice", afresh)
+    layer_group._EVALUATED.clear()
+    plain = plan_groups(tpu_model, chip)
+    assert carried.as_dict() == plain.as_dict()
+    assert [g.local for g in carried.groups] == [g.local for g in plain.groups]
+    assert [g.inputs for g in carried.groups] == [g.inputs for g in plain.groups]
+    assert any(g.h_slices > 1 for g in carried.groups) or which == "npu1"

@@ -238,39 +238,46 @@ class SliceRanges:
 def slice_ranges(group_ops: list, types: dict, n: tuple, h: tuple) -> SliceRanges:
     """Backward propagation of one slice's rows through a group's ops (the last op makes rows
     `h` of images `n`); each tensor's range is the union of what its consumers read."""
-    ranges: dict = {}
-    reads: dict = {}
-    last = group_ops[-1]
-    for r in last.outs:
-        ranges[r] = (n[0], n[1], h[0], h[1])
+    ranges, reads = _last_rows(group_ops[-1], n, h), {}
     for f in reversed(group_ops):
-        got = ranges.get(f.outs[0])
-        if got is None:
-            continue
-        oshape = types[f.outs[0]]
-        if f.kind == "batch":                 # its kernel makes every row of its images
-            got = ranges[f.outs[0]] = (got[0], got[1], 0, oshape[2])
-        n0, n1, h0, h1 = got
-        for pos, name in enumerate(f.ins):
-            if name is None:
-                continue
-            shape = types[name]
-            nn = (0, 1) if shape[0] == 1 and oshape[0] != 1 else (n0, n1)
-            if f.kind == "window":
-                k, s, d, pb = f.window
-                rng = geometry.input_range(h0, h1, k, s, d, pb, size=shape[2])
-                need = (rng.start, rng.stop)
-                reads[f.name] = (rng.start, rng.stop, rng.pad_before, rng.pad_after)
-            elif f.kind == "batch":
-                need = (0, shape[2])
-            else:
-                need = (0, 1) if shape[2] == 1 and oshape[2] != 1 else (h0, h1)
-            old = ranges.get(name)
-            if old is not None:
-                nn = (min(nn[0], old[0]), max(nn[1], old[1]))
-                need = (min(need[0], old[2]), max(need[1], old[3]))
-            ranges[name] = (nn[0], nn[1], need[0], need[1])
+        _read_rows(f, types, ranges, reads)
     return SliceRanges(n, h, ranges, reads)
+
+
+def _last_rows(last, n: tuple, h: tuple) -> dict:
+    """The ranges a slice starts from: rows `h` of images `n` of the group's last results."""
+    return {r: (n[0], n[1], h[0], h[1]) for r in last.outs}
+
+
+def _read_rows(f, types: dict, ranges: dict, reads: dict) -> None:
+    """One step of `slice_ranges`, op `f` (those after it in the group done): the rows of its
+    inputs that the rows of its result needed so far read, joined into `ranges`."""
+    got = ranges.get(f.outs[0])
+    if got is None:
+        return
+    oshape = types[f.outs[0]]
+    if f.kind == "batch":                 # its kernel makes every row of its images
+        got = ranges[f.outs[0]] = (got[0], got[1], 0, oshape[2])
+    n0, n1, h0, h1 = got
+    for name in f.ins:
+        if name is None:
+            continue
+        shape = types[name]
+        nn = (0, 1) if shape[0] == 1 and oshape[0] != 1 else (n0, n1)
+        if f.kind == "window":
+            k, s, d, pb = f.window
+            rng = geometry.input_range(h0, h1, k, s, d, pb, size=shape[2])
+            need = (rng.start, rng.stop)
+            reads[f.name] = (rng.start, rng.stop, rng.pad_before, rng.pad_after)
+        elif f.kind == "batch":
+            need = (0, shape[2])
+        else:
+            need = (0, 1) if shape[2] == 1 and oshape[2] != 1 else (h0, h1)
+        old = ranges.get(name)
+        if old is not None:
+            nn = (min(nn[0], old[0]), max(nn[1], old[1]))
+            need = (min(need[0], old[2]), max(need[1], old[3]))
+        ranges[name] = (nn[0], nn[1], need[0], need[1])
 
 
 # ---------------------------------------------------------------- a group and its plan
@@ -408,6 +415,8 @@ class _Planner:
         self.bytes_per_cycle = chip.ddr_bandwidth / chip.frequency_hz
         self._keys: list | None = None
         self._fewest: dict = {}           # (last op, rows) -> the fewest H slices its last group took
+        self._slices: dict = {}           # (images, rows) -> (first op done, ranges, reads) of groups
+        self._slices_stop = None          # ending before this op (`_slice`)
 
     # -- one candidate group
 
@@ -482,7 +491,7 @@ class _Planner:
         n_total, h_total = oshape[0], oshape[2]
         h_free = all(f.kind != "batch" for f in ops)
         best = None
-        fits = functools.cache(lambda n_rows, parts: self._fits(ops, n_rows, parts, ins, outs, ws))
+        fits = functools.cache(lambda n_rows, parts: self._fits(start, ops, n_rows, parts, ins, outs, ws))
         for n_rows in sorted({n_total, 1}, reverse=True):
             fewest = self._fewest_parts(fits, ops, n_rows, h_free)
             if fewest is None:
@@ -528,7 +537,7 @@ class _Planner:
         self._fewest[(ops[-1].index, n_rows)] = lo
         return lo
 
-    def _fits(self, ops, n_rows: int, parts: int, ins, outs, ws):
+    def _fits(self, start: int, ops, n_rows: int, parts: int, ins, outs, ws):
         """(copies, ranges, local, peak) of the split into `parts` H slices when it fits local
         memory, else None. Sized on the split's first, middle and last slices (the pads differ
         at the edges, the halo is widest inside), each tensor at its largest; the ranges
@@ -537,7 +546,7 @@ class _Planner:
         h_total = oshape[2]
         cuts = _bounds(h_total, parts)
         probes = [cuts[0], cuts[len(cuts) // 2], cuts[-1]]
-        ranges = [slice_ranges(ops, self.types, (0, n_rows), h) for h in dict.fromkeys(probes)]
+        ranges = [self._slice(start, start + len(ops), (0, n_rows), h) for h in dict.fromkeys(probes)]
         rng = ranges[len(ranges) // 2]
         sizes = slice_lane_sizes(ranges, self.types, self.items, self.chip)
         wsizes = weight_lane_sizes(ws, self.types, self.items, self.chip)
@@ -550,6 +559,20 @@ class _Planner:
             if peak <= self.bank:
                 return copies, rng, local, peak
         return None
+
+    def _slice(self, start: int, stop: int, n: tuple, h: tuple) -> SliceRanges:
+        """`slice_ranges` of ops start..stop-1, carried on from the same slice of the group one op
+        shorter where that was the last asked: `plan` tries the groups ending at `stop` longest
+        last, and a group's ranges are the shorter one's with its first op's reads joined in."""
+        if stop != self._slices_stop:
+            self._slices, self._slices_stop = {}, stop
+        done, ranges, reads = self._slices.get((n, h)) or (stop, _last_rows(self.facts[stop - 1], n, h), {})
+        if done < start:                    # (a longer group was asked before: start again)
+            done, ranges, reads = stop, _last_rows(self.facts[stop - 1], n, h), {}
+        for k in range(done - 1, start - 1, -1):
+            _read_rows(self.facts[k], self.types, ranges, reads)
+        self._slices[(n, h)] = (start, ranges, reads)
+        return SliceRanges(n, h, dict(ranges), dict(reads))
 
     def _global_cycles(self, f) -> int:
         """A global op's cycles; a host op's are the host's time (its FLOPs at `host.flops` or
