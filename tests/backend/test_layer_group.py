@@ -451,3 +451,30 @@ def test_slice_ranges_carried_to_longer_groups_change_no_plan(zoo_model, chip_pa
     assert [g.local for g in carried.groups] == [g.local for g in plain.groups]
     assert [g.inputs for g in carried.groups] == [g.inputs for g in plain.groups]
     assert any(g.h_slices > 1 for g in carried.groups) or which == "npu1"
+
+
+@pytest.mark.parametrize("which", ["tiny512", "tiny1024"])
+def test_local_floor_never_exceeds_a_placements_peak_nor_changes_a_plan(zoo_model, chip_paths, which, monkeypatch):
+    # a candidate whose floor (all it holds at its busiest step) is over the bank is turned down
+    # unplaced: every placement the planner makes must need at least its floor
+    from tftpu.backend import layer_group
+    tpu_model, chip = lowered(zoo_model, chip_paths, which, "INT8")
+    seen = []
+    place = layer_group.place_local
+
+    def placed(ops, sizes, ins, outs, ws, copies, wsizes):
+        local, peak = place(ops, sizes, ins, outs, ws, copies, wsizes)
+        seen.append((layer_group.local_floor(ops, sizes, ins, outs, ws, copies, wsizes), peak))
+        return local, peak
+
+    monkeypatch.setattr(layer_group, "place_local", placed)
+    layer_group._EVALUATED.clear()
+    every = plan_groups(tpu_model, chip)
+    assert seen and all(floor <= peak for floor, peak in seen)
+    assert any(floor == peak for floor, peak in seen)
+    # and the plan is the one placing every candidate finds
+    monkeypatch.setattr(layer_group, "local_floor", lambda *args: 0)
+    layer_group._EVALUATED.clear()
+    placing = plan_groups(tpu_model, chip)
+    assert every.as_dict() == placing.as_dict()
+    assert [g.local for g in every.groups] == [g.local for g in placing.groups]

@@ -363,11 +363,8 @@ class GroupPlan:
                 f"against {self.single_cycles:,} with one op per group")
 
 
-def place_local(ops, sizes: dict, ins, outs, ws, copies: int, weight_sizes: dict) -> tuple[dict, int]:
-    """Per-lane offsets of a group's tensors, keyed (name, copy): weights for the whole group,
-    inputs and outputs for a whole slice (`copies` of each, so the next slice's DMA overlaps this
-    one's compute), intermediates from the op that makes them to their last reader."""
-    end = len(ops)
+def _lifetimes(ops) -> tuple[dict, dict]:
+    """(first, last) position in a group of each tensor its ops make or read."""
     first, last = {}, {}
     for p, f in enumerate(ops):
         for o in f.outs:
@@ -376,6 +373,31 @@ def place_local(ops, sizes: dict, ins, outs, ws, copies: int, weight_sizes: dict
         for name in f.ins:
             if name is not None:
                 last[name] = p
+    return first, last
+
+
+def local_floor(ops, sizes: dict, ins, outs, ws, copies: int, weight_sizes: dict) -> int:
+    """The bytes per lane `place_local` needs at least: everything alive at its busiest step (no
+    placement packs tighter), so a group over it is known not to fit without placing it."""
+    end = len(ops)
+    first, last = _lifetimes(ops)
+    alive = [0] * (end + 1)
+    whole = sum(weight_sizes[w] for w in ws)
+    for name, size in sizes.items():
+        if name in ins or name in outs:
+            whole += copies * size
+        else:
+            for t in range(first.get(name, 0), last.get(name, end) + 1):
+                alive[t] += size
+    return whole + max(alive)
+
+
+def place_local(ops, sizes: dict, ins, outs, ws, copies: int, weight_sizes: dict) -> tuple[dict, int]:
+    """Per-lane offsets of a group's tensors, keyed (name, copy): weights for the whole group,
+    inputs and outputs for a whole slice (`copies` of each, so the next slice's DMA overlaps this
+    one's compute), intermediates from the op that makes them to their last reader."""
+    end = len(ops)
+    first, last = _lifetimes(ops)
     items = [((w, 0), weight_sizes[w], -1, end) for w in ws]
     for name, size in sizes.items():
         if name in ins or name in outs:
@@ -555,6 +577,8 @@ class _Planner:
             total = sum(sizes.values()) + (copies - 1) * io + sum(wsizes.values())
             if total <= self.bank:           # everything at once fits: no placement needed yet
                 return copies, rng, {}, total
+            if local_floor(ops, sizes, ins, outs, ws, copies, wsizes) > self.bank:
+                continue
             local, peak = place_local(ops, sizes, ins, outs, ws, copies, wsizes)
             if peak <= self.bank:
                 return copies, rng, local, peak
