@@ -1,7 +1,8 @@
 """The fast requantization (`tftpu.interp.tpu.requant`) equals TFLite's
 MultiplyByQuantizedMultiplier + zero point + clamp, computed with Python integers
 (`tests/interp/int8_reference.py`), at the extremes: INT32_MIN/MAX and beyond (saturated),
-right shifts 0..31, multipliers 0..2**31-1, per channel or one, with and without a fused ReLU."""
+right shifts 0..31 and left shifts 1..31, multipliers 0..2**31-1, per channel or one, with and
+without a fused ReLU."""
 
 from __future__ import annotations
 
@@ -76,13 +77,26 @@ def test_every_right_shift_at_the_extremes(r):
             check(acc.reshape(1, 1, -1), [m], [r], lo, hi, zp, dtype)
 
 
+@pytest.mark.parametrize("left", list(range(1, 32)))
+def test_every_left_shift_at_the_extremes(left):
+    # a requantization scale above 1 (a 16-bit link's fine grid): the saturated accumulator
+    # shifted left and saturated again, then the high multiply
+    rng = np.random.default_rng(100 + left)
+    edges = [s * (1 << (31 - left)) + d for s in (1, -1) for d in (-1, 0, 1)]      # where the shift saturates
+    acc = _accs(rng, 64, edges)
+    for m in MULTS:
+        for lo, hi, zp in ((-128, 127, 0), (0, 127, 0), (-7, 127, -7), (-32768, 32767, 5), (0, 255, 128)):
+            dtype = np.uint8 if hi == 255 else np.int16 if hi == 32767 else np.int8
+            check(acc.reshape(1, 1, -1), [m], [-left], lo, hi, zp, dtype)
+
+
 @settings(max_examples=60, derandomize=True, deadline=None)
 @given(st.data())
 def test_per_channel_parameters(data):
     d = data.draw
     c = d(st.integers(1, 5))
     ms = [d(st.sampled_from(MULTS) | st.integers(0, R.INT32_MAX)) for _ in range(c)]
-    rs = [d(st.integers(0, 31)) for _ in range(c)]
+    rs = [d(st.integers(-31, 31)) for _ in range(c)]          # (negative: a left shift)
     zp = d(st.integers(-128, 127))
     relu = d(st.booleans())
     lo, hi = (max(-128, zp) if relu else -128), d(st.integers(max(-128, zp), 127))
@@ -104,8 +118,8 @@ def test_output_types_and_zero_points_outside_them():
 
 def test_fast_path_declines_what_it_does_not_cover():
     assert Requant.applies([1 << 30], [0]) and Requant.applies([0, R.INT32_MAX], [31, 0])
-    assert not Requant.applies([1 << 30], [-1])            # a left shift
-    assert not Requant.applies([1 << 30], [32])
+    assert Requant.applies([1 << 30], [-1]) and Requant.applies([1 << 30, 3], [-31, 31])   # left shifts too
+    assert not Requant.applies([1 << 30], [32]) and not Requant.applies([1 << 30], [-32])
     assert not Requant.applies([-1], [3]) and not Requant.applies([1 << 31], [3])
     assert not Requant.applies([], [])
 

@@ -88,7 +88,8 @@ def _native_plan(attrs: dict, out):
     """The native kernels' form of an op's requantization, or None where they do not apply."""
     def make():
         m, r = attrs["multiplier"], attrs["rshift"]
-        if out.dtype not in quant.STORAGE or not requant.Requant.applies(m, r) or native.library() is None:
+        if out.dtype not in quant.STORAGE or not requant.Requant.applies(m, r) or np.min(r) < 0 \
+                or native.library() is None:       # (the native kernels shift right only)
             return None
         lo, hi = _bounds(attrs, out)
         return native.Requantizer(m, r, lo, hi, out.zp, quant.STORAGE[out.dtype][0])

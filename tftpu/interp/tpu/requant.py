@@ -58,17 +58,23 @@ class Requant:
         self.zp, self.lo, self.hi = int(zp), int(lo), int(hi)
         self.axis = axis if m.size > 1 or r.size > 1 else None
         self.m = _shaped(m, ndim, axis)
+        # a negative rshift is a left shift of the saturated accumulator, saturated again (a
+        # requantization scale above 1: a 16-bit link's fine grid), before the high multiply
+        self.left = _shaped(np.maximum(-r, 0), ndim, axis) if (r < 0).any() else None
+        r = np.maximum(r, 0)
         self.combined = lo - zp >= 0
         half = np.where(r > 0, np.left_shift(np.int64(1), np.maximum(r - 1, 0)), 0)
         self.fa = None
+        exact = self.left is None          # (the float forms are proved for right shifts only)
         if self.combined:
             self.add = _shaped((1 << 30) + (half << 31), ndim, axis)
             self.shift = _shaped(r + 31, ndim, axis)
-            if _float_exact(m, r, lo - zp, hi - zp) and hi - zp <= _range(self.dtype)[1]:
+            if exact and _float_exact(m, r, lo - zp, hi - zp) and hi - zp <= _range(self.dtype)[1]:
                 self.fa = _shaped(m.astype(np.float64) * np.exp2(-(r + 31.0)), ndim, axis)
                 self.fc = _shaped(((1 << 30) + (half << 31)).astype(np.float64) * np.exp2(-(r + 31.0)), ndim, axis)
         else:
-            if _float_exact(m, r, lo - zp, hi - zp, signed=True) and _range(self.dtype)[0] <= lo - zp <= hi - zp <= _range(self.dtype)[1]:
+            if exact and _float_exact(m, r, lo - zp, hi - zp, signed=True) and \
+                    _range(self.dtype)[0] <= lo - zp <= hi - zp <= _range(self.dtype)[1]:
                 eps = np.exp2(-(r + 32.0))                   # half the grid of t * a
                 self.fa = _shaped(m.astype(np.float64) * np.exp2(-(r + 31.0)), ndim, axis)
                 self.fh = _shaped(eps, ndim, axis)
@@ -82,10 +88,10 @@ class Requant:
     @staticmethod
     def applies(multiplier, rshift) -> bool:
         """Whether the fast path covers these parameters (multipliers in [0, 2**31), right
-        shifts in 0..31); others take `tftpu.rounding`."""
+        shifts in -31..31, a negative one shifting left); others take `tftpu.rounding`."""
         m = np.asarray(multiplier, np.int64)
         r = np.asarray(rshift, np.int64)
-        return bool(m.size and r.size and m.min() >= 0 and m.max() <= INT32_MAX and r.min() >= 0 and r.max() <= 31)
+        return bool(m.size and r.size and m.min() >= 0 and m.max() <= INT32_MAX and r.min() >= -31 and r.max() <= 31)
 
     def __call__(self, acc: np.ndarray, saturated: bool = False) -> np.ndarray:
         """Accumulators `acc` (any integer type, or floats holding integers; an int64 `acc` is
@@ -112,6 +118,9 @@ class Requant:
             return
         t = a if a.dtype == np.int64 else a.astype(np.int64)
         if not saturated:
+            np.clip(t, INT32_MIN, INT32_MAX, out=t)
+        if self.left is not None:
+            t <<= self.left
             np.clip(t, INT32_MIN, INT32_MAX, out=t)
         t *= self.m
         if self.combined:
