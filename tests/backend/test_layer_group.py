@@ -19,8 +19,7 @@ from tftpu import quant
 from tftpu.backend.codegen import generate
 from tftpu.backend.layer_group import lane_bytes, plan_groups, weight_lane_axis
 from tftpu.backend.memory import plan_memory
-from tftpu.backend.simulator import Simulator, SimulatorError
-from tftpu.errors import InternalError
+from tftpu.backend.simulator import Simulator
 from tftpu.ir import TopBuilder
 from tftpu.ir import attrs as A
 from tftpu.ir import top, tpu
