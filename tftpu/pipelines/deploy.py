@@ -9,14 +9,17 @@ TPU model against TOP tensor by tensor, write the `.tpu.mlir` (+ weights) and a 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import logging
 import math
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from tftpu import chip as chips
 from tftpu import errors
@@ -29,6 +32,7 @@ from tftpu.quant.refit import INPUT_BUDGET as REFIT_INPUTS
 from tftpu.quant.refit import MAX_SAMPLES as REFIT_SAMPLES
 from tftpu.quant.refit import ROUNDINGS as REFIT_ROUNDINGS
 from tftpu.transforms.lowering.decode_tail import decode_tail
+from tftpu.utils.threads import pool_size
 from tftpu.pipelines.equalization import check_cross_layer, check_equalize, cross_layer_step, equalize_step
 from tftpu.pipelines.conv_links import CONV_LINKS_LATENCY, input_links, program_profile, rank_conv_links
 from tftpu.pipelines.judge import Judge as _Judge
@@ -507,31 +511,40 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
         judges do not lose; a refit gives way to plain bias correction where that does better.
         `given` (refit, kept, check): that correction, neither weighed against the other nor judged."""
         plain: list = []
+        ahead: dict = {}        # how -> its correction, computed beside the first (the duel's rivals)
+
+        def correction(refit_now: bool | str, float_ops: set):
+            """(weights lowered, report) of the correction `refit_now` (`attempt`'s), and its seconds."""
+            from tftpu.quant.bias_correction import INPUT_BUDGET, MAX_SAMPLES as MAX_FIT_SAMPLES, correct_biases
+            t1 = time.perf_counter()
+            lowered = top_model
+            if rounded is not None:
+                from tftpu.quant.weight_rounding import restore_weights
+                lowered = restore_weights(rounded, top_model, float_ops)
+            # the ops a refit leaves as given: the decode tail (float by design); plain bias
+            # correction, the refit's fallback, leaves every float op so (measured: the face
+            # detector's float ops corrected by their mean shift alone lost 1 dB on its test photo)
+            fixed = float_ops if not refit_now else float_ops - _float_ops(top_model, q, False)
+            done = correct_biases(lowered, table, fit_samples or samples or [inputs], asymmetric=asymmetric,
+                                  max_samples=REFIT_SAMPLES if refit_now else MAX_FIT_SAMPLES,
+                                  float_ops=float_ops, fixed=fixed, wide_links=links, refit=bool(refit_now),
+                                  rounding="gptq" if refit_now == "gptq" else "nearest",
+                                  input_budget=REFIT_INPUTS if refit_now else INPUT_BUDGET)
+            return done, time.perf_counter() - t1
 
         def attempt(refit_now: bool | str):
             """The build with plain bias correction (False), a refit (True) or a refit whose
             weights are rounded by GPTQ ("gptq")."""
             lowered, corrected = top_model, None
             float_ops = _float_ops(top_model, q, float_tail)
-            # the ops a refit leaves as given: the decode tail (float by design); plain bias
-            # correction, the refit's fallback, leaves every float op so (measured: the face
-            # detector's float ops corrected by their mean shift alone lost 1 dB on its test photo)
-            fixed = float_ops if not refit_now else float_ops - _float_ops(top_model, q, False)
-            if rounded is not None:
+            if correcting and (given is None or given[1]):  # a refit fits the convs to their INT8 inputs
+                (lowered, corrected), took = (ahead.pop(refit_now).result() if refit_now in ahead
+                                              else correction(refit_now, float_ops))
+                what = "weight refit" if refit_now else "bias correction"
+                seconds[what] = seconds.get(what, 0.0) + took
+            elif rounded is not None:
                 from tftpu.quant.weight_rounding import restore_weights
                 lowered = restore_weights(rounded, top_model, float_ops)
-            if correcting and (given is None or given[1]):  # a refit fits the convs to their INT8 inputs
-                from tftpu.quant.bias_correction import INPUT_BUDGET, MAX_SAMPLES as MAX_FIT_SAMPLES, correct_biases
-                t1 = time.perf_counter()
-                lowered, corrected = correct_biases(lowered, table, fit_samples or samples or [inputs],
-                                                    asymmetric=asymmetric,
-                                                    max_samples=REFIT_SAMPLES if refit_now else MAX_FIT_SAMPLES,
-                                                    float_ops=float_ops, fixed=fixed,
-                                                    wide_links=links, refit=bool(refit_now),
-                                                    rounding="gptq" if refit_now == "gptq" else "nearest",
-                                                    input_budget=REFIT_INPUTS if refit_now else INPUT_BUDGET)
-                what = "weight refit" if refit_now else "bias correction"
-                seconds[what] = seconds.get(what, 0.0) + time.perf_counter() - t1
             t1 = time.perf_counter()
             tpu_model, lowering = lower(lowered, the_chip, mode, table, qtable=q, asymmetric=asymmetric,
                                         wide_links=links, float_tail=float_tail)
@@ -563,11 +576,26 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
                 return other
             return built
 
-        built = attempt("gptq" if refitting and refit_rounding == "gptq" else refitting)
-        if refitting and refit_rounding == "auto" and judge is not None and built[3] is not None and built[3].refit:
-            built = better(built, "gptq", "rounded to nearest:")      # the refit rounded by GPTQ
-        if refitting and bias_correction and judge is not None:
-            built = better(built, False, "weight refit")               # plain bias correction
+        first = "gptq" if refitting and refit_rounding == "gptq" else bool(refitting)
+        gptq_duel = refitting and refit_rounding == "auto" and judge is not None
+        plain_duel = refitting and bias_correction and judge is not None
+        rivals = [how for how, duel in (("gptq", gptq_duel), (False, plain_duel)) if duel and how != first]
+        # the duel's rival corrections run on a worker beside the first's build and judgement (each
+        # the same computation as alone: the BLAS held to one thread for all of them)
+        workers = ThreadPoolExecutor(max_workers=len(rivals)) if correcting and rivals and pool_size() > 1 else None
+        with threadpool_limits(limits=1, user_api="blas") if workers is not None else contextlib.nullcontext():
+            try:
+                if workers is not None:
+                    float_ops = _float_ops(top_model, q, float_tail)
+                    ahead.update({how: workers.submit(correction, how, float_ops) for how in rivals})
+                built = attempt(first)
+                if gptq_duel and built[3] is not None and built[3].refit:
+                    built = better(built, "gptq", "rounded to nearest:")      # the refit rounded by GPTQ
+                if plain_duel:
+                    built = better(built, False, "weight refit")               # plain bias correction
+            finally:
+                if workers is not None:
+                    workers.shutdown(wait=True, cancel_futures=True)
         if built[3] is not None and rounded is None and not settled:
             settled.append(_given(built[3]))
         return built
