@@ -1255,6 +1255,72 @@ def test_the_whole_latency_budget_is_weighed_against_float_ops_that_miss_the_tar
     assert all(r["bit_exact"] for r in result.simulator["outputs"])
 
 
+def test_corrections_computed_ahead_give_the_same_program(monkeypatch):
+    """The duel's rival corrections and the trials' refits whose inputs are known once the first
+    program is built (the float check's, the whole latency budget's) run on workers ahead of the
+    build that takes them (`deploy._Ahead`): the program, its weights and every verdict are the
+    ones made with each correction computed in its turn, and those built ahead are taken."""
+    import tftpu.pipelines.deploy as deploying
+    import tftpu.pipelines.conv_links as pricing
+
+    model = conv_net([(128, 3), (128, 3), (8, 1)], 16, 32)
+    samples = samples_for(model, n=4)
+    table = quant.calibrate(model, samples, "mse")
+    monkeypatch.setattr(pricing.ConvLinks, "latency", lambda self, k: self.us[0] * (1 + 0.045 * k))
+    monkeypatch.setattr(deploying, "AUTO_TARGET", "0.99,90")
+    monkeypatch.setattr(deploying, "_float_ops_fail", lambda mixed, all_int8, target: None)   # float ops kept
+    taken = []
+    take = deploying._Ahead.take
+
+    def counted(self, key, compute):
+        taken.append(key in self.futures)
+        return take(self, key, compute)
+
+    monkeypatch.setattr(deploying._Ahead, "take", counted)
+
+    def run(workers):
+        taken.clear()
+        monkeypatch.setattr(deploying, "AHEAD_WORKERS", workers)
+        result = deploy(model, quantize="INT8", chip="npu1", calibration_table=table, test_input=samples[0],
+                        samples=samples[1:], mixed_precision="0.99,90", mixed_precision_budget=None,
+                        weight_refit=True, bias_correction=True)
+        weights = {k: np.asarray(v).tobytes() for k, v in result.model.weights.items()}
+        return result, weights, list(taken)
+
+    alone, alone_weights, alone_taken = run(0)
+    ahead, ahead_weights, ahead_taken = run(2)
+    assert not any(alone_taken) and sum(ahead_taken) >= 3          # the duel's two rivals, a trial's refit
+    assert len(ahead_taken) == len(alone_taken)
+    assert ahead_weights == alone_weights
+    assert str(ahead.bias_correction) == str(alone.bias_correction) and ahead.conv_links == alone.conv_links
+    assert [k[0] for k in ahead.search.kept] == [k[0] for k in alone.search.kept]
+    assert [(d.name, d.mode) for d in ahead.lowering.decisions] == [(d.name, d.mode) for d in alone.lowering.decisions]
+
+
+def test_ahead_computes_in_turn_what_no_worker_started():
+    """`_Ahead.take` returns the result computed ahead under its key, or computes it there (no
+    worker, nothing submitted, or not started yet); the BLAS thread limit it held is given back."""
+    import threading
+    from threadpoolctl import threadpool_info
+    from tftpu.pipelines.deploy import _Ahead
+
+    before = [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+    with _Ahead(0) as off:
+        off.submit("a", lambda: 1)
+        assert off.take("a", lambda: 2) == 2
+    gate, ran = threading.Event(), []
+    with _Ahead(1) as on:
+        assert all(i["num_threads"] == 1 for i in threadpool_info() if i["user_api"] == "blas")
+        on.submit("slow", lambda: gate.wait(10) and ran.append("slow") or "ahead")
+        on.submit("queued", lambda: ran.append("queued") or "ahead")   # behind "slow" on the one worker
+        assert on.take("queued", lambda: "in turn") == "in turn"       # not started: computed here
+        assert on.take("other", lambda: "in turn") == "in turn"
+        gate.set()
+        assert on.take("slow", lambda: "in turn") == "ahead"
+    assert ran == ["slow"]
+    assert [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"] == before
+
+
 def test_auto_links_read_the_model_input_on_16_bits_where_the_stem_costs_little(tmp_path):
     """Under wide_links="auto", the convs reading the model input read it on 16 bits (two INT8
     passes) where that keeps the all-INT8 program's estimated latency within INPUT_LINKS_LATENCY:
