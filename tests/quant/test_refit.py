@@ -57,8 +57,10 @@ def _normal_equations(fit, xs, xqs, ridge):
     from tftpu.quant.weight_rounding import conv_patches
 
     kernel = tuple(fit.attrs["kernel_shape"])
-    xq = np.concatenate([p for x in xqs for p in conv_patches(x, kernel, fit.attrs, ones=True)], 1).astype(float)
-    xf = np.concatenate([p for x in xs for p in conv_patches(x, kernel, fit.attrs, ones=True)], 1).astype(float)
+    xq = np.swapaxes(np.concatenate([p for x in xqs for p in conv_patches(x, kernel, fit.attrs, ones=True)], 2),
+                     1, 2).astype(float)                                  # [g, rows, d + 1]
+    xf = np.swapaxes(np.concatenate([p for x in xs for p in conv_patches(x, kernel, fit.attrs, ones=True)], 2),
+                     1, 2).astype(float)
     qq, qf = np.swapaxes(xq, 1, 2) @ xq, np.swapaxes(xq, 1, 2) @ xf
     lam = ridge * np.diagonal(qq, axis1=1, axis2=2)[:, :-1].mean(axis=1)[:, None, None]
     sol = np.linalg.solve(qq + lam * np.eye(qq.shape[1]), qf @ fit.wb + lam * fit.wb)

@@ -36,30 +36,30 @@ def test_patches_are_what_the_conv_multiplies(k, s, d, pads, groups, size, seed)
     if size + pads[0] + pads[2] < (k[0] - 1) * d[0] + 1 or size + 1 + pads[1] + pads[3] < (k[1] - 1) * d[1] + 1:
         return                                                            # no output
     want, = KERNELS["top.Conv"]([x, w, None], attrs)
-    rows = np.concatenate(list(W.conv_patches(x, k, attrs)), axis=1)      # [g, N*Ho*Wo, d]
+    patches = np.concatenate(list(W.conv_patches(x, k, attrs)), axis=2)      # [g, d, N*Ho*Wo]
     og = o // groups
-    got = np.einsum("gpd,god->pgo", rows.astype(np.float64), w.reshape(groups, og, -1).astype(np.float64))
+    got = np.einsum("gdp,god->pgo", patches.astype(np.float64), w.reshape(groups, og, -1).astype(np.float64))
     got = got.reshape(2, want.shape[2], want.shape[3], o).transpose(0, 3, 1, 2)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
-    # stored rows last (what the refit multiplies), with the bias's column of ones: the same patches
-    last = np.concatenate(list(W.conv_patches(x, k, attrs, ones=True, rows_last=True)), axis=2)
-    np.testing.assert_array_equal(last[:, :-1], np.swapaxes(rows, 1, 2))
-    np.testing.assert_array_equal(last[:, -1], 1.0)
+    # with the bias's row of ones (what the refit multiplies): the same patches
+    with_ones = np.concatenate(list(W.conv_patches(x, k, attrs, ones=True)), axis=2)
+    np.testing.assert_array_equal(with_ones[:, :-1], patches)
+    np.testing.assert_array_equal(with_ones[:, -1], 1.0)
 
 
 def test_large_maps_are_sampled_every_few_rows(monkeypatch):
     rng = np.random.default_rng(0)
     x = rng.normal(size=(1, 2, 12, 5)).astype(np.float32)
     attrs = {"kernel_shape": [3, 3], "strides": [1, 1], "dilations": [1, 1], "pads": [1, 1, 1, 1], "group": 1}
-    every = np.concatenate(list(W.conv_patches(x, (3, 3), attrs)), axis=1)
+    every = np.concatenate(list(W.conv_patches(x, (3, 3), attrs)), axis=2)
     monkeypatch.setattr(W, "MAX_ROWS", 20)                # 60 positions: every 3rd output row
     monkeypatch.setattr(W, "ROWS", 10)                    # two rows (10 patches) a block
-    some = np.concatenate(list(W.conv_patches(x, (3, 3), attrs)), axis=1)
-    np.testing.assert_array_equal(some, every.reshape(1, 12, 5, 18)[:, ::3].reshape(1, -1, 18))
-    with_ones = np.concatenate(list(W.conv_patches(x, (3, 3), attrs, ones=True)), axis=1)
-    np.testing.assert_array_equal(with_ones, np.concatenate([some, np.ones((1, some.shape[1], 1), np.float32)], 2))
-    last = np.concatenate(list(W.conv_patches(x, (3, 3), attrs, ones=True, rows_last=True)), axis=2)
-    np.testing.assert_array_equal(last, np.swapaxes(with_ones, 1, 2))
+    blocks = list(W.conv_patches(x, (3, 3), attrs))
+    assert [b.shape for b in blocks] == [(1, 18, 10), (1, 18, 10)]
+    some = np.concatenate(blocks, axis=2)
+    np.testing.assert_array_equal(some, every.reshape(1, 18, 12, 5)[:, :, ::3].reshape(1, 18, -1))
+    with_ones = np.concatenate(list(W.conv_patches(x, (3, 3), attrs, ones=True)), axis=2)
+    np.testing.assert_array_equal(with_ones, np.concatenate([some, np.ones((1, 1, some.shape[2]), np.float32)], 1))
 
 
 def _grid(o, d, rng):

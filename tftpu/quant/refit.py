@@ -79,8 +79,8 @@ class Fit:
         d1 = self.qq.shape[1]
         rows = int(min(MAX_ROWS, max(MIN_ROWS, GRAM_BUDGET // d1 ** 2)))
         out = []
-        for pf, pq in zip(conv_patches(x_float, kernel, self.attrs, rows, ones=True, rows_last=True),
-                          conv_patches(x_quant, kernel, self.attrs, rows, ones=True, rows_last=True)):
+        for pf, pq in zip(conv_patches(x_float, kernel, self.attrs, rows, ones=True),
+                          conv_patches(x_quant, kernel, self.attrs, rows, ones=True)):
             out.append((pq, pf, pf.shape[2], True) if pq.shape[2] < d1 else (*_grams(pq, pf), pf.shape[2], False))
         return out
 

@@ -153,15 +153,14 @@ def _db(signal: float, noise: float) -> float:
 
 # ---------------------------------------------------------------------------- the layers' inputs
 
-def conv_patches(x: np.ndarray, kernel: tuple, attrs: dict, max_rows: int | None = None, ones: bool = False,
-                 rows_last: bool = False):
+def conv_patches(x: np.ndarray, kernel: tuple, attrs: dict, max_rows: int | None = None, ones: bool = False):
     """Yield the input patches of a 2-D NCHW conv, a block of output rows at a time, as
-    contiguous float32 [group, rows, C/group * kh * kw] (the order of the OIHW filter's flattened
-    [C/g, kh, kw]), with a last column of ones where `ones` (a bias's input); about `max_rows`
-    (MAX_ROWS) rows per image at most (every few output rows of a large map). Contiguous, as
-    numpy's batched matmul takes a path many times slower on strided blocks. `rows_last`: each
-    block [group, C/group * kh * kw (+ 1), rows] instead, filled a run of output columns at a time
-    (a stride-1 conv's input rows copied whole, not a few taps at a time)."""
+    contiguous float32 [group, C/group * kh * kw, patches] (the order of the OIHW filter's
+    flattened [C/g, kh, kw]), with a last row of ones where `ones` (a bias's input); about
+    `max_rows` (MAX_ROWS) patches per image at most (every few output rows of a large map).
+    Patches last, each block is filled a run of output columns at a time (a stride-1 conv's
+    input rows copied whole, not a few taps at a time); contiguous, as numpy's batched matmul
+    takes a path many times slower on strided blocks."""
     max_rows = MAX_ROWS if max_rows is None else max_rows
     kh, kw = kernel
     pt, pl, pb, pr = (list(attrs.get("pads") or ()) + [0, 0, 0, 0])[:4]
@@ -181,27 +180,19 @@ def conv_patches(x: np.ndarray, kernel: tuple, attrs: dict, max_rows: int | None
         for k in range(0, len(rows), step):
             block = win[i, :, rows[k]:rows[min(k + step, len(rows)) - 1] + 1:every]    # [C, R, Wo, kh, kw]
             r = block.shape[1]
-            if rows_last:
-                out = np.empty((g, d + ones, r * wo), np.float32)
-                out[:, :d].reshape(g, cg, kh, kw, r, wo)[...] = \
-                    block.reshape(g, cg, r, wo, kh, kw).transpose(0, 1, 4, 5, 2, 3)
-                if ones:
-                    out[:, d] = 1.0
-                yield out
-                continue
-            out = np.empty((g, r * wo, d + ones), np.float32)
-            into = out.reshape(g, r, wo, d + ones)[..., :d].reshape(g, r, wo, cg, kh, kw)    # (a view: axes split)
-            into[...] = block.reshape(g, cg, r, wo, kh, kw).transpose(0, 2, 3, 1, 4, 5)
+            out = np.empty((g, d + ones, r * wo), np.float32)
+            out[:, :d].reshape(g, cg, kh, kw, r, wo)[...] = \
+                block.reshape(g, cg, r, wo, kh, kw).transpose(0, 1, 4, 5, 2, 3)
             if ones:
-                out[:, :, d] = 1.0
+                out[:, d] = 1.0
             yield out
 
 
-def _accumulate(h: np.ndarray, rows: np.ndarray) -> int:
-    """h [g, d, d] += rows^T rows per group (rows [g, P, d] float32, contiguous; float32
-    products of at most ROWS rows, summed in float64); the number of rows."""
-    h += np.swapaxes(rows, 1, 2) @ rows
-    return rows.shape[1]
+def _accumulate(h: np.ndarray, patches: np.ndarray) -> int:
+    """h [g, d, d] += X X^T per group (X: `patches` [g, d, P] float32, contiguous; float32
+    products of at most ROWS output rows, summed in float64); the number of patches."""
+    h += patches @ np.swapaxes(patches, 1, 2)
+    return patches.shape[2]
 
 
 class _Layer:
@@ -227,14 +218,14 @@ class _Layer:
 
     def observe(self, x: np.ndarray) -> None:
         if isinstance(self.op, top.MatMul):
-            self.rows += _accumulate(self.h, np.ascontiguousarray(x.reshape(1, -1, x.shape[-1]), np.float32))
+            self.rows += _accumulate(self.h, np.ascontiguousarray(x.reshape(-1, x.shape[-1]).T[None], np.float32))
             return
         a = self.op.attrs()
         if a["layout"] == "NHWC":
             x = x.transpose(0, 3, 1, 2)
         kernel = tuple(a["kernel_shape"]) or self.shape[2:]
-        for rows in conv_patches(x, kernel, a):
-            self.rows += _accumulate(self.h, rows)
+        for patches in conv_patches(x, kernel, a):
+            self.rows += _accumulate(self.h, patches)
 
     def weights(self, levels: np.ndarray, scales: np.ndarray) -> np.ndarray:
         """The reconstructed weights in the op's own layout and dtype."""
