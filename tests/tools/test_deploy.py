@@ -1281,6 +1281,7 @@ def test_corrections_computed_ahead_give_the_same_program(monkeypatch):
     def run(workers):
         taken.clear()
         monkeypatch.setattr(deploying, "AHEAD_WORKERS", workers)
+        monkeypatch.setattr(deploying, "pool_size", lambda: 2)      # (on a one-core machine too)
         result = deploy(model, quantize="INT8", chip="npu1", calibration_table=table, test_input=samples[0],
                         samples=samples[1:], mixed_precision="0.99,90", mixed_precision_budget=None,
                         weight_refit=True, bias_correction=True)
