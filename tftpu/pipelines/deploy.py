@@ -509,33 +509,35 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     ahead = _Ahead(AHEAD_WORKERS if correcting and judge is not None and pool_size() > 1 else 0)
 
     def correction_key(how: bool | str, q, links) -> tuple:
-        """What the correction `how` of the program with quantize table `q` and `links` depends on."""
-        float_ops = _float_ops(top_model, q, float_tail)
-        return how, frozenset(float_ops), frozenset(_float_ops(top_model, q, False)), type(links), links
+        """What the correction `how` of the program with quantize table `q` and `links` depends on:
+        (how, its float ops, those without the decode tail, the links' kind, the links)."""
+        return (how, frozenset(_float_ops(top_model, q, float_tail)), frozenset(_float_ops(top_model, q, False)),
+                type(links), links)
 
-    def correction(how: bool | str, q, links):
-        """((weights lowered, report), seconds) of the correction `how` (`build`'s `attempt`)."""
+    def correction(key: tuple):
+        """((weights lowered, report), seconds) of the correction `correction_key` names (`build`'s `attempt`)."""
         from tftpu.quant.bias_correction import INPUT_BUDGET, MAX_SAMPLES as MAX_FIT_SAMPLES, correct_biases
+        how, float_ops, searched, _, links = key
         t1 = time.perf_counter()
-        float_ops = _float_ops(top_model, q, float_tail)
         lowered = top_model
         if rounded is not None:
             from tftpu.quant.weight_rounding import restore_weights
-            lowered = restore_weights(rounded, top_model, float_ops)
+            lowered = restore_weights(rounded, top_model, set(float_ops))
         # the ops a refit leaves as given: the decode tail (float by design); plain bias
         # correction, the refit's fallback, leaves every float op so (measured: the face
         # detector's float ops corrected by their mean shift alone lost 1 dB on its test photo)
-        fixed = float_ops if not how else float_ops - _float_ops(top_model, q, False)
+        fixed = float_ops if not how else float_ops - searched
         done = correct_biases(lowered, table, fit_samples or samples or [inputs], asymmetric=asymmetric,
                               max_samples=REFIT_SAMPLES if how else MAX_FIT_SAMPLES,
-                              float_ops=float_ops, fixed=fixed, wide_links=links, refit=bool(how),
+                              float_ops=set(float_ops), fixed=set(fixed), wide_links=links, refit=bool(how),
                               rounding="gptq" if how == "gptq" else "nearest",
                               input_budget=REFIT_INPUTS if how else INPUT_BUDGET)
         return done, time.perf_counter() - t1
 
     def expect(how: bool | str, q, links) -> None:
         """The correction `how` of a program to be built (`q`, `links`), started on a worker."""
-        ahead.submit(correction_key(how, q, links), lambda: correction(how, q, links))
+        key = correction_key(how, q, links)
+        ahead.submit(key, lambda: correction(key))
 
     def build(q, notes_of_rounding, links=links, given=None):
         """(TPU model, lowering, weights lowered, bias-correction report) for quantize table `q`:
@@ -549,8 +551,8 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
             weights are rounded by GPTQ ("gptq")."""
             lowered, corrected = top_model, None
             if correcting and (given is None or given[1]):  # a refit fits the convs to their INT8 inputs
-                (lowered, corrected), took = ahead.take(correction_key(refit_now, q, links),
-                                                        lambda: correction(refit_now, q, links))
+                key = correction_key(refit_now, q, links)
+                (lowered, corrected), took = ahead.take(key, lambda: correction(key))
                 what = "weight refit" if refit_now else "bias correction"
                 seconds[what] = seconds.get(what, 0.0) + took
             elif rounded is not None:
