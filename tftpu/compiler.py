@@ -446,6 +446,8 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None,
         extra["conv_links"] = deployed.conv_links
     if deployed.weights_line:
         say(f"    ({deployed.weights_line})")
+    if deployed.range_line:
+        say(f"    ({deployed.range_line})")
     if s2d.get("applied"):              # the same precision choices, without the rewrite
         names = {op.loc for op in top_model.ops}
         qtable = deployed.search.qtable if deployed.search is not None else quantize_table

@@ -192,6 +192,8 @@ def main(args):
         print(f"wide links: {result.tables}")
     if result.weights_line:
         print(f"weights: {result.weights_line}")
+    if result.range_line:
+        print(f"ranges: {result.range_line}")
     if result.weight_rounding is not None:
         print(f"weight rounding: {result.weight_rounding}")
     if result.bias_correction is not None:

@@ -1381,3 +1381,50 @@ def test_a_dear_input_link_is_taken_where_it_lifts_all_int8(monkeypatch):
     monkeypatch.setattr(pricing, "INPUT_LINKS_GAIN", 1000.0)
     kept = deploy(model, test_input=samples[0], samples=samples[1:], **kw)
     assert not isinstance(kept.wide_links, InputConvs) and "model input" not in (kept.conv_links or "")
+
+
+def test_beyond_range_names_the_tensors_an_unlike_test_input_takes_past_their_grids():
+    """Where the program misses: the test input's tensors 2x or more past their calibrated 8-bit
+    grid (either end), furthest first; a range clipped to its saturating readers is left out."""
+    from tftpu.pipelines.deploy import DeployResult, _beyond
+    from tftpu.quant.table import CalibrationTable
+
+    calibrated = CalibrationTable({"a": (1.0, -1.0, 1.0), "b": (2.0, 0.0, 2.0), "c": (1.0, -1.0, 1.0),
+                                   "d": (1.0, -1.0, 1.0), "e": (1.0, -1.0, 1.0)})
+    clipped = CalibrationTable({**calibrated.entries, "d": (0.5, -0.5, 0.5)})
+    dump = {"a": np.array([0.5, 3.0], np.float32), "b": np.array([0.0, 3.0], np.float32),
+            "c": np.array([-5.0, 0.2], np.float32), "d": np.array([10.0], np.float32),
+            "e": np.array([-1.9, 1.9], np.float32)}
+    rows = _beyond(dump, calibrated, clipped, asymmetric="auto")
+    # c: -5 against the grid's -128/127; a: 3 against 1; b (one-sided, 0..2) 1.5x and e 1.9x are
+    # within 2x; d's readers saturate past its clipped range
+    assert [(n, v) for n, v, _ in rows] == [("c", -5.0), ("a", 3.0)]
+    assert rows[0][2] == pytest.approx(-128 / 127) and rows[1][2] == pytest.approx(1.0)
+    line = DeployResult(model=None, lowering=None, tolerance=(0.8, 0.5), beyond_of=lambda: rows).range_line
+    assert line.startswith("the test input goes 2x or more beyond the calibrated range of 2 tensor(s), up to 5.0x: "
+                           "c -5 against -1.008, a 3 against 1")
+    assert DeployResult(model=None, lowering=None, tolerance=(0.8, 0.5)).range_line is None
+
+
+def test_a_missed_target_names_what_an_unlike_test_input_takes_past_its_grids(tmp_path):
+    """deploy on a test input 8x louder than its calibration samples: where the program misses,
+    the result and the report name the tensors it takes past their grids (the tool prints it); on
+    a test input like the samples, nothing."""
+    import json
+
+    from tftpu.pipelines.deploy import deploy
+
+    model = conv_net([(8, 3), (4, 1)], 3, 12)
+    samples = samples_for(model, n=4)
+    table = quant.calibrate(model, samples, "mse")
+    loud = {k: v * 8 for k, v in samples[0].items()}
+    kw = dict(quantize="INT8", chip="npu1", calibration_table=table, samples=samples[1:],
+              mixed_precision="0.99,90", mixed_precision_budget=0.0)
+    missed = deploy(model, test_input=loud, report=tmp_path / "r.json", **kw)
+    assert min(missed.judged) < 90
+    assert [n for n, _, _ in missed.beyond_range][:1] in (["x"], ["c0"], ["c1"])
+    assert all(abs(v) >= 2 * abs(b) for _, v, b in missed.beyond_range)
+    assert "beyond the calibrated range" in missed.range_line
+    assert json.loads((tmp_path / "r.json").read_text())["beyond_range"]["line"] == missed.range_line
+    alike = deploy(model, test_input=samples[0], **kw)
+    assert min(alike.judged) < 90 and alike.beyond_range == [] and alike.range_line is None

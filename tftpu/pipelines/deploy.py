@@ -26,6 +26,7 @@ from tftpu.interp.similarity import Comparison, max_relative_difference, parse_t
 from tftpu.interp.top_interpreter import TopInterpreter
 from tftpu.ir import top
 from tftpu.ir.base import value_name
+from tftpu.quant import params as P
 from tftpu.quant.links import InputConvs
 from tftpu.quant.refit import INPUT_BUDGET as REFIT_INPUTS
 from tftpu.quant.refit import MAX_SAMPLES as REFIT_SAMPLES
@@ -55,6 +56,9 @@ WEIGHTS_MARGIN_DB = 3.0
 # tensors (a 640x640 detector's compile peaks near 5 GB with three at once)
 AHEAD_WORKERS = 2
 WORST_CONVS = 3           # the convs whose weights cost most, named where the weights alone miss
+# where the program misses: the test input's tensors this many times beyond their calibrated grid
+# are named (twice: beyond the 16-bit links' headroom too, so clipped whatever their width)
+BEYOND_RANGE = 2.0
 
 
 @dataclasses.dataclass
@@ -95,6 +99,7 @@ class DeployResult:
     judged: tuple | None = None                 # (pooled, test input alone) worst SQNR as the judge saw the program
     weights_alone_of: object | None = None      # where that misses the target: () -> `weights_alone`
     weights_each_of: object | None = None       # ... () -> {conv: worst SQNR with its weights alone rounded}
+    beyond_of: object | None = None             # ... () -> `beyond_range`
     target_db: float | None = None              # the SQNR target the program was judged against
     pending_checks: object | None = None        # deploy(..., checks=False): (result) -> None, run by `run_checks`
 
@@ -120,6 +125,25 @@ class DeployResult:
             return []
         effects = self.weights_each_of()
         return sorted(effects.items(), key=lambda t: (t[1], t[0]))[:WORST_CONVS]
+
+    @functools.cached_property
+    def beyond_range(self) -> list[tuple[str, float, float]]:
+        """Where the INT8 program misses the target: the tensors whose values on the test input go
+        `BEYOND_RANGE` times or more past their calibrated grid (name, value, the grid's end), the
+        furthest first: an input unlike the calibration data, which no grid from that data holds."""
+        return [] if self.beyond_of is None else self.beyond_of()
+
+    @property
+    def range_line(self) -> str | None:
+        """`beyond_range` in one line, or None where no tensor goes that far."""
+        rows = self.beyond_range
+        if not rows:
+            return None
+        named = ", ".join(f"{n} {v:.4g} against {b:.4g}" for n, v, b in rows[:WORST_CONVS])
+        more = f" and {len(rows) - WORST_CONVS} more" if len(rows) > WORST_CONVS else ""
+        return (f"the test input goes {BEYOND_RANGE:g}x or more beyond the calibrated range of {len(rows)} "
+                f"tensor(s), up to {rows[0][1] / rows[0][2]:.1f}x: {named}{more}; the grids clip it there, so "
+                "calibration data like the test input would help more than any choice made here")
 
     @property
     def weights_line(self) -> str | None:
@@ -344,7 +368,7 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
             equalized_kept = equalized.model is not top_model
             top_model, table = equalized.model, equalized.table
             seconds["equalize"] = equalized.seconds
-    clipped = None
+    clipped, calibrated = None, table
     if reader_ranges and mode == "INT8" and table is not None:
         from tftpu.quant.saturation import clip_to_readers
         t1 = time.perf_counter()
@@ -741,7 +765,7 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
         search.lowered = judge(tpu_model)
     # (how a calibration choice weighs this program against another table's, judged the same way)
     judged = (judge or the_judge())(tpu_model) if mode == "INT8" and table is not None and inputs is not None else None
-    weights_alone = weights_each = None
+    weights_alone = weights_each = beyond = None
     if judged is not None and min(judged) < target:
         # (what the weights' rounding alone costs, the activations in float: which side the noise is
         # on; the model's own weights rounded to nearest, as a refit's are fitted to INT8 inputs;
@@ -758,6 +782,9 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
             from tftpu.transforms.lowering.search import weight_rounding_effects
             dump = TopInterpreter(top_model).run(inputs, dump_all=True)
             return weight_rounding_effects(top_model, int8_names, dump, references().floor, wide_names)
+
+        def beyond():                            # the test input's tensors far past their grids
+            return _beyond(TopInterpreter(top_model).run(inputs, dump_all=True), calibrated, table, asymmetric)
     t1 = time.perf_counter()
     from tftpu.backend import s2d_stem
     from tftpu.backend.codegen import annotate, generate
@@ -802,7 +829,7 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
                           cross_layer=crossed.line if crossed is not None else None,
                           reader_ranges=clipped.line if clipped is not None else None, judged=judged,
                           equalized=equalized_kept, weights_alone_of=weights_alone,
-                          weights_each_of=weights_each, target_db=target)
+                          weights_each_of=weights_each, beyond_of=beyond, target_db=target)
     result.seconds = seconds
     if inputs is not None:
         def run_checks(result: DeployResult) -> None:
@@ -822,6 +849,25 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
 
 
 GRID_REASON = "input grid: the image's levels computed in float, cast to INT8 exactly"
+
+
+def _beyond(dump: dict, calibrated, table, asymmetric) -> list[tuple[str, float, float]]:
+    """(name, value, the grid's end) of each tensor of `dump` at least `BEYOND_RANGE` times past the
+    8-bit grid of its `calibrated` entry, furthest first; a tensor whose range `table` clipped to
+    its saturating readers is left out (past that range its readers no longer change)."""
+    rows = []
+    for name, entry in calibrated.entries.items():
+        x = dump.get(name)
+        if x is None or table.entries.get(name) != entry or np.asarray(x).dtype.kind != "f" or not np.size(x):
+            continue
+        grid = P.activation(*entry[:3], asymmetric=asymmetric)
+        lo, hi = grid.scale * (-128 - grid.zero_point), grid.scale * (127 - grid.zero_point)
+        top_, bottom = float(np.max(x)), float(np.min(x))
+        far = max((top_ / hi, top_, hi) if hi > 0 and top_ > 0 else (0.0, 0.0, 1.0),
+                  (bottom / lo, bottom, lo) if lo < 0 and bottom < 0 else (0.0, 0.0, 1.0))
+        if far[0] >= BEYOND_RANGE:
+            rows.append((far[0], name, far[1], far[2]))
+    return [(name, v, b) for _, name, v, b in sorted(rows, key=lambda r: (-r[0], r[1]))]
 
 
 def _check_wide_weights(top_model, links) -> None:

@@ -78,6 +78,9 @@ def report_data(result) -> dict:
         data["weights_alone_db"] = {"pooled": round(result.weights_alone[0], 3),
                                     "test_input": round(result.weights_alone[1], 3), "line": result.weights_line,
                                     "worst_convs": {n: round(db, 3) for n, db in result.weights_worst}}
+    if result.beyond_range:
+        data["beyond_range"] = {"line": result.range_line,
+                                "tensors": [[n, round(v, 6), round(b, 6)] for n, v, b in result.beyond_range]}
     if result.tables:
         data["interpolated_tables"] = result.tables
     if result.conv_links:
