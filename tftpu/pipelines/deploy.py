@@ -860,13 +860,11 @@ def _beyond(dump: dict, calibrated, table, asymmetric) -> list[tuple[str, float,
         x = dump.get(name)
         if x is None or table.entries.get(name) != entry or np.asarray(x).dtype.kind != "f" or not np.size(x):
             continue
-        grid = P.activation(*entry[:3], asymmetric=asymmetric)
-        lo, hi = grid.scale * (-128 - grid.zero_point), grid.scale * (127 - grid.zero_point)
-        top_, bottom = float(np.max(x)), float(np.min(x))
-        far = max((top_ / hi, top_, hi) if hi > 0 and top_ > 0 else (0.0, 0.0, 1.0),
-                  (bottom / lo, bottom, lo) if lo < 0 and bottom < 0 else (0.0, 0.0, 1.0))
+        lo, hi = map(float, P.activation(*entry[:3], asymmetric=asymmetric).dequantize([-128, 127]))
+        ends = [(v / end, v, end) for v, end in ((float(np.max(x)), hi), (float(np.min(x)), lo)) if v * end > 0]
+        far = max(ends, default=(0.0,))
         if far[0] >= BEYOND_RANGE:
-            rows.append((far[0], name, far[1], far[2]))
+            rows.append((far[0], name, *far[1:]))
     return [(name, v, b) for _, name, v, b in sorted(rows, key=lambda r: (-r[0], r[1]))]
 
 
