@@ -1428,3 +1428,22 @@ def test_a_missed_target_names_what_an_unlike_test_input_takes_past_its_grids(tm
     assert json.loads((tmp_path / "r.json").read_text())["beyond_range"]["line"] == missed.range_line
     alike = deploy(model, test_input=samples[0], **kw)
     assert min(alike.judged) < 90 and alike.beyond_range == [] and alike.range_line is None
+
+
+def test_beyond_range_leaves_out_the_tensors_the_program_holds_in_float():
+    """Only tensors an INT8 op writes or reads are on a grid the test input can pass: a float
+    decode tail's are named by no range line, however far past their calibration they go."""
+    from tftpu.ir import top
+    from tftpu.ir.base import value_name
+    from tftpu.pipelines.deploy import _beyond, _int8_tensors
+    from tftpu.quant.table import CalibrationTable
+
+    model = conv_net([(8, 3), (4, 1)], 3, 12)
+    names = [value_name(op.results[0]) for op in model.ops if isinstance(op, top.Conv)]
+    calibrated = CalibrationTable({n: (1.0, -1.0, 1.0) for n in names})
+    dump = {n: np.array([-9.0, 9.0], np.float32) for n in names}
+    first = next(op.loc for op in model.ops if isinstance(op, top.Conv))
+    held = _int8_tensors(model, {first})
+    assert names[0] in held and names[1] not in held
+    assert [n for n, _, _ in _beyond(dump, calibrated, calibrated, "auto", held)] == [names[0]]
+    assert sorted(n for n, _, _ in _beyond(dump, calibrated, calibrated, "auto")) == sorted(names)

@@ -784,7 +784,8 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
             return weight_rounding_effects(top_model, int8_names, dump, references().floor, wide_names)
 
         def beyond():                            # the test input's tensors far past their grids
-            return _beyond(TopInterpreter(top_model).run(inputs, dump_all=True), calibrated, table, asymmetric)
+            return _beyond(TopInterpreter(top_model).run(inputs, dump_all=True), calibrated, table, asymmetric,
+                           _int8_tensors(top_model, int8_names))
     t1 = time.perf_counter()
     from tftpu.backend import s2d_stem
     from tftpu.backend.codegen import annotate, generate
@@ -851,13 +852,23 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
 GRID_REASON = "input grid: the image's levels computed in float, cast to INT8 exactly"
 
 
-def _beyond(dump: dict, calibrated, table, asymmetric) -> list[tuple[str, float, float]]:
+def _int8_tensors(top_model, int8_ops: set) -> set:
+    """The tensors of `top_model` that the INT8 ops `int8_ops` (by loc) write or read: those the
+    program holds on an 8-bit grid (a float op's tensors, a decode tail's, hold no grid)."""
+    return {value_name(v) for op in top_model.ops if op.loc in int8_ops
+            for v in (*op.results, *op.operands) if not isinstance(v.owner, top.Weight)}
+
+
+def _beyond(dump: dict, calibrated, table, asymmetric, held=None) -> list[tuple[str, float, float]]:
     """(name, value, the grid's end) of each tensor of `dump` at least `BEYOND_RANGE` times past the
     8-bit grid of its `calibrated` entry, furthest first; a tensor whose range `table` clipped to
-    its saturating readers is left out (past that range its readers no longer change)."""
+    its saturating readers is left out (past that range its readers no longer change), and one not
+    in `held` (the tensors the program holds on a grid; None: all)."""
     rows = []
     for name, entry in calibrated.entries.items():
         x = dump.get(name)
+        if held is not None and name not in held:
+            continue
         if x is None or table.entries.get(name) != entry or np.asarray(x).dtype.kind != "f" or not np.size(x):
             continue
         lo, hi = map(float, P.activation(*entry[:3], asymmetric=asymmetric).dequantize([-128, 127]))
