@@ -163,7 +163,7 @@ def _import(model, input_shapes) -> tuple:
         return top_model, None, Stage("import", time.perf_counter() - t0, f"{kind} model read")
     proto = frontend.to_onnx(model, input_shapes)
     name = Path(model).stem if isinstance(model, (str, Path)) else getattr(model, "name", None) or "model"
-    top_model = frontend.load(proto, input_shapes if kind == "onnx" else None, name=str(name))
+    top_model = frontend.load(proto, None if kind in frontend.EXPORTED_AT_SHAPES else input_shapes, name=str(name))
     return top_model, proto, Stage("import", time.perf_counter() - t0, f"{kind} -> ONNX -> TOP")
 
 

@@ -87,6 +87,27 @@ def test_bad_input_shapes(shapes, msg):
         onnx_to_top(conv_bn_relu_net(), "m", shapes)
 
 
+@pytest.mark.parametrize("shapes", [[[1, -3, 32, 32]], [[1, 3, 0, 32]], [], [[1.5, 3]], "x"])
+def test_input_shapes_given_as_lists_are_checked_too(shapes):
+    """input_shapes from Python (not parsed from a flag) get the same check."""
+    with pytest.raises(errors.UsageError, match="positive ints"):
+        onnx_to_top(conv_bn_relu_net(), "m", shapes if shapes != "x" else [["a"]])
+    with pytest.raises(errors.UsageError, match="positive ints"):
+        frontend.load(conv_bn_relu_net(), input_shapes=shapes if shapes != "x" else [["a"]])
+
+
+def test_a_tflite_models_fixed_shapes_are_checked_against_input_shapes():
+    """A .tflite's inputs are fixed: input_shapes that agree pass, others are refused (not ignored)."""
+    from tests import material
+
+    path = material.get("face_detection_short_range.tflite")
+    assert frontend.load(path, input_shapes=[[1, 128, 128, 3]]).ops[0].output.type.get_shape() == (1, 128, 128, 3)
+    with pytest.raises(errors.ShapeError, match="fixed dim 1 = 128"):
+        frontend.load(path, input_shapes=[[1, 64, 64, 3]])
+    with pytest.raises(errors.ShapeError, match="rank 4"):
+        frontend.load(path, input_shapes="[[1,128,128]]")
+
+
 @pytest.mark.parametrize("text", ["[1,3", "[[1,-3]]", "abc", "[[1.5]]"])
 def test_parse_shapes_rejects(text):
     with pytest.raises(errors.UsageError):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from tftpu.errors import ModelFileError, UsageError
 
-__all__ = ["load", "to_onnx", "source_kind", "onnx_to_top", "parse_shapes"]
+__all__ = ["load", "to_onnx", "source_kind", "onnx_to_top", "parse_shapes", "EXPORTED_AT_SHAPES"]
 
 
 def source_kind(model) -> str:
@@ -46,6 +46,10 @@ def source_kind(model) -> str:
     if hasattr(model, "get_concrete_function") or type(model).__name__ == "ConcreteFunction":
         return "function"
     raise UsageError(f"cannot import a {type(model).__name__}; give an ONNX/TFLite/Keras/SavedModel model")
+
+
+# the sources whose ONNX export takes `input_shapes` (the others' ONNX form is checked against them)
+EXPORTED_AT_SHAPES = ("saved_model", "keras")
 
 
 def to_onnx(model, input_shapes=None, opset: int | None = None, input_signature=None):
@@ -83,11 +87,13 @@ def _load_keras(path):
 def load(model, input_shapes=None, name: str | None = None, canonicalize: bool = True,
          opset: int | None = None, input_signature=None):
     """A verified TOP model (`tftpu.ir.TopModel`) from any supported source, canonicalized by default."""
-    from tftpu.frontend.onnx_load import parse_shapes
+    from tftpu.frontend.onnx_load import check_shapes, parse_shapes
     from tftpu.frontend.onnx_to_top import onnx_to_top as _onnx_to_top
     from tftpu.ir.module import load as load_mlir
     if isinstance(input_shapes, str):
         input_shapes = parse_shapes(input_shapes)
+    elif input_shapes is not None:
+        input_shapes = check_shapes(input_shapes)
     kind = source_kind(model)
     if kind == "top":
         top_model = model
@@ -97,8 +103,9 @@ def load(model, input_shapes=None, name: str | None = None, canonicalize: bool =
         if name is None:
             name = Path(model).stem if isinstance(model, (str, Path)) else getattr(model, "name", None) or "model"
         proto = to_onnx(model, input_shapes, opset, input_signature)
-        # TF sources already carry the static shapes; ONNX ones take them here
-        top_model = _onnx_to_top(proto, name, input_shapes if kind == "onnx" else None,
+        # SavedModels and Keras models are exported at the shapes given; ONNX ones take them here, and
+        # a .tflite's (or a tf.function's signature's) fixed shapes are checked against them
+        top_model = _onnx_to_top(proto, name, None if kind in EXPORTED_AT_SHAPES else input_shapes,
                                  where=str(model) if kind == "onnx" and isinstance(model, (str, Path)) else None)
     if canonicalize:
         from tftpu.transforms.canonicalize import canonicalize as canon

@@ -107,14 +107,22 @@ def parse_shapes(text: str | None) -> list[list[int]] | None:
         val = json.loads(text)
     except json.JSONDecodeError:
         raise UsageError(f"--input_shapes: cannot read {text!r}; expected e.g. [[1,3,224,224]]") from None
-    def is_dim(d):
-        return isinstance(d, int) and not isinstance(d, bool)
+    return check_shapes(val, text)
 
-    if isinstance(val, list) and all(is_dim(d) for d in val):
+
+def check_shapes(val, text=None) -> list[list[int]]:
+    """`val` (a list of shapes, or one shape) as a list of shapes of positive ints within the size
+    limits; a UsageError naming `text` (what the user wrote; `val` itself by default) otherwise."""
+    def is_dim(d):
+        return isinstance(d, (int, np.integer)) and not isinstance(d, bool)
+
+    if isinstance(val, (list, tuple)) and val and all(is_dim(d) for d in val):
         val = [val]
-    if not isinstance(val, list) or not all(isinstance(s, list) and all(is_dim(d) and d > 0 for d in s)
-                                            for s in val):
-        raise UsageError(f"--input_shapes: {text!r} must be a list of shapes of positive ints")
+    if not isinstance(val, (list, tuple)) or not val or not all(
+            isinstance(s, (list, tuple)) and all(is_dim(d) and d > 0 for d in s) for s in val):
+        raise UsageError(f"--input_shapes: {text if text is not None else val!r} must be a list of shapes of "
+                         "positive ints")
+    val = [[int(d) for d in s] for s in val]
     for shape in val:
         check_size(shape, "--input_shapes")
     return val
@@ -169,6 +177,8 @@ def _dims(type_proto) -> tuple | None:
 
 
 def _fix_inputs(model, input_shapes) -> list[str]:
+    if input_shapes is not None:
+        input_shapes = check_shapes(input_shapes)
     init = {i.name for i in model.graph.initializer}
     inputs = [i for i in model.graph.input if i.name not in init]
     if input_shapes is not None and len(input_shapes) != len(inputs):

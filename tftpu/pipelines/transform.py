@@ -60,7 +60,7 @@ def transform(model_def, *, name: str | None = None, input_shapes=None, layout: 
     shares with onnxruntime, and the outputs with the source framework (TFLite/Keras/SavedModel),
     writing TOP's tensors to `test_result`. A test input that does not fit the model is refused
     before anything is written."""
-    from tftpu.frontend import source_kind, to_onnx
+    from tftpu.frontend import EXPORTED_AT_SHAPES, source_kind, to_onnx
     from tftpu.frontend.check import compare, onnx_tensors, tf_outputs
     from tftpu.frontend.onnx_to_top import onnx_to_top
     from tftpu.ir.weights import save_npz
@@ -77,7 +77,7 @@ def transform(model_def, *, name: str | None = None, input_shapes=None, layout: 
     name = name or Path(str(model_def)).stem
     t0 = time.perf_counter()
     proto = to_onnx(model_def, input_shapes)
-    model = onnx_to_top(proto, name, input_shapes if kind == "onnx" else None,
+    model = onnx_to_top(proto, name, None if kind in EXPORTED_AT_SHAPES else input_shapes,
                         where=str(model_def) if kind == "onnx" and isinstance(model_def, (str, Path)) else None)
     ops_before = len(model.ops)
     results = run_pipeline(model, pipeline)
