@@ -1311,6 +1311,15 @@ def test_interpolate_equals_the_lut_formula(build):
     assert native.interpolate(x, table.astype(np.int64), k, frac, -128, 127, np.int8) is None    # not int32
 
 
+def test_a_kernel_refusing_its_arguments_is_an_internal_error():
+    """A native kernel's nonzero status is tftpu's bug (arguments the build does not take), raised
+    as a typed InternalError that names the kernel, not as any other exception."""
+    from tftpu.errors import InternalError
+    native._check(0)
+    with pytest.raises(InternalError, match="native INT8 kernel: returned status 1"):
+        native._check(1)
+
+
 def test_lookup_equals_indexing(build):
     """An 8-bit `tpu.Lut` (`native.lookup`) is numpy's `table[x - qmin]` for every input byte,
     table type and grid; a table that some input value falls outside of is declined."""

@@ -109,7 +109,7 @@ def _parts(work: int) -> int:
 def _check(status: int) -> None:
     if status:
         from tftpu.errors import InternalError
-        raise InternalError(f"native INT8 kernel returned status {status} (a storage type it was not given)")
+        raise InternalError("native INT8 kernel", f"returned status {status} (arguments it was not built for)")
 
 
 class Requantizer:
