@@ -229,3 +229,25 @@ def test_all_nan_test_input_is_refused_and_all_nan_tensors_do_not_pass(tmp_path)
     with pytest.raises(errors.UsageError, match="NaN"):
         transform(onnx_path, mlir=tmp_path / "m.top.mlir", test_input={name: np.full(shape, np.nan, np.float32)})
     assert not (tmp_path / "m.top.mlir").exists()
+
+
+def test_a_corrupt_tflite_is_named_before_tensorflow_reads_it(tmp_path):
+    """A .tflite with a few bytes of its flatbuffer's tables changed (TensorFlow's own reader, which
+    tf2onnx calls, crashed the process on this one) is refused as a ModelFileError naming the file,
+    in a subprocess so that a crash fails the test rather than ending the run."""
+    import subprocess
+    import sys
+
+    from tests import material
+
+    data = bytearray(material.get("face_detection_short_range.tflite").read_bytes())
+    for at, byte in ((124, 249), (392, 107), (1052, 32), (1780, 199), (1942, 230), (2037, 60), (2858, 1),
+                     (3238, 194)):
+        data[at] = byte
+    p = tmp_path / "corrupt.tflite"
+    p.write_bytes(bytes(data))
+    code = ("import sys\nfrom tftpu import errors, frontend\ntry:\n    frontend.load(sys.argv[1])\n"
+            "except errors.ModelFileError as e:\n    print('REFUSED', e)\n")
+    r = subprocess.run([sys.executable, "-c", code, str(p)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.startswith("REFUSED") and "corrupt.tflite" in r.stdout and "corrupt or truncated" in r.stdout

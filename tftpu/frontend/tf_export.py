@@ -230,6 +230,8 @@ def tflite_to_onnx(path, opset: int = DEFAULT_OPSET):
         version = 3
     if version != 3:
         raise ModelFileError(path, f"unsupported TFLite schema version {version} (tftpu reads version 3)")
+    from tftpu.tac import tflite_io
+    tflite_io.read(path)        # a corrupt flatbuffer named here: TensorFlow's reader may crash on it
     source = path
     with contextlib.ExitStack() as stack:
         if _has_sparse_tensors(data):   # tf2onnx reads sparse buffers as dense: densify first
