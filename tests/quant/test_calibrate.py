@@ -80,6 +80,14 @@ def test_bad_datasets_and_tables(resnet, tmp_path):
     bad.write_text("conv1 nan -1 1\n")
     with pytest.raises(errors.ModelFileError, match="finite"):
         quant.read_table(bad)
+    bad.write_text("conv1 1 -1 1\nconv2 11.5 100 8.25\n")
+    with pytest.raises(errors.ModelFileError, match=r"table.txt:2: tensor 'conv2': min 100 is above max 8.25"):
+        quant.read_table(bad)
+    bad.write_text("conv1 0 -12 8.25\n")
+    with pytest.raises(errors.ModelFileError, match=r"table.txt:1: tensor 'conv1': threshold 0"):
+        quant.read_table(bad)
+    bad.write_text("zeros 0 0 0\n")                     # (a tensor that is always 0)
+    assert quant.read_table(bad).entries["zeros"] == (0.0, 0.0, 0.0)
     bad.write_text("# alternates: tail_mse\nconv1 1 -1 1\n#tail_mse conv1 1 -1\n")
     with pytest.raises(errors.ModelFileError, match=r"table.txt:3"):
         quant.read_table(bad)

@@ -128,6 +128,11 @@ def read_table(path) -> CalibrationTable:
             raise ModelFileError(f"{path}:{no}", f"expected 'name threshold min max', got {text[:80]!r}") from None
         if not all(math.isfinite(v) for v in values) or values[0] < 0:
             raise ModelFileError(f"{path}:{no}", "threshold must be finite and >= 0, min/max finite")
+        if values[1] > values[2]:
+            raise ModelFileError(f"{path}:{no}", f"tensor {parts[0]!r}: min {parts[2]} is above max {parts[3]}")
+        if values[0] == 0 and (values[1] or values[2]):
+            raise ModelFileError(f"{path}:{no}", f"tensor {parts[0]!r}: threshold 0 for a range [{parts[2]}, {parts[3]}] "
+                                                 "(a grid without a step)")
         if parts[0] in into:
             raise ModelFileError(f"{path}:{no}", f"tensor {parts[0]!r} listed twice")
         into[parts[0]] = values
