@@ -251,3 +251,53 @@ def test_a_corrupt_tflite_is_named_before_tensorflow_reads_it(tmp_path):
     r = subprocess.run([sys.executable, "-c", code, str(p)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.startswith("REFUSED") and "corrupt.tflite" in r.stdout and "corrupt or truncated" in r.stdout
+
+
+def test_a_model_saved_at_an_ir_version_newer_than_onnxruntime_reads_is_checked_all_the_same(tmp_path):
+    """onnx.helper stamps the IR version of the pinned onnx (newer than onnxruntime reads): compile
+    and the onnxruntime checks read such a model at the newest version onnxruntime knows."""
+    import onnx
+
+    import tftpu
+    from tftpu.frontend.check import onnx_tensors
+
+    m = conv_bn_relu_net()
+    m.ir_version = onnx.IR_VERSION
+    p = tmp_path / "new.onnx"
+    onnx.save(m, p)
+    x = rand(1, 3, 32, 32)
+    np.testing.assert_allclose(onnx_tensors(m, {"x": x}, all_tensors=False)["y"], run_ort(conv_bn_relu_net(), {"x": x})["y"],
+                               rtol=1e-6, atol=1e-6)
+    c = tftpu.compile(p, chip="npu1", quantize="F32")
+    assert c.stages[0].passed and "onnxruntime" in c.stages[0].check
+
+
+def test_a_model_onnxruntime_cannot_load_or_run_is_a_model_file_error():
+    """onnxruntime's own failures (a node reading a channel count its weights do not have, an
+    unknown custom op) are one-line ModelFileErrors, not onnxruntime's exception types."""
+    from tftpu.frontend.check import onnx_tensors
+
+    w = rand(4, 5, 3, 3)
+    bad = model([helper.make_node("Conv", ["x", "w"], ["y"])], [("x", [1, 3, 8, 8])], [("y", [1, 4, 6, 6])], {"w": w})
+    with pytest.raises(errors.ModelFileError, match="onnxruntime cannot (load|run) it: .*channels"):
+        onnx_tensors(bad, {"x": rand(1, 3, 8, 8)})
+    custom = model([helper.make_node("Mine", ["x"], ["y"], domain="com.acme")], [("x", [1, 4])], [("y", [1, 4])])
+    custom.opset_import.append(helper.make_opsetid("com.acme", 1))
+    with pytest.raises(errors.ModelFileError, match="onnxruntime cannot load it: .*Mine"):
+        onnx_tensors(custom, {"x": rand(1, 4)})
+
+
+@pytest.mark.parametrize("bad", [np.array([["ab"]]), np.ones((1, 1), np.complex64), np.zeros((1, 1), "datetime64[s]")])
+def test_inputs_that_are_not_numbers_are_refused_by_name(bad):
+    """Text, complex numbers or dates in an input of the right shape: an InputError naming the input
+    (not numpy's ValueError from a cast), from TOP inference and from the onnxruntime checks."""
+    from tftpu.frontend.check import bind_inputs
+    from tftpu.interp.top_interpreter import TopInterpreter
+    from tftpu.utils.inputs import numeric
+
+    arr = np.broadcast_to(bad, (1, 3, 32, 32))
+    with pytest.raises(errors.InputError, match="input 'x' holds .*; the model takes real numbers"):
+        TopInterpreter(onnx_to_top(conv_bn_relu_net(), "m")).run({"x": arr})
+    with pytest.raises(errors.InputError, match="input 'x' holds"):
+        bind_inputs([("x", (1, 3, 32, 32), "tensor(float)")], {"x": arr})
+    assert numeric("x", np.ones(3, bool)).dtype == bool and numeric("x", [1, 2]).dtype.kind == "i"

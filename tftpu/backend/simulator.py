@@ -22,7 +22,7 @@ from tftpu.interp.tpu.info import info_of
 from tftpu.interp.tpu.interpreter import kernel_of
 from tftpu.ir import attrs as A
 from tftpu.ir.base import value_name
-from tftpu.utils.inputs import match_inputs
+from tftpu.utils.inputs import match_inputs, numeric
 
 __all__ = ["Simulator", "SimulatorError", "simulate"]
 
@@ -147,7 +147,7 @@ class Simulator:
         arrays = match_inputs([d["name"] for d in p.inputs], inputs)
         for d, arr in zip(p.inputs, arrays):
             shape, dtype = tuple(d["shape"]), A.numpy_dtype(d["dtype"])
-            arr = np.asarray(arr)
+            arr = numeric(d["name"], arr)
             if tuple(arr.shape) != shape:
                 from tftpu.errors import ShapeError
                 raise ShapeError(f"input {d['name']!r} has shape {list(arr.shape)}, the model wants {list(shape)}")

@@ -6,11 +6,12 @@ TF/TFLite source, TF itself for the model outputs); the TOP side is the TOP inte
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
 
-from tftpu.errors import ShapeError
+from tftpu.errors import ModelFileError, ShapeError
 
 
 def onnx_tensors(proto, inputs: dict, all_tensors: bool = True) -> dict[str, np.ndarray]:
@@ -34,12 +35,39 @@ def onnx_tensors(proto, inputs: dict, all_tensors: bool = True) -> dict[str, np.
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     so.log_severity_level = 3
-    sess = ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    sess = ort_session(proto, so)
     consts = {i.name for i in proto.graph.initializer}
     feeds = bind_inputs([(i.name, tuple(i.shape), i.type) for i in sess.get_inputs() if i.name not in consts],
                         inputs)
     names = [o.name for o in sess.get_outputs()]
-    return dict(zip(names, sess.run(names, feeds)))
+    try:
+        return dict(zip(names, sess.run(names, feeds)))
+    except Exception as e:  # onnxruntime raises its own Fail/InvalidArgument on a model it cannot run
+        raise ModelFileError("the ONNX model", f"onnxruntime cannot run it: {_first_line(e)}") from None
+
+
+def ort_session(proto, options):
+    """An onnxruntime CPU session of `proto` (changed in place where its IR version is newer than
+    this onnxruntime reads: the pinned onnx writes 14 by default, and such a model is read at the
+    newest version onnxruntime knows, its ops and types being the same); a model onnxruntime still
+    refuses is a ModelFileError."""
+    import onnxruntime as ort
+
+    for _ in range(2):
+        try:
+            return ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        except Exception as e:  # onnxruntime's Fail / InvalidGraph / NotImplemented
+            newest = re.search(r"Unsupported model IR version: (\d+), max supported IR version: (\d+)", str(e))
+            if newest is None or int(newest.group(2)) >= proto.ir_version:
+                raise ModelFileError("the ONNX model", f"onnxruntime cannot load it: {_first_line(e)}") from None
+            proto.ir_version = int(newest.group(2))
+    raise AssertionError("unreachable")
+
+
+def _first_line(e: Exception) -> str:
+    """onnxruntime's message without its source location prefix, on one line, shortened."""
+    text = " ".join(str(e).split())
+    return re.sub(r"^\[ONNXRuntimeError\] : \d+ : \w+ : (\S+\.(cc|h):\d+ \S.*?\) )?", "", text)[:300]
 
 
 _ORT_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int64)": np.int64,
@@ -49,12 +77,12 @@ _ORT_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tenso
 
 def bind_inputs(specs, inputs: dict) -> dict[str, np.ndarray]:
     """Match `inputs` to (name, shape, type) specs by name, else by order; cast to the input type."""
-    from tftpu.utils.inputs import match_inputs
+    from tftpu.utils.inputs import match_inputs, numeric
 
     arrays = match_inputs([s[0] for s in specs], inputs)
     out = {}
     for (name, shape, typ), arr in zip(specs, arrays):
-        arr = np.asarray(arr)
+        arr = numeric(name, arr)
         if len(arr.shape) != len(shape) or any(isinstance(d, int) and d != a for d, a in zip(shape, arr.shape)):
             raise ShapeError(f"input {name!r} has shape {list(arr.shape)}, the model wants {list(shape)}")
         out[name] = arr.astype(_ORT_TYPES.get(typ, arr.dtype), copy=False)

@@ -15,7 +15,7 @@ from tftpu.errors import InternalError, KernelError, ShapeError, TftpuError
 from tftpu.ir import attrs as A
 from tftpu.ir import top
 from tftpu.ir.module import TopModel, value_name
-from tftpu.utils.inputs import match_inputs
+from tftpu.utils.inputs import match_inputs, numeric
 
 
 class TopInterpreter:
@@ -87,7 +87,7 @@ class TopInterpreter:
         arrays = match_inputs([n for n, _, _, _ in self.inputs], inputs)
         env = {}
         for (name, s, shape, dtype), arr in zip(self.inputs, arrays):
-            arr = np.asarray(arr)
+            arr = numeric(name, arr)
             if tuple(arr.shape) != shape:
                 raise ShapeError(f"input {name!r} has shape {list(arr.shape)}, the model wants {list(shape)}")
             env[s] = arr.astype(dtype, copy=False)

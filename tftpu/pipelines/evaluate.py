@@ -186,6 +186,8 @@ class _OnnxReference:
         import onnx
         import onnxruntime as ort
 
+        from tftpu.frontend.check import ort_session
+
         if isinstance(proto, (str, Path)):
             if not Path(proto).is_file():
                 raise errors.ModelFileError(proto, "no such file")
@@ -203,7 +205,7 @@ class _OnnxReference:
         so = ort.SessionOptions()
         so.log_severity_level = 3
         so.intra_op_num_threads = 1
-        self.sess = ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        self.sess = ort_session(proto, so)
         self.names = [o.name for o in self.sess.get_outputs()]
         consts = {i.name for i in proto.graph.initializer}
         self.specs = [(i.name, tuple(i.shape), i.type) for i in self.sess.get_inputs() if i.name not in consts]
