@@ -135,3 +135,16 @@ def _children() -> list[bytes]:
         except (OSError, IndexError, ValueError):
             continue
     return out
+
+
+@pytest.mark.parametrize("workers", [0, -3, 2.5, True, "max+1"])
+def test_an_absurd_worker_count_is_refused_before_any_process_starts(photos, workers):
+    """No count below 1, no fraction, and none above max_workers() (four processes a core: each
+    holds its own TensorFlow and model; 100000 ran out of file handles): a UsageError naming it."""
+    from tftpu.utils import distributed
+
+    n = distributed.max_workers() + 1 if workers == "max+1" else workers
+    model = cnn()
+    with pytest.raises(errors.UsageError, match=f"workers {n!r}" if workers != "max+1" else f"workers {n}: at most"):
+        quant.calibrate(model, quant.iter_samples(model, photos, **PRE), workers=n)
+    assert not [c for c in _children() if b"tftpu.utils.distributed" in c]

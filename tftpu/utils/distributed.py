@@ -148,12 +148,24 @@ class Cluster:
 
 
 LOCAL = Cluster()
+WORKERS_PER_CORE = 4
+
+
+def max_workers() -> int:
+    """The most local worker processes `launch` starts: WORKERS_PER_CORE for each CPU core (each
+    holds its own TensorFlow and model; more only share the same cores and memory)."""
+    return WORKERS_PER_CORE * (os.cpu_count() or 1)
 
 
 def check_workers(workers, cluster) -> None:
-    """A UsageError unless `workers` is a count >= 1 and at most one of workers > 1 / `cluster` is given."""
+    """A UsageError unless `workers` is a count from 1 to `max_workers()` and at most one of
+    workers > 1 / `cluster` is given."""
     if isinstance(workers, bool) or not isinstance(workers, (int, np.integer)) or workers < 1:
         raise errors.UsageError(f"workers {workers!r}: give a count >= 1")
+    if workers > max_workers():
+        raise errors.UsageError(f"workers {workers}: at most {max_workers()} on this machine ({WORKERS_PER_CORE} per "
+                                f"CPU core: each is a process with its own TensorFlow and model); for more, a "
+                                "cluster (TF_CONFIG) spreads them over machines")
     if workers > 1 and cluster is not None:
         raise errors.UsageError("give workers=N (local worker processes) or cluster= (TF_CONFIG), not both")
 
