@@ -1447,3 +1447,12 @@ def test_beyond_range_leaves_out_the_tensors_the_program_holds_in_float():
     assert names[0] in held and names[1] not in held
     assert [n for n, _, _ in _beyond(dump, calibrated, calibrated, "auto", held)] == [names[0]]
     assert sorted(n for n, _, _ in _beyond(dump, calibrated, calibrated, "auto")) == sorted(names)
+
+
+@pytest.mark.parametrize("latency", [float("nan"), 0.5, -1.0, "1.2"])
+def test_a_latency_budget_that_is_not_a_ratio_of_at_least_one_is_refused(latency):
+    """mixed_precision_latency NaN (which every comparison let through as 1.00x), under 1, or not a
+    number: a UsageError naming it, before any work."""
+    model = conv_net([(8, 3), (4, 1)], 3, 12)
+    with pytest.raises(errors.UsageError, match="mixed_precision_latency=.*expected a ratio >= 1"):
+        deploy(model, quantize="INT8", chip="npu1", calibration_table=None, mixed_precision_latency=latency)

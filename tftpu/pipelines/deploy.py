@@ -331,6 +331,10 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
         raise errors.UsageError(f"wide_links={wide_links!r}: expected True, False, 'tables', 'convs', 'auto' "
                                 "or a set of conv names")
     links = True if wide_links == "auto" else wide_links      # what the search and the builds use
+    if mixed_precision_latency is not None and not (isinstance(mixed_precision_latency, (int, float, np.number))
+                                                    and mixed_precision_latency >= 1.0):
+        raise errors.UsageError(f"mixed_precision_latency={mixed_precision_latency!r}: expected a ratio >= 1 to the "
+                                "all-INT8 program's estimated latency (inf or None: no limit)")
     if mode not in DEFAULT_TOLERANCE:
         raise errors.UsageError(f"--quantize={quantize}: expected one of {', '.join(DEFAULT_TOLERANCE)}")
     tol = parse_tolerance(tolerance) if tolerance is not None else DEFAULT_TOLERANCE[mode]
