@@ -176,3 +176,11 @@ def test_compile_fits_the_refit_on_more_photos_than_it_judges_on(model, monkeypa
     assert "over 24 samples" in str(compiled) and compiled.passed
     assert MAX_SAMPLES == 16 and judged == [8]
     assert (True, 16) in fitted and (False, 8) in fitted and set(fitted) <= {(True, 16), (False, 8)}
+
+
+@pytest.mark.parametrize("kw,needle", [({"scale": 0}, "none 0"), ({"scale": [1, 0, 1]}, "none 0"),
+                                       ({"mean": float("nan")}, "finite"), ({"scale": "x"}, "expected numbers")])
+def test_a_scale_of_zero_or_a_mean_that_is_not_a_number_is_refused(model, photos, kw, needle):
+    """--scale 0 made every input 0 and calibrated on that; NaN means and text are refused too."""
+    with pytest.raises(errors.UsageError, match=needle):
+        quant.load_samples(model, photos, **kw)

@@ -102,6 +102,14 @@ class _Preprocess:
     def __init__(self, mean, scale, pixel_format: str):
         if pixel_format not in ("rgb", "bgr", "gray"):
             raise UsageError(f"pixel_format {pixel_format!r}: expected rgb, bgr or gray")
+        for what, values in (("mean", mean), ("scale", scale)):
+            try:
+                arr = np.asarray(values if values is not None else [], np.float64).reshape(-1)
+            except (TypeError, ValueError):
+                raise UsageError(f"--{what} {values!r}: expected numbers, one or one per channel") from None
+            if not np.all(np.isfinite(arr)) or what == "scale" and np.any(arr == 0):
+                raise UsageError(f"--{what} {arr.tolist()}: expected finite numbers"
+                                 + (", none 0 (a scale of 0 makes every input 0)" if what == "scale" else ""))
         self.mean, self.scale, self.pixel_format = mean, scale, pixel_format
 
     def image(self, data, shape: tuple, where: str) -> np.ndarray:
