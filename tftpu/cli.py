@@ -61,10 +61,15 @@ def parse(argv: Sequence[str], doc: str, positional: bool = False) -> list[str]:
 
 
 def run(main: Callable[[list[str]], int | None], doc: str,
-        argv: Sequence[str] | None = None, positional: bool = False, tensorflow: bool = False) -> None:
+        argv: Sequence[str] | None = None, positional: bool = False, tensorflow: bool = False,
+        paths: Callable[[list[str]], None] | None = None) -> None:
     """Run a tool's `main(args)` and exit with its status.
 
     `tensorflow=True` imports TensorFlow (quietly) once the flags are good, for tools that use it.
+    `paths(args)`, given for every tool that writes files, checks the tool's outputs against its
+    inputs and each other (`tftpu.utils.output_paths.check`) once the flags parse, before
+    TensorFlow is imported or any work starts, so a run that would clobber an input or could not
+    write all its outputs fails at once with nothing written.
     """
     argv = list(sys.argv if argv is None else argv)
     prog = _prog(argv)
@@ -74,6 +79,8 @@ def run(main: Callable[[list[str]], int | None], doc: str,
             args = parse(argv, doc, positional)
             logging.use_absl_handler()
             logging.set_verbosity(logging.INFO if quiet.verbose() else logging.WARNING)
+            if paths is not None:
+                paths(args)
             if tensorflow:
                 quiet.import_tensorflow()
             code = main(args)

@@ -93,8 +93,16 @@ def main(args):
     return 0
 
 
+def _paths(args):
+    from tftpu.utils import output_paths
+
+    output_paths.check([("-o", FLAGS.o)],
+                       [("--mlir", FLAGS.mlir), ("--mlir's weights", output_paths.mlir_weights(FLAGS.mlir)),
+                        ("--dataset", FLAGS.dataset)])
+
+
 def run():
-    cli.run(main, __doc__)
+    cli.run(main, __doc__, paths=_paths)
 
 
 if __name__ == "__main__":

@@ -71,8 +71,16 @@ def main(args):
     return 0
 
 
+def _paths(args):
+    from tftpu.utils import output_paths
+
+    output_paths.check([("--output_file", FLAGS.output_file), ("--report", FLAGS.report)],
+                       [("--saved_model_dir", FLAGS.saved_model_dir), ("--keras_model_file", FLAGS.keras_model_file),
+                        ("--representative_data", FLAGS.representative_data)])
+
+
 def run():
-    cli.run(main, __doc__, tensorflow=True)
+    cli.run(main, __doc__, tensorflow=True, paths=_paths)
 
 
 if __name__ == "__main__":

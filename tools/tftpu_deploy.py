@@ -249,8 +249,29 @@ def main(args):
     return 0
 
 
+def _paths(args):
+    """--tpu_mlir (with the weights .npz it writes beside it), --model, --report and --trace, against
+    each other and the inputs (the TOP module's weights included)."""
+    from pathlib import Path
+
+    from tftpu.ir.module import default_weight_file
+    from tftpu.utils import output_paths
+
+    name = output_paths.mlir_name(FLAGS.mlir)
+    weights = (Path(FLAGS.tpu_mlir).parent / default_weight_file(name, f"tpu_{FLAGS.quantize.lower()}")
+               if FLAGS.tpu_mlir and name else None)
+    chip = FLAGS.chip if FLAGS.chip and FLAGS.chip.endswith((".yaml", ".yml")) else None
+    output_paths.check(
+        [("--tpu_mlir", FLAGS.tpu_mlir), ("--tpu_mlir's weights", weights), ("--model", FLAGS.model),
+         ("--report", FLAGS.report), ("--trace", FLAGS.trace)],
+        [("--mlir", FLAGS.mlir), ("--mlir's weights", output_paths.mlir_weights(FLAGS.mlir)),
+         ("--calibration_table", FLAGS.calibration_table), ("--quantize_table", FLAGS.quantize_table),
+         ("--test_input", FLAGS.test_input), ("--test_reference", FLAGS.test_reference),
+         ("--samples", FLAGS.samples), ("--chip", chip)])
+
+
 def run():
-    cli.run(main, __doc__, tensorflow=True)
+    cli.run(main, __doc__, tensorflow=True, paths=_paths)
 
 
 if __name__ == "__main__":

@@ -60,8 +60,18 @@ def main(args):
     return 0
 
 
+def _paths(args):
+    from tftpu.utils import output_paths
+
+    output_paths.check([("--json", FLAGS.json), ("--html", FLAGS.html)],
+                       [("--model", FLAGS.model), ("--model's weights", output_paths.mlir_weights(FLAGS.model)),
+                        ("--reference", FLAGS.reference),
+                        ("--reference's weights", output_paths.mlir_weights(FLAGS.reference)),
+                        ("--dataset", FLAGS.dataset)])
+
+
 def run():
-    cli.run(main, __doc__)
+    cli.run(main, __doc__, paths=_paths)
 
 
 if __name__ == "__main__":

@@ -44,8 +44,15 @@ def main(args):
     return 0
 
 
+def _paths(args):
+    from tftpu.utils import output_paths
+
+    output_paths.check([], [("--saved_model_dir", FLAGS.saved_model_dir)],
+                       directories=[("--output_dir", FLAGS.output_dir)])
+
+
 def run():
-    cli.run(main, __doc__, tensorflow=True)
+    cli.run(main, __doc__, tensorflow=True, paths=_paths)
 
 
 if __name__ == "__main__":

@@ -73,8 +73,16 @@ def main(args):
     return 0
 
 
+def _paths(args):
+    from tftpu.utils import output_paths
+
+    output_paths.check([("--output", FLAGS.output)],
+                       [("--model", FLAGS.model), ("--model's weights", output_paths.mlir_weights(FLAGS.model)),
+                        ("--input", FLAGS.input)])
+
+
 def run():
-    cli.run(main, __doc__, tensorflow=True)
+    cli.run(main, __doc__, tensorflow=True, paths=_paths)
 
 
 if __name__ == "__main__":

@@ -40,8 +40,17 @@ def main(args):
     return 0
 
 
+def _paths(args):
+    from tftpu.utils import output_paths
+
+    plugins = [spec.rsplit(":", 1)[0] for spec in FLAGS.device_specs if ".py:" in spec]
+    output_paths.check([("-o", FLAGS.o), ("--output_mlir", FLAGS.output_mlir), ("--report", FLAGS.report)],
+                       [("the input", args[1] if len(args) == 2 else None)]
+                       + [("--device_specs", p) for p in plugins])
+
+
 def run():
-    cli.run(main, __doc__, positional=True)
+    cli.run(main, __doc__, positional=True, paths=_paths)
 
 
 if __name__ == "__main__":

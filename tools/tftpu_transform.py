@@ -62,12 +62,26 @@ def main(args):
     return 0
 
 
+def _paths(args):
+    """--mlir (default NAME.top.mlir), its weights beside it and --test_result, against the inputs."""
+    from pathlib import Path
+
+    from tftpu.ir.module import default_weight_file
+    from tftpu.utils import output_paths
+
+    name = FLAGS.model_name or (Path(str(FLAGS.model_def)).stem if FLAGS.model_def else None)
+    mlir = FLAGS.mlir or (f"{name}.top.mlir" if name else None)
+    weights = Path(mlir).parent / default_weight_file(name) if mlir and name else None
+    output_paths.check([("--mlir", mlir), ("--mlir's weights", weights), ("--test_result", FLAGS.test_result)],
+                       [("--model_def", FLAGS.model_def), ("--test_input", FLAGS.test_input)])
+
+
 def _flops(n: int) -> str:
     return f"{n / 1e9:.2f} GFLOPs" if n >= 1e9 else f"{n / 1e6:.2f} MFLOPs"
 
 
 def run():
-    cli.run(main, __doc__, tensorflow=True)
+    cli.run(main, __doc__, tensorflow=True, paths=_paths)
 
 
 if __name__ == "__main__":
