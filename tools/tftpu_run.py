@@ -1,8 +1,9 @@
-"""tftpu-run: inference of an .onnx (onnxruntime), .top.mlir / .tpu.mlir (TOP / TPU interpreter)
-or a compiled .tpumodel (the simulated chip runs its command list).
+"""tftpu-run: inference of an .onnx (onnxruntime), a .tflite (LiteRT), .top.mlir / .tpu.mlir (TOP /
+TPU interpreter) or a compiled .tpumodel (the simulated chip runs its command list).
 
     tftpu-run --model=resnet.top.mlir --input=in.npz --output=out.npz [--dump_all_tensors]
     tftpu-run --model=resnet.tpumodel --input=images.npz --output=out.npz
+    tftpu-run --model=palm.tflite --input=in.npz --output=out.npz
 
 A .tpumodel takes the original images even when it was compiled with space-to-depth: the host
 preprocessing it records runs first. INT8 tensors are written as the float values they stand
@@ -21,7 +22,7 @@ from absl import flags
 
 from tftpu import cli
 
-flags.DEFINE_string("model", None, "model to run: .onnx, .mlir or a tftpu model file")
+flags.DEFINE_string("model", None, "model to run: .onnx, .tflite, .mlir or a tftpu model file")
 flags.DEFINE_string("input", None, ".npz of inputs: keys are input names, or one array per input in order")
 flags.DEFINE_string("output", None, ".npz to write outputs to, keyed by output tensor name")
 flags.DEFINE_bool("dump_all_tensors", False, "write every intermediate tensor, keyed by location")
@@ -61,13 +62,16 @@ def main(args):
             # per-op: for one inference it beats building the compiled graph (backend="compiled"
             # pays off from a few runs on: ResNet50 224 one-shot 0.3 s per-op vs 2.8 s compiled)
             outputs = run_top(model, inputs, dump_all=FLAGS.dump_all_tensors)
+    elif suffix == ".tflite":
+        from tftpu.lite.runtime import run_named
+        outputs = run_named(model_path, inputs, dump_all=FLAGS.dump_all_tensors)
     elif suffix == ".tpumodel":
         from tftpu.backend import tpumodel
         from tftpu.backend.simulator import Simulator
         outputs = Simulator(tpumodel.load(model_path)).run(inputs, dump_all=FLAGS.dump_all_tensors, dequantize=True)
     else:
         raise errors.ModelFileError(model_path, f"cannot run a {suffix or 'suffix-less'} file; "
-                                                "expected .onnx, .mlir or .tpumodel")
+                                                "expected .onnx, .tflite, .mlir or .tpumodel")
     save_npz(FLAGS.output, outputs)
     print(f"{FLAGS.output}: {len(outputs)} tensor(s)")
     return 0

@@ -68,6 +68,28 @@ def test_run_mlir_and_onnx_agree(files):
     np.testing.assert_allclose(top["y"], ort["y"], rtol=1e-5, atol=1e-5)
 
 
+def test_run_a_tflite_model_in_litert(tmp_path):
+    """tftpu-run on a .tflite runs it in LiteRT: its outputs by tensor name, equal to the runtime's
+    own; every tensor with --dump_all_tensors; an input array under another name by position."""
+    from tests import material
+    from tftpu.lite import runtime
+
+    path = material.get("face_detection_short_range.tflite")
+    x = rand(1, 128, 128, 3, seed=3)
+    np.savez(tmp_path / "in.npz", image=x)
+    a = tool("run", f"--model={path}", f"--input={tmp_path / 'in.npz'}", f"--output={tmp_path / 'out.npz'}")
+    b = tool("run", f"--model={path}", f"--input={tmp_path / 'in.npz'}", f"--output={tmp_path / 'all.npz'}",
+             "--dump_all_tensors")
+    assert a.returncode == 0 and b.returncode == 0, a.stderr + b.stderr
+    got, every = ir.load_npz(tmp_path / "out.npz"), ir.load_npz(tmp_path / "all.npz")
+    interp = runtime.interpreter(path)
+    want = dict(zip((d["name"] for d in runtime.output_details(interp)), runtime.run(interp, [x])))
+    assert set(got) == set(want) and len(got) == 2 and len(every) > 50
+    for k in want:
+        np.testing.assert_array_equal(got[k], want[k])
+        np.testing.assert_array_equal(every[k], want[k])
+
+
 def test_bad_inputs_exit_2_with_one_line(files, tmp_path):
     (tmp_path / "trunc.onnx").write_bytes((files / "net.onnx").read_bytes()[:200])
     (tmp_path / "text.onnx").write_text("not a model at all\n")

@@ -14,7 +14,7 @@ import numpy as np
 
 from tftpu import errors
 
-__all__ = ["interpreter", "name", "run", "input_details", "output_details"]
+__all__ = ["interpreter", "name", "run", "run_named", "input_details", "output_details"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -94,4 +94,28 @@ def run(model_or_interp, inputs, *, dequantize: bool = True) -> list[np.ndarray]
     outs = [interp.get_tensor(d["index"]).copy() for d in output_details(interp)]
     if dequantize:
         outs = [_dequantize(y, d) for y, d in zip(outs, output_details(interp))]
+    return outs
+
+
+def run_named(path, inputs: dict, *, dump_all: bool = False) -> dict[str, np.ndarray]:
+    """A `.tflite` file's outputs keyed by their tensor names (every readable tensor with
+    `dump_all`), for `inputs` matched to its inputs by name, else by position (as tftpu-run
+    matches them); integer tensors dequantized. The file is read and checked by tftpu's own
+    flatbuffer reader first (a corrupt one is a ModelFileError, not a crash of the runtime)."""
+    from tftpu.tac import tflite_io
+    from tftpu.utils.inputs import match_inputs, numeric
+
+    tflite_io.read(path)
+    interp = interpreter(path, preserve_all_tensors=dump_all)
+    ins = input_details(interp)
+    arrays = [numeric(d["name"], x) for d, x in zip(ins, match_inputs([d["name"] for d in ins], inputs))]
+    outs = dict(zip((d["name"] for d in output_details(interp)), run(interp, arrays)))
+    if dump_all:
+        for d in sorted(interp.get_tensor_details(), key=lambda d: d["index"]):
+            if d["name"] in outs:
+                continue
+            try:
+                outs[d["name"]] = _dequantize(np.array(interp.get_tensor(d["index"])), d)
+            except ValueError:          # a tensor the runtime does not keep (a constant folded away)
+                continue
     return outs
