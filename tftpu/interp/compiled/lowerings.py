@@ -16,7 +16,7 @@ import numpy as np
 from tftpu import geometry
 from tftpu.interp.compiled.values import (
     NHWC, NotLowered, Val, _channels_last_input, _compose, _ints, _inv, _nhwc_attr, _relu, _tf, const, conv_bias,
-    f32, fused_relu, logical, onednn_fusions, transposed)
+    f32, fused_relu, logical, onednn_fusions, pad, transposed)
 
 POINTWISE_AS_MATMUL = False  # 1x1 convs as one [NHW, C] x [C, O] matmul (fuses nothing)
 LOWERINGS: dict = {}
@@ -83,7 +83,7 @@ def _conv(ins, attrs, out_shapes):
         fusable = onednn_fusions()  # a zero bias costs a pass where depthwise convs do not fuse
         f = wn.reshape(c, o // c, kh, kw).transpose(2, 3, 0, 1)
         if not isinstance(pads, str):
-            xt = t.pad(xt, pads)
+            xt = pad(xt, pads)
         y = t.nn.depthwise_conv2d(xt, const(np.ascontiguousarray(f)), [1, *s, 1],
                                   pads if isinstance(pads, str) else "VALID", dilations=d)
     else:
@@ -131,7 +131,7 @@ def _deconv(ins, attrs, out_shapes):
                               [n, *full, o], [1, *s, 1], "VALID")
     extra = [max(0, op_[i] - p[2 + i]) for i in range(2)]
     if any(extra):
-        y = t.pad(y, [[0, 0], [0, extra[0]], [0, extra[1]], [0, 0]])
+        y = pad(y, [[0, 0], [0, extra[0]], [0, extra[1]], [0, 0]])
     ends = [full[i] + extra[i] - max(0, p[2 + i] - op_[i]) for i in range(2)]
     y = y[:, p[0]:ends[0], p[1]:ends[1], :]
     if b is not None:
@@ -311,11 +311,11 @@ def _pool(ins, attrs, out_shapes, op_name):
     padded = any(w != [0, 0] for w in widths)
     if op_name == "MaxPool":
         if padded:
-            xt = t.pad(xt, widths, constant_values=-np.inf)
+            xt = pad(xt, widths, -np.inf)
         y = t.nn.max_pool2d(xt, k, s, "VALID")
     else:
         if padded:
-            xt = t.pad(xt, widths)
+            xt = pad(xt, widths)
         y = t.nn.avg_pool2d(xt, k, s, "VALID")
         include_pad = bool(attrs.get("count_include_pad", False))
         if padded and not (include_pad and not any(g[1] for g in geo)):
@@ -450,7 +450,7 @@ def _pad(ins, attrs, out_shapes):
         widths = [widths[a] for a in perm]
     if mode == "constant":
         val = np.asarray(attrs.get("val", 0.0) or 0).astype(x.t.dtype.as_numpy_dtype)
-        y = t.pad(x.t, widths, constant_values=val)
+        y = pad(x.t, widths, val)
     else:
         y = t.pad(x.t, widths, mode="REFLECT")
     return [Val(y, perm, out_shapes[0])]

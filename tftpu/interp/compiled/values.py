@@ -101,6 +101,22 @@ def const(arr):
     return t.constant(arr)
 
 
+def pad(x, widths, value=0):
+    """`tf.pad(x, widths, constant_values=value)` emitted as a PadV2 op, never a Pad op.
+
+    TF's oneDNN graph pass merges a `Pad` into a Conv2D/_FusedConv2D it feeds
+    (MklLayoutRewritePass::MergePadWithConv2D) without checking that it feeds the conv's input
+    (slot 0). A Pad that is the residual operand of a remapper-fused Conv2D + BiasAdd + Add
+    (+ Relu) -- a channel-padded skip connection, as in BlazeFace -- is merged as if it padded the
+    conv's input: the merged node convolves the Pad's input and keeps an edge from the deleted
+    Pad node, and the pass crashes the process (SIGSEGV in FillInputs) or runs a wrong graph.
+    The pass merges only op type `Pad`; PadV2 runs the same kernel."""
+    t = _tf()
+    w = np.asarray(widths, np.int32).reshape(-1, 2)
+    v = np.asarray(value).astype(x.dtype.as_numpy_dtype)
+    return t.raw_ops.PadV2(input=x, paddings=t.constant(w), constant_values=t.constant(v))
+
+
 def onednn_fusions() -> bool:
     """Whether TF runs its oneDNN ops here, and so its remapper fuses DepthwiseConv2dNative (not
     only Conv2D) + BiasAdd + Relu6/Add: TF turns oneDNN on by default only on CPUs with AVX512_VNNI,
