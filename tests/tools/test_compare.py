@@ -81,7 +81,7 @@ def test_bad_file_exit_2_one_line(files, tmp_path, make):
 
 
 @pytest.mark.parametrize("args", [["--tolerance=0.99"], ["--tolerance=a,b"],
-                                  ["--tolerance=2,0.9"], ["--bogus=1"]])
+                                  ["--tolerance=2,0.9"], ["--bogus=1"], ["--noise_floor=inf"], ["--noise_floor=nan"]])
 def test_bad_flags_exit_2(files, args):
     r = _run(files["ref"], files["close"], *args)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1

@@ -210,6 +210,8 @@ def compare_tensors(a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray],
     `floor`: the rounding-noise floor; by default `noise_floor` of `a`'s shared tensors.
     """
     tol = parse_tolerance(tolerance)
+    if floor is not None and not (isinstance(floor, (int, float, np.number)) and 0.0 <= floor < math.inf):
+        raise errors.UsageError(f"noise floor {floor!r}: expected a finite number >= 0 (0 turns it off)")
     if floor is None:
         floor = noise_floor(a[k] for k in a if k in b)
     rows = [compare_arrays(k, a[k], b[k], tol, floor) for k in a if k in b]
