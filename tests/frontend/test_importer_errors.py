@@ -58,6 +58,15 @@ def test_all_unsupported_ops_listed_at_once():
     assert len(info.value.ops) == 3 and info.value.exit_code == 2
 
 
+def test_unsupported_ops_name_the_file(tmp_path):
+    """The unsupported-ops line of a model read from a file starts with the file."""
+    m = model([helper.make_node("Hardmax", ["x"], ["y"], name="h")], [("x", [2, 4])], [("y", [2, 4])])
+    p = tmp_path / "hard.onnx"
+    p.write_bytes(m.SerializeToString())
+    with pytest.raises(errors.UnsupportedOpError, match=r"hard.onnx: unsupported op: Hardmax \(h\)"):
+        frontend.load(p)
+
+
 def test_custom_domain_op_unsupported():
     nodes = [helper.make_node("FusedConv", ["x"], ["y"], name="fc", domain="com.microsoft")]
     m = model(nodes, [("x", [1, 4])], [("y", [1, 4])])

@@ -159,7 +159,7 @@ class Importer:
                 raise InternalError(f"ONNX {node.op_type} {ident!r}",
                                     f"converter failed: {type(e).__name__}: {e}") from e
         if bad:
-            raise UnsupportedOpError(bad)
+            raise UnsupportedOpError(bad, self.p.where)
         self.current = None
         outs = []
         for name in self.p.outputs:
