@@ -60,13 +60,16 @@ FLAGS = flags.FLAGS
 
 
 def main(args):
-    from tftpu import quant
-    from tftpu.ir.module import load
+    from tftpu import errors, quant
+    from tftpu.ir.module import TpuModel, load
     from tftpu.pipelines.calibration_choice import methods_of
 
     cluster = cli.dataset_tool("mlir", "dataset", "o")
     methods = methods_of(FLAGS.calibration_method)
     model = load(FLAGS.mlir)
+    if isinstance(model, TpuModel):
+        raise errors.ModelFileError(FLAGS.mlir, "is a TPU module (already lowered): calibrate the TOP .mlir "
+                                                "it was lowered from")
     samples = cli.dataset_samples(model)
     table = quant.calibrate(model, samples, ",".join(methods), asymmetric=FLAGS.asymmetric,
                             tune_num=FLAGS.tune_num, workers=FLAGS.workers, cluster=cluster)

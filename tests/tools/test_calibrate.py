@@ -124,3 +124,14 @@ def test_glob_names_an_unreadable_file_or_skips_it(work, tmp_path):
     assert r.returncode == 0, r.stderr
     assert "from 2 inputs (1 unreadable skipped:" in r.stdout and "1b.npy" in r.stderr
     assert quant.read_table(tmp_path / "t.txt").samples == 2
+
+
+def test_a_tpu_module_is_refused_naming_what_to_calibrate(work):
+    """A lowered .tpu.mlir (no float inference kernels) is named as such, not as unsupported ops."""
+    from tftpu.pipelines.deploy import deploy
+
+    deploy(work / "r.top.mlir", quantize="F32", chip="npu1", tpu_mlir=work / "r.tpu.mlir")
+    r = _run(f"--mlir={work / 'r.tpu.mlir'}", f"--dataset={work / 'data'}", f"-o={work / 'never.txt'}")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "is a TPU module (already lowered): calibrate the TOP .mlir" in r.stderr
+    assert not (work / "never.txt").exists()
