@@ -84,6 +84,29 @@ def test_saved_model_bad_inputs(tmp_path):
     with pytest.raises(UsageError, match="not empty"):
         optimize_saved_model(tmp_path / "empty", tmp_path / "full")
     assert (tmp_path / "full" / "x").read_text() == "keep me"
+    (tmp_path / "file").write_text("keep me too")
+    with pytest.raises(UsageError, match="the output directory is an existing file"):
+        optimize_saved_model(tmp_path / "empty", tmp_path / "file")
+
+
+def test_a_full_disk_while_saving_is_an_output_error_with_nothing_left(tmp_path, monkeypatch):
+    """TensorFlow's ResourceExhaustedError from the save (a full disk) is one OutputError naming the
+    output's directory; the temporary directory is removed."""
+    import tensorflow as tf
+
+    from tftpu.errors import OutputError
+
+    src = tmp_path / "in"
+    _export(src)
+
+    def full(*args, **kwargs):
+        raise tf.errors.ResourceExhaustedError(None, None, "No space left on device")
+
+    monkeypatch.setattr(tf.saved_model, "save", full)
+    before = sorted(tmp_path.iterdir())
+    with pytest.raises(OutputError, match="cannot write the SavedModel: No space left on device"):
+        optimize_saved_model(src, tmp_path / "out")
+    assert sorted(tmp_path.iterdir()) == before
 
 
 def _tool(*args):

@@ -39,7 +39,9 @@ def optimize_saved_model(saved_model_dir, output_dir, *, target="tpu", disable: 
     """Optimize every signature of `saved_model_dir`; write the result to `output_dir`
     (atomically: a temporary directory beside it, renamed at the end). Returns the reports."""
     out = Path(output_dir)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"{out}: the output directory is an existing file")
+    if out.exists() and any(out.iterdir()):
         raise UsageError(f"{out}: output directory exists and is not empty")
     if out.resolve() == Path(saved_model_dir).resolve():
         raise UsageError("--output_dir must differ from --saved_model_dir")
@@ -80,7 +82,10 @@ def _optimize_into(saved_model_dir, tmp: Path, target, disable, pass_options) ->
             *[tf.TensorSpec(specs[n].shape, specs[n].dtype, name=n) for n in names])
         setattr(module, f"signature_{len(signatures)}", serve)
         signatures[key] = concrete
-    tf.saved_model.save(module, str(tmp), signatures=signatures)
+    try:
+        tf.saved_model.save(module, str(tmp), signatures=signatures)
+    except (tf.errors.ResourceExhaustedError, tf.errors.PermissionDeniedError, OSError) as e:   # a full disk
+        raise OutputError(tmp.parent, f"cannot write the SavedModel: {' '.join(str(getattr(e, 'message', e)).split())[:200]}") from None
     deterministic_fingerprint(tmp)
     return reports
 
