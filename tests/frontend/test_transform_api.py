@@ -39,5 +39,5 @@ def test_transform_rejects_bad_layout_and_mlir(net, tmp_path):
     with pytest.raises(errors.UsageError, match="layout"):
         transform(net, layout="NCWH", mlir=tmp_path / "x.top.mlir")
     r = transform(net, input_shapes=[[2, 3, 32, 32]], mlir=tmp_path / "m.top.mlir")
-    with pytest.raises(errors.UsageError, match="already a TOP"):
+    with pytest.raises(errors.UsageError, match="an .mlir .*is not a source to import"):
         transform(r.mlir)

@@ -51,10 +51,14 @@ def photos(tmp_path_factory):
 
 
 def test_bad_input_is_one_line_exit_2(tmp_path, saved_model):
+    (tmp_path / "text.keras").write_text("not a model\n")
     cases = [
         ([f"--output_file={tmp_path}/a.tflite"], "exactly one of"),
         ([f"--saved_model_dir={tmp_path}/missing", f"--output_file={tmp_path}/a.tflite"], "no such directory"),
         ([f"--keras_model_file={tmp_path}/none.keras", f"--output_file={tmp_path}/a.tflite"], "no such"),
+        ([f"--keras_model_file={tmp_path}/text.keras", f"--output_file={tmp_path}/a.tflite"], "not a .keras model"),
+        ([f"--saved_model_dir={tmp_path}/text.keras", f"--output_file={tmp_path}/a.tflite"],
+         "a file, not a SavedModel directory"),
         ([f"--saved_model_dir={saved_model[0]}", f"--output_file={tmp_path}/a.tflite", "--quantize=int8"],
          "--representative_data"),
         ([f"--saved_model_dir={saved_model[0]}", f"--output_file={tmp_path}/a.tflite", "--signature_key=nope"],

@@ -4,6 +4,7 @@ convert, and write the `.tflite` (and the report) atomically."""
 from __future__ import annotations
 
 import json
+import zipfile
 from pathlib import Path
 
 from tftpu import errors
@@ -17,6 +18,8 @@ def load_keras(path):
         raise errors.ModelFileError(p, "no such Keras model file")
     import keras
 
+    if p.suffix.lower() == ".keras" and not zipfile.is_zipfile(p):      # (Keras says "File not found")
+        raise errors.ModelFileError(p, "not a .keras model (a .keras file is a zip archive)")
     try:
         return keras.models.load_model(str(p), compile=False, safe_mode=True)
     except (ValueError, OSError, TypeError, KeyError) as exc:

@@ -21,6 +21,8 @@ from tftpu.utils import files
 def load(saved_model_dir):
     """Load a SavedModel, or raise ModelFileError naming the directory."""
     path = Path(saved_model_dir)
+    if path.is_file():
+        raise ModelFileError(path, "a file, not a SavedModel directory")
     if not path.is_dir():
         raise ModelFileError(path, "no such directory")
     if not (path / "saved_model.pb").is_file() and not (path / "saved_model.pbtxt").is_file():

@@ -73,7 +73,9 @@ def transform(model_def, *, name: str | None = None, input_shapes=None, layout: 
     pipeline = parse_pipeline(passes or default_passes(layout))
     kind = source_kind(model_def)
     if kind == "mlir":
-        raise errors.UsageError(f"{model_def} is already a TOP .mlir; run it instead of transforming it")
+        raise errors.UsageError(f"{model_def}: an .mlir (tftpu's own TOP or TPU module) is not a source to import; "
+                                "tftpu-transform imports .onnx, .tflite, Keras and SavedModel models (run or "
+                                "deploy an .mlir instead)")
     name = name or Path(str(model_def)).stem
     t0 = time.perf_counter()
     proto = to_onnx(model_def, input_shapes)
