@@ -117,7 +117,7 @@ def require(*names: str) -> None:
     """A UsageError naming the first of the flags `names` that was not given."""
     for name in names:
         if not getattr(FLAGS, name):
-            raise errors.UsageError(f"--{name} is required")
+            raise errors.UsageError(f"{'-' if len(name) == 1 else '--'}{name} is required")
 
 
 def define_dataset_flags(input_num: int, what: str) -> None:
