@@ -21,6 +21,7 @@ _LAZY = {
     "optimize": "tftpu.pipelines.optimize:optimize",
     "compile": "tftpu.compiler:compile",
     "CompiledModel": "tftpu.compiler:CompiledModel",
+    "OptimizedFunction": "tftpu.pipelines.optimize:OptimizedFunction",
     "evaluate": "tftpu.pipelines.evaluate:evaluate",
     "keras": "tftpu.keras:",
     "data": "tftpu.data:",

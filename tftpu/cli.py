@@ -113,6 +113,13 @@ def floats(values: Sequence[str], flag: str) -> list[float]:
     return numbers
 
 
+def define_mode(name: str, default, values: Sequence[str], help: str) -> None:
+    """An enum flag whose values are taken in any case (`--quantize=int8` or `INT8`), held as
+    written in `values`: the modes are spelled one way in Python and another in TFLite's CLI."""
+    flags.DEFINE(flags.EnumParser(list(values), case_sensitive=False), name, default,
+                 f"{help} (one of {', '.join(values)}; any case)", serializer=flags.ArgumentSerializer())
+
+
 def require(*names: str) -> None:
     """A UsageError naming the first of the flags `names` that was not given."""
     for name in names:

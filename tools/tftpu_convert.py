@@ -29,7 +29,7 @@ flags.DEFINE_integer("s2d_block_size", None, "force S2D with this block size", l
 flags.DEFINE_bool("s2d_input", False, "the model takes space-to-depth input (Keras sources; the host "
                   "transform is recorded in the metadata)")
 flags.DEFINE_string("s2d_target", "tpu", "chip whose cost model decides S2D (tftpu/configs/chips/NAME.yaml or a path)")
-flags.DEFINE_enum("quantize", None, ["int8"], "full-integer post-training quantization")
+cli.define_mode("quantize", None, ["int8"], "full-integer post-training quantization")
 flags.DEFINE_string("representative_data", None, "INT8 calibration inputs: a directory, a glob (quoted: "
                     "'val/*.jpg') or a TFRecord file of images or .npz/.npy inputs, read lazily")
 flags.DEFINE_integer("input_num", 100, "number of calibration inputs (the first, by file name); 0 for all",

@@ -25,7 +25,7 @@ from tftpu.quant.refit import MAX_SAMPLES as REFIT_SAMPLES
 from tftpu.transforms.lowering.search import FLOAT_BUDGET, JUDGE_SAMPLES, LATENCY_BUDGET
 
 flags.DEFINE_string("mlir", None, "TOP .mlir to deploy")
-flags.DEFINE_enum("quantize", "F32", ["F32", "BF16", "F16", "INT8"], "arithmetic of the TPU model")
+cli.define_mode("quantize", "F32", ["F32", "BF16", "F16", "INT8"], "arithmetic of the TPU model")
 flags.DEFINE_string("chip", None, "chip name (tftpu/configs/chips/NAME.yaml, e.g. npu1, edge16) or a YAML path")
 flags.DEFINE_string("calibration_table", None, "calibration table from tftpu-calibrate (needed for INT8)")
 flags.DEFINE_string("quantize_table", None, "per-op mode overrides: one 'op_name MODE' per line")

@@ -233,3 +233,13 @@ def test_11_outputs_get_the_permissions_of_a_plain_write(onnx_file, tmp_path):
     written = [p for p in tmp_path.iterdir() if p.name not in ("m.onnx", "in.npz")]
     assert len(written) == 2
     assert {oct(p.stat().st_mode & 0o777) for p in written} == {"0o640"}
+
+
+def test_modes_are_taken_in_any_case(onnx_file, tmp_path):
+    """--quantize=int8 / Bf16 (Python spells INT8, TFLite's CLI int8): taken in any case, held as
+    the tool spells it; an unknown mode is still one line and exit 2."""
+    mlir = tmp_path / "m.top.mlir"
+    assert _tool("tftpu-transform", f"--model_def={onnx_file}", f"--mlir={mlir}").returncode == 0
+    done = _tool("tftpu-deploy", f"--mlir={mlir}", "--chip=npu1", "--quantize=bf16", f"--model={tmp_path / 'b.tpumodel'}")
+    assert done.returncode == 0 and (tmp_path / "b.tpumodel").is_file(), done.stderr
+    _one_line(_tool("tftpu-deploy", f"--mlir={mlir}", "--chip=npu1", "--quantize=int4"), 2, "--quantize")
