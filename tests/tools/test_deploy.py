@@ -1456,3 +1456,25 @@ def test_a_latency_budget_that_is_not_a_ratio_of_at_least_one_is_refused(latency
     model = conv_net([(8, 3), (4, 1)], 3, 12)
     with pytest.raises(errors.UsageError, match="mixed_precision_latency=.*expected a ratio >= 1"):
         deploy(model, quantize="INT8", chip="npu1", calibration_table=None, mixed_precision_latency=latency)
+
+
+@pytest.mark.parametrize("mode", ["BF16", "F16", "INT8"])
+def test_the_report_prices_a_conv_that_makes_a_model_output(tmp_path, mode):
+    """A conv whose result is a model output (its f32 cast takes its name): the report's op row is
+    the conv with its own cycles, and the rewritten stem is priced, in every mode."""
+    import json
+
+    rng = np.random.default_rng(0)
+    b = TopBuilder("stem")
+    x = b.input("x", (1, 3, 32, 32))
+    y = b.op("Conv", [x, b.weight("w", rng.normal(size=(8, 3, 3, 3)).astype(np.float32)),
+                      b.weight("b", rng.normal(size=(8,)).astype(np.float32))],
+             {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}, "y")
+    model = b.finish([y])
+    table = quant.calibrate(model, samples_for(model, n=2), "mse") if mode == "INT8" else None
+    deploy(model, quantize=mode, chip="npu1", calibration_table=table, space_to_depth=True,
+           report=tmp_path / "r.json")
+    report = json.loads((tmp_path / "r.json").read_text())
+    row = next(o for o in report["ops"] if o["name"] == "y")
+    assert row["type"] == "tpu.Conv" and row["cycles"] > 0
+    assert report["s2d"]["applied"] and all(c > 0 for c in report["s2d"]["first_conv_cycles"])

@@ -32,6 +32,7 @@ from tftpu.quant.refit import INPUT_BUDGET as REFIT_INPUTS
 from tftpu.quant.refit import MAX_SAMPLES as REFIT_SAMPLES
 from tftpu.quant.refit import ROUNDINGS as REFIT_ROUNDINGS
 from tftpu.transforms.lowering.decode_tail import decode_tail
+from tftpu.transforms.lowering.lower import producer_names
 from tftpu.utils.threads import pool_size
 from tftpu.pipelines.equalization import check_cross_layer, check_equalize, cross_layer_step, equalize_step
 from tftpu.pipelines.conv_links import CONV_LINKS_LATENCY, input_links, program_profile, rank_conv_links
@@ -812,7 +813,8 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
         stem = {"name": numbers.where, "applied": applied, "reason": numbers.reason,
                 "before": None, "after": None}
         if applied:                                    # priced on the rewritten conv, and as it was
-            rewritten = [o for o in cycles.ops if o.name.split("_i8")[0] == numbers.where and o.type == "tpu.Conv"]
+            names = producer_names(numbers.where)
+            rewritten = [o for o in cycles.ops if o.name in names and o.type == "tpu.Conv"]
             stem["after"] = rewritten[0].cycles if rewritten else None
             issued = numbers.numbers
             if stem["after"] is not None and issued.get("issued_macs_after"):

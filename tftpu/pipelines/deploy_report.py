@@ -12,6 +12,7 @@ import math
 from pathlib import Path
 
 from tftpu.quant.links import InputConvs, wide_weights
+from tftpu.transforms.lowering.lower import producer_names
 from tftpu.transforms.lowering.search import KEPT_FIGURES, lowered_text
 from tftpu.utils.files import write_text
 
@@ -41,7 +42,8 @@ def _ops(result) -> list[dict]:
         cycles = {o.name: (o.type, o.cycles) for o in (result.cycles.ops if result.cycles is not None else [])}
     out = []
     for d in result.lowering.decisions:
-        c = cycles.get(d.name) or cycles.get(f"{d.name}_i8")
+        # (a model output's f32 cast takes the TOP op's name: the op computing it is renamed)
+        c = next((cycles[n] for n in producer_names(d.name) if n in cycles), None)
         out.append({"name": d.name, "type": c[0] if c else d.op, "top_type": d.op, "mode": d.mode,
                     "reason": d.reason, "cycles": c[1] if c else 0})
     return out

@@ -26,7 +26,8 @@ from tftpu.transforms.lowering.decode_tail import decode_tail, tail_mode
 from tftpu.transforms.lowering.float_ops import lower_float
 from tftpu.transforms.lowering.registry import INT8
 
-__all__ = ["lower", "LoweringReport", "float_mode_of", "TWO_PASSES", "WIDE_WEIGHTS", "FOUR_PASSES", "WIDE_LINKS"]
+__all__ = ["lower", "LoweringReport", "float_mode_of", "TWO_PASSES", "WIDE_WEIGHTS", "FOUR_PASSES", "WIDE_LINKS",
+           "producer_names"]
 
 # the note on an INT8 depthwise conv that reads a 16-bit link (`tftpu.quant.links`)
 TWO_PASSES = "16-bit input, two INT8 passes"
@@ -178,7 +179,7 @@ def lower(model, chip, mode: str, table=None, qtable: dict | None = None, asymme
                 not A.is_float(cur.type) and not tpu.is_quantized(cur):
             outputs.append(cur)
         else:                                            # the output keeps its name, in f32
-            _rename(cur, ctx.fresh_name(f"{name}_{A.dtype_name(cur.type.element_type)}"))
+            _rename(cur, ctx.fresh_name(f"{name}_{A.dtype_name(cur.type.element_type)}"))   # (`producer_names`)
             out = ctx.floating(v, "f32")
             set_loc(out.owner, name)
             outputs.append(out)
@@ -267,3 +268,14 @@ def _float_input(ctx, op) -> bool:
         if isinstance(cur.type, TensorType) and A.is_float(cur.type):
             return True
     return False
+
+
+# the dtypes a model output's producer is renamed with (`<name>_<dtype>`, by `lower`)
+_OUTPUT_DTYPES = ("i8", "u8", "i16", "u16", "i32", "f16", "bf16")
+
+
+def producer_names(name: str) -> list[str]:
+    """The names the TPU op computing TOP op `name` may carry, in order: its own, or, where it
+    makes a model output, `<name>_<dtype>` (`lower` renames it so; the f32 cast to the output
+    takes the name)."""
+    return [f"{name}_{t}" for t in _OUTPUT_DTYPES] + [name]
