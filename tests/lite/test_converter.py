@@ -40,7 +40,7 @@ def test_mtcnn_same_bytes_tac_and_s2d_declined(name, keras_model, tf_bytes):
     """Each option through the converter; the device_specs output is TAC on TF's bytes, byte for byte."""
     model, ref = keras_model(name), tf_bytes(name)
     conv = lite.TFLiteConverter.from_keras_model(model)
-    assert conv.convert() == ref and conv.report is None          # no tftpu option: TensorFlow's bytes
+    assert conv.convert() == ref and conv.report == {"interpreter": runtime.name()}   # no tftpu option: TF bytes
     conv = lite.TFLiteConverter.from_keras_model(model)
     conv.device_specs = ("GPU", "CPU")
     data = conv.convert()
@@ -183,6 +183,12 @@ def test_concrete_functions_and_saved_model_same_bytes(tmp_path, keras_model):
     model.export(str(tmp_path / "sm"), verbose=False)
     b = lite.TFLiteConverter.from_saved_model(str(tmp_path / "sm")).convert()
     assert b == tf.lite.TFLiteConverter.from_saved_model(str(tmp_path / "sm")).convert()
+    # TensorFlow's own constructor, from concrete functions (its bytes differ from the classmethod's)
+    direct = lite.TFLiteConverter([fn], model)
+    assert isinstance(direct, tf.lite.TFLiteConverter) and hasattr(direct, "device_specs")
+    assert direct.convert() == tf.lite.TFLiteConverter([fn], model).convert()
+    assert direct.report == {"interpreter": runtime.name()}          # no tftpu option ran
+    assert callable(lite.TFLiteConverter.experimental_from_jax)
 
 
 def test_runtime_is_litert():

@@ -37,8 +37,10 @@ class _TftpuOptions:
 
     def convert(self):
         """TensorFlow's conversion, then tftpu's options in order: S2D, INT8 ranges, TAC."""
-        if not self._tftpu_active():
-            self.report = None
+        if not self._tftpu_active():            # (the report says so: no option ran)
+            from tftpu.lite import runtime
+
+            self.report = {"interpreter": runtime.name()}
             return super().convert()
         from tftpu.lite import pipeline
 
@@ -79,7 +81,15 @@ def _adopt(converter, source):
 
 class TFLiteConverter:
     """Drop-in for `tf.lite.TFLiteConverter`: same constructors and attributes, plus
-    `device_specs`, `space_to_depth`, `s2d_input`, `s2d_target`, `calibration_method`, `report`."""
+    `device_specs`, `space_to_depth`, `s2d_input`, `s2d_target`, `calibration_method`, `report`.
+    Like TensorFlow's, it is built from concrete functions directly too: `TFLiteConverter(funcs,
+    trackable_obj)`; what any constructor returns is TensorFlow's own converter (an instance of
+    `tf.lite.TFLiteConverter`'s class for that source) with tftpu's attributes added."""
+
+    def __new__(cls, funcs, trackable_obj=None):
+        import tensorflow as tf
+
+        return _adopt(tf.lite.TFLiteConverter(funcs, trackable_obj), ("concrete_functions", list(funcs), trackable_obj))
 
     @classmethod
     def from_keras_model(cls, model):
@@ -100,3 +110,9 @@ class TFLiteConverter:
 
         return _adopt(tf.lite.TFLiteConverter.from_concrete_functions(funcs, trackable_obj),
                       ("concrete_functions", list(funcs), trackable_obj))
+
+    @classmethod
+    def experimental_from_jax(cls, serving_funcs, inputs):
+        import tensorflow as tf
+
+        return _adopt(tf.lite.TFLiteConverter.experimental_from_jax(serving_funcs, inputs), ("jax",))

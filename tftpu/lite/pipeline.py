@@ -59,6 +59,9 @@ def convert(converter, factory) -> tuple[bytes, dict]:
 def _space_to_depth(factory, converter, stack):
     block, forced = (2, False) if converter.space_to_depth is True else (int(converter.space_to_depth), True)
     kind = converter._tftpu_source[0]
+    if kind == "jax":
+        raise errors.UsageError("space_to_depth works on Keras models, SavedModels and concrete functions, "
+                                "not on a JAX source (convert it to a SavedModel first)")
     keep = {"calibration_method": converter.calibration_method}
     if kind != "keras":
         if converter.s2d_input:
