@@ -74,29 +74,20 @@ def test_bad_datasets_and_tables(resnet, tmp_path):
     with pytest.raises(errors.UsageError, match="method"):
         quant.calibrate(resnet, [{}], "entropy")
     bad = tmp_path / "table.txt"
-    bad.write_text("# op_name threshold min max\nconv1 1.0 -1.0\n")
-    with pytest.raises(errors.ModelFileError, match=r"table.txt:2"):
-        quant.read_table(bad)
-    bad.write_text("conv1 nan -1 1\n")
-    with pytest.raises(errors.ModelFileError, match="finite"):
-        quant.read_table(bad)
-    bad.write_text("conv1 1 -1 1\nconv2 11.5 100 8.25\n")
-    with pytest.raises(errors.ModelFileError, match=r"table.txt:2: tensor 'conv2': min 100 is above max 8.25"):
-        quant.read_table(bad)
-    bad.write_text("conv1 0 -12 8.25\n")
-    with pytest.raises(errors.ModelFileError, match=r"table.txt:1: tensor 'conv1': threshold 0"):
-        quant.read_table(bad)
+    for text, needle in (
+            ("# op_name threshold min max\nconv1 1.0 -1.0\n", r"table.txt:2"),
+            ("conv1 nan -1 1\n", "finite"),
+            ("conv1 1 -1 1\nconv2 11.5 100 8.25\n", r"table.txt:2: tensor 'conv2': min 100 is above max 8.25"),
+            ("conv1 0 -12 8.25\n", r"table.txt:1: tensor 'conv1': threshold 0"),
+            ("# alternates: tail_mse\nconv1 1 -1 1\n#tail_mse conv1 1 -1\n", r"table.txt:3"),
+            ("# alternates: tail_mse\nconv1 1 -1 1\n#tail_mse conv1 1 -1 1\n#tail_mse conv1 2 -1 1\n",
+             r"table.txt:4: tensor 'conv1' listed twice"),
+            ("# alternates: tail_mse\nconv1 1 -1 1\n", "no '#tail_mse' rows")):
+        bad.write_text(text)
+        with pytest.raises(errors.ModelFileError, match=needle):
+            quant.read_table(bad)
     bad.write_text("zeros 0 0 0\n")                     # (a tensor that is always 0)
     assert quant.read_table(bad).entries["zeros"] == (0.0, 0.0, 0.0)
-    bad.write_text("# alternates: tail_mse\nconv1 1 -1 1\n#tail_mse conv1 1 -1\n")
-    with pytest.raises(errors.ModelFileError, match=r"table.txt:3"):
-        quant.read_table(bad)
-    bad.write_text("# alternates: tail_mse\nconv1 1 -1 1\n#tail_mse conv1 1 -1 1\n#tail_mse conv1 2 -1 1\n")
-    with pytest.raises(errors.ModelFileError, match=r"table.txt:4: tensor 'conv1' listed twice"):
-        quant.read_table(bad)
-    bad.write_text("# alternates: tail_mse\nconv1 1 -1 1\n")
-    with pytest.raises(errors.ModelFileError, match="no '#tail_mse' rows"):
-        quant.read_table(bad)
 
 
 def test_alternates_come_from_the_same_statistics_and_read_back(resnet, photo_dir, tmp_path):
