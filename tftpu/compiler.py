@@ -300,8 +300,17 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None,
     `log` (a callable taking a line) reports progress; by default the `tftpu.compile` logger."""
     from tftpu.pipelines.deploy import carried, choices_of, deploy
 
+    if log is not None and not callable(log):
+        raise errors.UsageError(f"log={log!r}: expected a callable taking a line")
     say = log or _LOG.info
+    if not isinstance(quantize, str):
+        raise errors.UsageError(f"quantize={quantize!r}: expected one of F32, F16, BF16, INT8")
     mode = quantize.upper()
+    if tolerance is not None:                       # (checked before the work, not after it)
+        from tftpu.interp.similarity import parse_tolerance
+        parse_tolerance(tolerance)
+    from tftpu import chip as chips
+    chips.load(chip)                                # (a bad chip named before the import)
     check_cross_layer(cross_layer)
     methods = methods_of(calibration_method)
     t_all = time.perf_counter()

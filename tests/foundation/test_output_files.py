@@ -35,6 +35,22 @@ def test_parent_that_is_a_file_is_refused(tmp_path):
         files.write_bytes(tmp_path / "f" / "x.bin", b"1")
 
 
+def test_a_fifo_or_device_is_never_replaced_and_a_path_must_be_one(tmp_path):
+    """The rename onto an output would replace a device or fifo with a plain file: refused, the
+    special file left as it was (a fifo here; /dev/full alike); a path that is None or a number
+    is a UsageError, not pathlib's TypeError."""
+    from tftpu.errors import UsageError
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    with pytest.raises(OutputError, match="not a regular file"):
+        files.write_bytes(fifo, b"1")
+    assert fifo.is_fifo() and _leftovers(tmp_path) == []
+    for bad in (None, 5, ""):
+        with pytest.raises(UsageError, match="expected a file path"):
+            files.write_text(bad, "x")
+
+
 def test_name_too_long_is_refused(tmp_path):
     with pytest.raises(OutputError, match="too long"):
         files.write_text(tmp_path / ("n" * 300), "x")

@@ -112,11 +112,8 @@ def noise_floor(tensors) -> float:
 
 def parse_tolerance(text: str | Sequence[float]) -> tuple[float, float]:
     """"cos,euclid" (e.g. "0.99,0.99") -> (0.99, 0.99); a UsageError when malformed."""
-    if not isinstance(text, str):
-        parts = list(text)
-    else:
-        parts = [p.strip() for p in text.split(",")]
     try:
+        parts = [p.strip() for p in text.split(",")] if isinstance(text, str) else list(text)
         if len(parts) != 2:
             raise ValueError
         cos, euc = float(parts[0]), float(parts[1])

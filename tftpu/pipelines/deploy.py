@@ -31,6 +31,7 @@ from tftpu.quant.links import InputConvs
 from tftpu.quant.refit import INPUT_BUDGET as REFIT_INPUTS
 from tftpu.quant.refit import MAX_SAMPLES as REFIT_SAMPLES
 from tftpu.quant.refit import ROUNDINGS as REFIT_ROUNDINGS
+from tftpu.quant.table import CalibrationTable
 from tftpu.transforms.lowering.decode_tail import decode_tail
 from tftpu.transforms.lowering.lower import producer_names
 from tftpu.utils.threads import pool_size
@@ -324,7 +325,14 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
 
     t0 = time.perf_counter()
     seconds = {}
+    if not isinstance(quantize, str):
+        raise errors.UsageError(f"--quantize={quantize!r}: expected one of {', '.join(DEFAULT_TOLERANCE)}")
     mode = quantize.upper()
+    if isinstance(wide_links, set):             # (a set of names as given: held as a frozenset)
+        wide_links = frozenset(wide_links)
+    if calibration_table is not None and not isinstance(calibration_table, (str, Path, CalibrationTable)):
+        raise errors.UsageError(f"calibration_table={calibration_table!r}: expected a file path or a "
+                                "CalibrationTable (tftpu.quant.calibrate)")
     if refit_rounding not in ("auto",) + REFIT_ROUNDINGS:
         raise errors.UsageError(f"refit_rounding={refit_rounding!r}: expected one of "
                                 f"{', '.join(('auto',) + REFIT_ROUNDINGS)}")
@@ -349,6 +357,9 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
         if test_input is not None:
             return _deploy_each(call, top_model, table)
         table = table.tables()[table.method]
+    if quantize_table is not None and not isinstance(quantize_table, (str, Path, dict)):
+        raise errors.UsageError(f"quantize_table={quantize_table!r}: expected a file path or a dict of op name -> "
+                                "mode")
     qtable = read_qtable(quantize_table) if isinstance(quantize_table, (str, Path)) else quantize_table
     if asymmetric is None:          # the table's: its calibrated asymmetric ranges, where it holds them
         asymmetric = "auto" if mode == "INT8" and table is not None and table.asymmetric else False

@@ -51,6 +51,7 @@ __all__ = ["calibrate", "calibrate_each", "calibrate_two_pass", "TensorStatistic
            "AUTO_CANDIDATES", "CALIBRATION_METHODS"]
 
 BINS = 2048
+MAX_BINS = 1 << 20         # a histogram of this many bins per tensor stays a few MB
 # Every number in a table lies on a grid that last-bit float noise does not move (TensorStatistics):
 # min and max rounded outward to 1/EXTREME_STEPS of the tensor's power-of-two range (half an INT8
 # level), thresholds chosen among the floats of SIGNIFICANT_BITS significant bits (neighbours under
@@ -257,8 +258,8 @@ def _check(method: str, samples, bins: int) -> None:
         raise UsageError(f"calibration method {method!r}: expected one of {', '.join(CALIBRATION_METHODS)}")
     if isinstance(samples, (list, tuple)) and not samples:
         raise InputError("calibration needs at least one sample input")
-    if isinstance(bins, bool) or not isinstance(bins, (int, np.integer)) or bins <= 128:
-        raise UsageError(f"bins {bins!r}: use an integer above 128")
+    if isinstance(bins, bool) or not isinstance(bins, (int, np.integer)) or not 128 < bins <= MAX_BINS:
+        raise UsageError(f"bins {bins!r}: use an integer above 128, at most {MAX_BINS:,} (a histogram per tensor)")
 
 
 def collect(model, samples, bins: int = BINS) -> dict[str, TensorStatistics]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import os
 import time
 from typing import Sequence
 
@@ -185,6 +186,13 @@ def partition(graph: Graph, devices: list[TargetHardware], max_states: int = 200
 def run(tflite_path_or_bytes, device_specs: Sequence = ("GPU", "CPU"), *, max_states: int = 200_000) -> TacResult:
     """Target-aware conversion of a `.tflite` (path or bytes; any file a registered importer
     reads, `tftpu.tac.formats`) for `device_specs` (preference order)."""
+    if isinstance(max_states, bool) or not isinstance(max_states, int) or max_states < 1:
+        raise errors.UsageError(f"max_states {max_states!r}: expected a count >= 1")
+    if isinstance(device_specs, (str, bytes)) or not isinstance(device_specs, Sequence) or not device_specs:
+        raise errors.UsageError(f"device_specs {device_specs!r}: expected a non-empty list of device names, e.g. "
+                         "('GPU', 'CPU')")
+    if not isinstance(tflite_path_or_bytes, (str, bytes, bytearray, memoryview, os.PathLike)):
+        raise errors.UsageError(f"tac.run takes a .tflite path or its bytes, not {type(tflite_path_or_bytes).__name__}")
     enabled = gc.isenabled()
     gc.disable()  # the pipeline makes many small objects and frees none: collection passes are wasted
     try:

@@ -44,6 +44,9 @@ def find(kind: str, name: str) -> Path | None:
 def resolve(kind: str, name_or_path, what: str = "config") -> Path:
     """A config file given as a name (`tpu`) or a path (ending .yaml/.yml or holding a path
     separator; str or PathLike); ConfigError listing the known names if it does not exist."""
+    if not isinstance(name_or_path, (str, os.PathLike)) or not os.fspath(name_or_path):
+        raise ConfigError(f"{what} {name_or_path!r}: expected a name ({', '.join(known(kind)) or 'none known'}) "
+                          "or a .yaml path")
     text = os.fspath(name_or_path)
     is_path = text.endswith((".yaml", ".yml")) or os.sep in text or (os.altsep or os.sep) in text
     path = Path(text) if is_path else config_dir(kind) / f"{text}.yaml"

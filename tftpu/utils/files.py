@@ -17,7 +17,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from tftpu.errors import OutputError
+from tftpu.errors import OutputError, UsageError
 
 _UMASK: list[int] = []
 
@@ -48,14 +48,20 @@ def _reason(e: OSError) -> str:
 
 
 def check_writable(*paths) -> None:
-    """Refuse outputs that cannot be files before anything is written: an existing directory,
-    a parent that is a file, a name longer than the file system allows."""
+    """Refuse outputs that cannot be files before anything is written: a path that is not a
+    str or os.PathLike, an existing directory or other non-regular file (a device would be
+    replaced by the rename), a parent that is a file, a name longer than the file system allows."""
+    for given in paths:
+        if not isinstance(given, (str, os.PathLike)) or not str(given):
+            raise UsageError(f"output path {given!r}: expected a file path")
     for p in map(Path, paths):
         if len(os.fsencode(p.name)) > 255:
             raise OutputError(p, "file name too long")
         try:
             if p.is_dir():
                 raise OutputError(p, "is a directory")
+            if p.exists() and not p.is_file():
+                raise OutputError(p, "is not a regular file (a device, fifo or socket): it would be replaced")
             parent = next((q for q in p.parents if q.exists()), None)
         except OSError as e:
             raise OutputError(p, _reason(e)) from None
@@ -70,8 +76,8 @@ _WRITE_ERRORS = {errno.ENOSPC, errno.EROFS, errno.EDQUOT, errno.EIO, errno.EACCE
 @contextlib.contextmanager
 def atomic_write(path, mode: str = "wb", encoding: str | None = None):
     """Open a temp file beside `path` for writing; rename it onto `path` only on success."""
-    path = Path(path)
     check_writable(path)
+    path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name[:200]}.", suffix=".tmp", dir=path.parent)

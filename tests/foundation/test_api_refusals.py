@@ -1,0 +1,87 @@
+"""Wrong values and types given to the Python API: one typed tftpu error naming the argument,
+raised before any work (not a TypeError or AttributeError from deep inside)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tftpu
+from tests.frontend.onnx_graphs import conv_bn_relu_net, rand
+from tftpu import errors
+
+
+@pytest.fixture(scope="module")
+def top():
+    return tftpu.frontend.load(conv_bn_relu_net(), input_shapes=[[1, 3, 32, 32]])
+
+
+@pytest.mark.parametrize("kw,error,needle", [
+    ({"tolerance": 0.5}, errors.UsageError, "tolerance must be two numbers"),
+    ({"tolerance": float("nan")}, errors.UsageError, "tolerance"),
+    ({"quantize": None}, errors.UsageError, "quantize=None"),
+    ({"quantize": 8}, errors.UsageError, "quantize=8"),
+    ({"log": 5}, errors.UsageError, "log=5"),
+    ({"chip": None}, errors.ConfigError, "chip config None: expected a name"),
+    ({"chip": 123}, errors.ConfigError, "chip config 123"),
+])
+def test_compile_refuses_before_importing(kw, error, needle, monkeypatch):
+    from tftpu import compiler
+
+    monkeypatch.setattr(compiler, "_import", lambda *a: pytest.fail("imported before the arguments were checked"))
+    with pytest.raises(error, match=needle):
+        tftpu.compile(conv_bn_relu_net(), **{"chip": "npu1", **kw})
+
+
+@pytest.mark.parametrize("kw,needle", [
+    ({"calibration_table": 5}, "calibration_table=5: expected a file path or a CalibrationTable"),
+    ({"calibration_table": {"x": 1}}, "calibration_table="),
+    ({"quantize_table": 5}, "quantize_table=5: expected a file path or a dict"),
+    ({"quantize_table": ["y"]}, "quantize_table="),
+    ({"quantize": None}, "--quantize=None"),
+])
+def test_deploy_refuses_wrong_typed_tables(top, kw, needle):
+    from tftpu.pipelines.deploy import deploy
+
+    with pytest.raises(errors.UsageError, match=needle):
+        deploy(top, **{"quantize": "INT8", "chip": "npu1", **kw})
+
+
+def test_deploy_takes_a_plain_set_of_conv_names(top):
+    """wide_links as a set (the documented form), not only a frozenset."""
+    from tftpu.pipelines.deploy import deploy
+
+    table = tftpu.quant.calibrate(top, [{"x": rand(1, 3, 32, 32, seed=s)} for s in range(2)])
+    conv = next(op.loc for op in top.ops if op.name == "top.Conv")
+    result = deploy(top, quantize="INT8", chip="npu1", calibration_table=table, wide_links={conv},
+                    mixed_precision=None)
+    assert result.wide_links == frozenset({conv})
+
+
+def test_calibrate_refuses_a_histogram_too_large(top):
+    with pytest.raises(errors.UsageError, match="at most 1,048,576"):
+        tftpu.quant.calibrate(top, [{"x": rand(1, 3, 32, 32)}], bins=10 ** 12)
+
+
+@pytest.mark.parametrize("kw,needle", [({"max_states": 0}, "max_states 0"), ({"max_states": -1}, "max_states -1"),
+                                       ({"device_specs": []}, "device_specs"), ({"device_specs": None}, "device_specs"),
+                                       ({"device_specs": "GPU"}, "device_specs")])
+def test_tac_refuses_bad_arguments(kw, needle):
+    from tests import material
+
+    with pytest.raises(errors.UsageError, match=needle):
+        tftpu.tac.run(material.get("face_detection_short_range.tflite"), **kw)
+    with pytest.raises(errors.UsageError, match="path or its bytes"):
+        tftpu.tac.run(5)
+
+
+@pytest.mark.parametrize("block", [2.5, None, float("nan"), "2", [2, 2.0]])
+def test_space_to_depth_refuses_a_block_that_is_not_an_int(block):
+    import keras
+    import tensorflow as tf
+
+    model = keras.Sequential([keras.Input((8, 8, 3)), keras.layers.Conv2D(4, 3, strides=2)])
+    with pytest.raises(errors.UsageError, match="block_size"):
+        tftpu.keras.space_to_depth(model, block)
+    with pytest.raises(errors.UsageError, match="block_size"):
+        tftpu.data.space_to_depth(tf.data.Dataset.from_tensors(np.zeros((8, 8, 3), np.float32)), block)
