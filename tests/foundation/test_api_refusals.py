@@ -85,3 +85,43 @@ def test_space_to_depth_refuses_a_block_that_is_not_an_int(block):
         tftpu.keras.space_to_depth(model, block)
     with pytest.raises(errors.UsageError, match="block_size"):
         tftpu.data.space_to_depth(tf.data.Dataset.from_tensors(np.zeros((8, 8, 3), np.float32)), block)
+
+
+@pytest.mark.parametrize("samples,error,needle", [
+    (None, errors.UsageError, "none given"),
+    ([5], errors.ShapeError, "samples\\[0\\]: input 'x' has shape \\[\\]"),
+    (np.zeros((1, 3, 32, 32), np.complex64), errors.InputError, "complex numbers"),
+    ([np.array([None] * 3072, object).reshape(1, 3, 32, 32)], errors.InputError, "Python objects"),
+])
+def test_calibrate_reads_samples_as_iter_samples_does(top, samples, error, needle):
+    """One dict or an array is a sample, as everywhere else; what is no sample is a typed error."""
+    with pytest.raises(error, match=needle):
+        tftpu.quant.calibrate(top, samples)
+    x = rand(1, 3, 32, 32)
+    assert tftpu.quant.calibrate(top, {"x": x}).entries == tftpu.quant.calibrate(top, [{"x": x}]).entries
+    with pytest.raises(errors.UsageError, match="calibrate takes a TOP model"):
+        tftpu.quant.calibrate("model.onnx", [{"x": x}])
+
+
+def test_deploy_refuses_a_test_input_or_reference_of_the_wrong_kind(top):
+    from tftpu.pipelines.deploy import deploy
+
+    with pytest.raises(errors.UsageError, match="--test_input int"):
+        deploy(top, quantize="F32", chip="npu1", test_input=5)
+    x = {"x": rand(1, 3, 32, 32)}
+    with pytest.raises(errors.UsageError, match="--test_reference int"):
+        deploy(top, quantize="F32", chip="npu1", test_input=x, test_reference=5)
+    with pytest.raises(errors.ShapeError, match="--test_reference 'y' has shape \\[2, 2\\]"):
+        deploy(top, quantize="F32", chip="npu1", test_input=x, test_reference={"y": np.zeros((2, 2))})
+
+
+@pytest.mark.parametrize("options,needle", [
+    ([1], "expected a dict"), ({"nope": {}}, "names 'nope'"), ({"space_to_depth": 5}, "expected a dict of its options"),
+    ({"space_to_depth": {"nope": 1}}, "expected a dict of its options"),
+    ({"space_to_depth": {"block_size": 0}}, "block_size 0"), ({"space_to_depth": {"block_size": "x"}}, "block_size 'x'")])
+def test_optimize_refuses_pass_options_it_would_ignore(options, needle):
+    import tensorflow as tf
+
+    f = tf.function(lambda x: x * 2)
+    with pytest.raises(errors.UsageError, match=needle):
+        tftpu.optimize(f, tf.ones([1, 4]), pass_options=options)

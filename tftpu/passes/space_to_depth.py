@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 
-from tftpu.errors import ShapeError
+from tftpu.errors import ShapeError, UsageError
 from tftpu.graph.pass_manager import GraphContext, Pass, PassResult
 from tftpu.graph.surgery import GraphEditor, parse, ref
 from tftpu.passes import s2d_geometry as geo
@@ -88,6 +89,8 @@ class SpaceToDepthPass(Pass):
     name = "space_to_depth"
 
     def __init__(self, block_size: int = 2, block_depth: bool = True, force: bool = False):
+        if isinstance(block_size, bool) or not isinstance(block_size, numbers.Integral) or block_size < 2:
+            raise UsageError(f"space_to_depth block_size {block_size!r}: expected an int >= 2")
         self.block_size = int(block_size)
         self.block_depth = block_depth
         self.force = force

@@ -1103,13 +1103,15 @@ def _inputs(model, test_input):
     if test_input is None:
         return None
     from tftpu.ir.weights import load_npz
-    from tftpu.utils.inputs import match_inputs
+    from tftpu.utils.inputs import match_inputs, numeric
 
+    if not isinstance(test_input, (str, Path, dict)):
+        raise errors.UsageError(f"--test_input {type(test_input).__name__}: expected an .npz path or a dict of arrays")
     arrays = load_npz(test_input) if isinstance(test_input, (str, Path)) else dict(test_input)
     values = match_inputs(model.input_names, arrays)
     out = {}
     for op, arr in zip([op for op in model.ops if isinstance(op, top.Input)], values):
-        arr = np.asarray(arr)
+        arr = numeric(op.loc, arr)
         want = tuple(op.output.type.get_shape())
         if tuple(arr.shape) != want:
             raise errors.ShapeError(f"--test_input {op.loc!r} has shape {list(arr.shape)}, the model wants {list(want)}")
@@ -1124,8 +1126,16 @@ def _reference(model, test_reference):
         return None
     from tftpu.ir.weights import load_npz
 
+    if not isinstance(test_reference, (str, Path, dict)):
+        raise errors.UsageError(f"--test_reference {type(test_reference).__name__}: expected an .npz path or a dict "
+                                "of arrays")
     ref = load_npz(test_reference) if isinstance(test_reference, (str, Path)) else dict(test_reference)
     missing = [n for n in model.output_names if n not in ref]
     if missing:
         raise errors.InputError(f"--test_reference has no tensor {missing[0]!r} (it holds {', '.join(sorted(ref)[:5])})")
+    for op in model.return_op.operands:
+        name, want = value_name(op), tuple(op.type.get_shape())
+        got = np.shape(ref[name])
+        if int(np.prod(got)) != int(np.prod(want)):
+            raise errors.ShapeError(f"--test_reference {name!r} has shape {list(got)}, the model's output is {list(want)}")
     return ref

@@ -17,9 +17,21 @@ from tftpu.graph.surgery import GraphEditor
 
 def default_passes(pass_options: dict | None = None) -> list:
     """The passes `optimize` runs, in order."""
+    import inspect
+
+    from tftpu.errors import UsageError
     from tftpu.passes.space_to_depth import SpaceToDepthPass
 
+    passes = {SpaceToDepthPass.name: SpaceToDepthPass}
+    if pass_options is not None and not isinstance(pass_options, dict):
+        raise UsageError(f"pass_options {pass_options!r}: expected a dict of pass name -> dict of options")
     opts = dict(pass_options or {})
+    for name, given in opts.items():
+        if name not in passes:
+            raise UsageError(f"pass_options names {name!r}: the passes are {', '.join(passes)}")
+        known = [p for p in inspect.signature(passes[name]).parameters]
+        if not isinstance(given, dict) or set(given) - set(known):
+            raise UsageError(f"pass_options[{name!r}] {given!r}: expected a dict of its options ({', '.join(known)})")
     return [SpaceToDepthPass(**opts.get("space_to_depth", {}))]
 
 

@@ -35,11 +35,13 @@ import collections
 import itertools
 import math
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 
 from tftpu.errors import InputError, InternalError, KernelError, TftpuError, UsageError
 from tftpu.interp.top_interpreter import TopInterpreter
+from tftpu.ir.module import TopModel
 from tftpu.quant.dataset import Samples
 from tftpu.quant.simulation import fake_quant, fake_quant_asymmetric
 from tftpu.quant.table import CalibrationTable
@@ -385,6 +387,9 @@ def calibrate(model, samples, method: str = "mse", bins: int = BINS, asymmetric:
     byte-identical to the one-process table (see `tftpu.utils.distributed`).
     """
     from tftpu.utils import distributed
+    if not isinstance(model, TopModel):
+        raise UsageError(f"calibrate takes a TOP model (tftpu.frontend.load(path)), not {type(model).__name__}")
+    samples = _as_samples(model, samples)
     methods = _methods(method)
     for m in methods:
         _check(m, samples, bins)
@@ -412,6 +417,20 @@ def calibrate(model, samples, method: str = "mse", bins: int = BINS, asymmetric:
         head = list(itertools.islice(samples, tune_num)) if "auto" in methods else []
         table = _with_alternates(model, stats, count, head, methods, bins, asymmetric)
     return CalibrationTable.from_json(cluster.broadcast_json(table.to_json() if table else None))
+
+
+def _as_samples(model, samples):
+    """`samples` as `calibrate` iterates them: a list of input dicts (or any iterable of them, a
+    `Samples` stream) as given; one dict, an array, a path, or a list of anything else read as
+    `tftpu.quant.iter_samples` reads it (typed errors for what is none of those)."""
+    if samples is None:
+        raise UsageError("calibration samples: none given (a list of input dicts, arrays, a directory or a "
+                         "tf.data.Dataset)")
+    if isinstance(samples, Samples) or isinstance(samples, (list, tuple)) and all(isinstance(x, dict) for x in samples):
+        return samples
+    if isinstance(samples, (dict, np.ndarray, str, Path, list, tuple)) or hasattr(samples, "numpy"):
+        return Samples(model, samples, what="calibration samples")
+    return samples
 
 
 def calibrate_each(model, samples, methods, bins: int = BINS, asymmetric: bool = False,

@@ -54,7 +54,7 @@ import numpy as np
 from tftpu.errors import InputError, ModelFileError, ShapeError, UsageError
 from tftpu.ir import attrs as A
 from tftpu.ir import top
-from tftpu.utils.inputs import match_inputs
+from tftpu.utils.inputs import match_inputs, numeric
 from tftpu.utils.npz import load_npz
 
 __all__ = ["load_samples", "iter_samples", "stream_spec", "Samples", "IMAGE_SUFFIXES", "ARRAY_SUFFIXES",
@@ -245,6 +245,13 @@ class Samples:
         """`arr` as one or more inputs `name` (a batch along a new first axis splits)."""
         shape, dtype = self.specs[name]
         arr = np.asarray(arr)
+        if arr.dtype.kind == "O" and not all(isinstance(x, (str, bytes, Path)) for x in arr.reshape(-1).tolist()):
+            raise InputError(f"{where}: input {name!r} holds Python objects, not numbers or image paths")
+        if arr.dtype.kind not in "SUObiuf":
+            try:
+                numeric(name, arr)
+            except InputError as e:
+                raise InputError(f"{where}: {e}") from None
         if arr.dtype.kind in "SUO":
             if arr.ndim == 0:
                 return [self.pre.image(arr.item(), shape, where)]
