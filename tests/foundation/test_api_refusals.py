@@ -125,3 +125,9 @@ def test_optimize_refuses_pass_options_it_would_ignore(options, needle):
     f = tf.function(lambda x: x * 2)
     with pytest.raises(errors.UsageError, match=needle):
         tftpu.optimize(f, tf.ones([1, 4]), pass_options=options)
+
+
+@pytest.mark.parametrize("path", [None, 5])
+def test_a_path_that_is_no_path_is_a_usage_error(path):
+    with pytest.raises(errors.UsageError, match="expected a file path"):
+        tftpu.quant.read_table(path)

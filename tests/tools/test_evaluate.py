@@ -119,6 +119,9 @@ def test_an_onnx_reference_and_bad_input(tmp_path):
     assert not (tmp_path / "never.json").exists()
     with pytest.raises(errors.ShapeError, match=r"dataset\[0\]"):
         tftpu.evaluate(compiled, [np.zeros((1, 3, 4, 4), np.float32)])
+    with pytest.raises(errors.InputError, match=r"dataset\[1\]: input 'x' has non-finite values"):
+        tftpu.evaluate(compiled, [val[0], np.full((1, 3, 8, 8), np.nan, np.float32)], json=tmp_path / "never.json")
+    assert not (tmp_path / "never.json").exists()
 
 
 def test_tool_on_real_photos(compiled, tmp_path):

@@ -375,6 +375,10 @@ def evaluate(model, dataset, *, reference=None, input_num: int | None = None, me
     indices: list[int] = []
     t0 = time.perf_counter()
     for index, name, sample in progress(part.indexed(), desc="evaluation", total=part.total, unit="image"):
+        for k, v in sample.items():
+            if np.asarray(v).dtype.kind == "f" and not np.isfinite(v).all():
+                raise errors.InputError(f"{name}: input {k!r} has non-finite values (NaN or inf): no figure means "
+                                        "anything on it")
         ref, got = ref_run.run(sample), got_run.run(sample)
         names.append(name)
         indices.append(index)

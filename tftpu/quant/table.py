@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from pathlib import Path
 
-from tftpu.errors import ModelFileError
+from tftpu.errors import ModelFileError, UsageError
 from tftpu.utils.files import write_text
 
 __all__ = ["CalibrationTable", "read_table"]
@@ -95,6 +96,8 @@ class CalibrationTable:
 
 def read_table(path) -> CalibrationTable:
     """Parse a table written by tftpu or TPU-MLIR; a ModelFileError names the file and line."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise UsageError(f"calibration table {path!r}: expected a file path")
     path = Path(path)
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
