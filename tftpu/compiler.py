@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from tftpu import errors
+from tftpu.utils.choices import AUTO, check_choices
 from tftpu.pipelines.calibration_choice import CALIBRATION_DEFAULT, methods_of, target_of, try_tables
 from tftpu.pipelines.equalization import check_cross_layer
 from tftpu.quant.refit import MAX_SAMPLES as REFIT_SAMPLES
@@ -312,6 +313,10 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None,
     from tftpu import chip as chips
     chips.load(chip)                                # (a bad chip named before the import)
     check_cross_layer(cross_layer)
+    check_choices(space_to_depth=space_to_depth, bias_correction=bias_correction, weight_rounding=weight_rounding,
+                  weight_refit=weight_refit, float_tail=float_tail, input_grid=input_grid,
+                  reader_ranges=reader_ranges)
+    check_choices(AUTO, asymmetric=asymmetric, equalize=equalize)
     methods = methods_of(calibration_method)
     t_all = time.perf_counter()
     top_model, proto, stage = _import(model, input_shapes)

@@ -131,3 +131,23 @@ def test_optimize_refuses_pass_options_it_would_ignore(options, needle):
 def test_a_path_that_is_no_path_is_a_usage_error(path):
     with pytest.raises(errors.UsageError, match="expected a file path"):
         tftpu.quant.read_table(path)
+
+
+@pytest.mark.parametrize("kw", [{"space_to_depth": "no"}, {"bias_correction": "off"}, {"float_tail": None},
+                                {"input_grid": "x"}, {"equalize": "on"}, {"asymmetric": "yes"}, {"weight_refit": 1}])
+def test_a_switch_given_a_truthy_string_is_refused(kw, monkeypatch):
+    """space_to_depth="no" is truthy and would switch the step on: every switch takes True or
+    False ("auto" where it has one), named on a mistake."""
+    from tftpu import compiler
+
+    monkeypatch.setattr(compiler, "_import", lambda *a: pytest.fail("imported before the arguments were checked"))
+    with pytest.raises(errors.UsageError, match=f"{next(iter(kw))}=.*expected one of"):
+        tftpu.compile(conv_bn_relu_net(), chip="npu1", **kw)
+
+
+def test_deploy_switches_are_checked_too(top):
+    from tftpu.pipelines.deploy import deploy
+
+    for kw in ({"checks": "x"}, {"conv_links": "no"}, {"asymmetric": "both"}):
+        with pytest.raises(errors.UsageError, match="expected one of"):
+            deploy(top, quantize="F32", chip="npu1", **kw)

@@ -32,6 +32,7 @@ from tftpu.quant.refit import INPUT_BUDGET as REFIT_INPUTS
 from tftpu.quant.refit import MAX_SAMPLES as REFIT_SAMPLES
 from tftpu.quant.refit import ROUNDINGS as REFIT_ROUNDINGS
 from tftpu.quant.table import CalibrationTable
+from tftpu.utils.choices import AUTO, check_choices
 from tftpu.transforms.lowering.decode_tail import decode_tail
 from tftpu.transforms.lowering.lower import producer_names
 from tftpu.utils.threads import pool_size
@@ -327,6 +328,11 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     seconds = {}
     if not isinstance(quantize, str):
         raise errors.UsageError(f"--quantize={quantize!r}: expected one of {', '.join(DEFAULT_TOLERANCE)}")
+    check_choices(space_to_depth=space_to_depth, bias_correction=bias_correction, weight_rounding=weight_rounding,
+                  float_tail=float_tail, weight_refit=weight_refit, conv_links=conv_links, input_grid=input_grid,
+                  reader_ranges=reader_ranges, checks=checks)
+    check_choices(AUTO, equalize=equalize)
+    check_choices((None, True, False, "auto"), asymmetric=asymmetric)
     mode = quantize.upper()
     if isinstance(wide_links, set):             # (a set of names as given: held as a frozenset)
         wide_links = frozenset(wide_links)
