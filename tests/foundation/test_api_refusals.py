@@ -151,3 +151,29 @@ def test_deploy_switches_are_checked_too(top):
     for kw in ({"checks": "x"}, {"conv_links": "no"}, {"asymmetric": "both"}):
         with pytest.raises(errors.UsageError, match="expected one of"):
             deploy(top, quantize="F32", chip="npu1", **kw)
+
+
+def test_optimize_names_arguments_the_function_cannot_be_traced_with():
+    import tensorflow as tf
+
+    f = tf.function(lambda x: tf.reshape(x, [2, 3]))
+    with pytest.raises(errors.UsageError, match="cannot trace .* with the arguments given \\(TypeError"):
+        tftpu.optimize(f)
+    with pytest.raises(errors.UsageError, match="cannot trace .* with the arguments given \\(ValueError"):
+        tftpu.optimize(f, tf.ones([5]))
+
+
+def test_data_space_to_depth_and_evaluate_name_arguments_of_the_wrong_kind():
+    import tensorflow as tf
+
+    ds = tf.data.Dataset.from_tensors(np.zeros((8, 8, 3), np.float32))
+    with pytest.raises(errors.UsageError, match="takes a tf.data.Dataset, not NoneType"):
+        tftpu.data.space_to_depth(None, 2)
+    for bad in (-5, "x"):
+        with pytest.raises(errors.UsageError, match="num_parallel_calls"):
+            tftpu.data.space_to_depth(ds, 2, num_parallel_calls=bad)
+    top = tftpu.frontend.load(conv_bn_relu_net(), input_shapes=[[1, 3, 32, 32]])
+    with pytest.raises(errors.UsageError, match="input_num 'x'"):
+        tftpu.quant.load_samples(top, [{"x": rand(1, 3, 32, 32)}], input_num="x")
+    with pytest.raises(errors.UsageError, match="cluster 'x'"):
+        tftpu.quant.calibrate(top, [{"x": rand(1, 3, 32, 32)}], cluster="x")

@@ -280,6 +280,11 @@ def space_to_depth(dataset, block_size=2, *, layout: str = "NHWC", dtype=None, s
     """
     tf = _tf()
     blocks = _blocks(block_size)
+    if not isinstance(dataset, tf.data.Dataset):
+        raise UsageError(f"tftpu.data.space_to_depth takes a tf.data.Dataset, not {type(dataset).__name__}")
+    if num_parallel_calls is not None and num_parallel_calls != tf.data.AUTOTUNE and (
+            isinstance(num_parallel_calls, bool) or not isinstance(num_parallel_calls, int) or num_parallel_calls < 1):
+        raise UsageError(f"num_parallel_calls {num_parallel_calls!r}: expected a count >= 1 or tf.data.AUTOTUNE")
     spec, get, put = _locate(dataset.element_spec, image_key)
     if not isinstance(spec, tf.TensorSpec) or spec.shape.rank is None:
         raise ShapeError(f"images {spec}: the rank must be known")

@@ -47,7 +47,12 @@ def concrete_function(fn, *args, **kwargs):
     if hasattr(fn, "structured_input_signature") and hasattr(fn, "graph"):
         return fn
     if hasattr(fn, "get_concrete_function"):
-        return fn.get_concrete_function(*args, **kwargs)
+        try:
+            return fn.get_concrete_function(*args, **kwargs)
+        except (TypeError, ValueError) as e:   # TF's binding of the arguments, or the trace of the body on them
+            first = " ".join(str(e).split())[:300]
+            raise UsageError(f"tftpu.optimize cannot trace {getattr(fn, '__name__', 'the function')} with the "
+                             f"arguments given ({type(e).__name__}: {first})") from None
     raise UsageError(f"tftpu.optimize needs a tf.function or a ConcreteFunction, got {type(fn).__name__}")
 
 

@@ -1139,9 +1139,8 @@ def _reference(model, test_reference):
     missing = [n for n in model.output_names if n not in ref]
     if missing:
         raise errors.InputError(f"--test_reference has no tensor {missing[0]!r} (it holds {', '.join(sorted(ref)[:5])})")
-    for op in model.return_op.operands:
-        name, want = value_name(op), tuple(op.type.get_shape())
-        got = np.shape(ref[name])
+    for name, v in zip(model.output_names, model.return_op.operands):
+        want, got = tuple(v.type.get_shape()), np.shape(ref[name])
         if int(np.prod(got)) != int(np.prod(want)):
             raise errors.ShapeError(f"--test_reference {name!r} has shape {list(got)}, the model's output is {list(want)}")
     return ref

@@ -151,8 +151,9 @@ class Samples:
         self.specs = _input_specs(model)
         self.names = list(self.specs)
         self.pre = _Preprocess(mean, scale, pixel_format)
-        if input_num is not None and (isinstance(input_num, bool) or input_num < 1):
-            raise UsageError(f"input_num {input_num}: give at least 1")
+        if input_num is not None and (isinstance(input_num, bool) or not isinstance(input_num, (int, np.integer))
+                                      or input_num < 1):
+            raise UsageError(f"input_num {input_num!r}: give a count of at least 1")
         self.input_num = input_num
         self.skip_unreadable = skip_unreadable
         self.what = what

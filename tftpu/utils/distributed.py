@@ -168,6 +168,9 @@ def check_workers(workers, cluster) -> None:
                                 "cluster (TF_CONFIG) spreads them over machines")
     if workers > 1 and cluster is not None:
         raise errors.UsageError("give workers=N (local worker processes) or cluster= (TF_CONFIG), not both")
+    if cluster is not None and not isinstance(cluster, Cluster):
+        raise errors.UsageError(f"cluster {cluster!r}: expected a tftpu.utils.distributed.Cluster "
+                                "(Cluster.from_tf_config())")
 
 
 def mark(phase: str) -> None:
