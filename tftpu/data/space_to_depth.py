@@ -39,6 +39,7 @@ import numpy as np
 from absl import logging
 
 from tftpu.errors import ShapeError, UsageError
+from tftpu.passes import s2d_geometry
 from tftpu.utils import native
 
 __all__ = ["space_to_depth", "transform", "native_transform", "LAYOUTS", "IMPLEMENTATIONS"]
@@ -56,13 +57,7 @@ def _tf():
 
 
 def _blocks(block_size) -> tuple[int, ...]:
-    if isinstance(block_size, (int, np.integer)):
-        blocks = (int(block_size),) * 2
-    elif isinstance(block_size, (list, tuple)) and all(isinstance(b, (int, np.integer)) and not isinstance(b, bool)
-                                                       for b in block_size):
-        blocks = tuple(int(b) for b in block_size)
-    else:
-        blocks = ()                             # (a float, None, text: refused below)
+    blocks = s2d_geometry.per_axis(block_size)
     if len(blocks) not in (2, 3) or any(b < 1 for b in blocks) or max(blocks) < 2:
         raise UsageError(f"block_size {block_size!r}: give an int >= 2, or one positive int per "
                          f"spatial axis (2 for images, 3 for videos) with one >= 2")

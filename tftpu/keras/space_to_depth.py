@@ -68,13 +68,7 @@ _NESTED = {"Functional": Functional, "Sequential": Sequential}
 
 def _blocks(block_size, rank: int) -> tuple[int, ...]:
     """Per-spatial-axis blocks: an int blocks H and W (not D of a Conv3D)."""
-    if isinstance(block_size, (int, np.integer)):
-        blocks = (1,) * (rank - 2) + (int(block_size),) * 2
-    elif isinstance(block_size, (list, tuple)) and all(isinstance(b, (int, np.integer)) and not isinstance(b, bool)
-                                                       for b in block_size):
-        blocks = tuple(int(b) for b in block_size)
-    else:
-        blocks = ()                             # (a float, None, text: refused below)
+    blocks = s2d_geometry.per_axis(block_size, rank - 2)
     if len(blocks) != rank or any(b < 1 for b in blocks) or max(blocks) < 2:
         raise UsageError(f"block_size {block_size!r}: give an int >= 2 or {rank} positive ints "
                          f"(one per spatial axis) with one >= 2")

@@ -20,6 +20,7 @@ kernel's gradient (TensorFlow's own pass slices at 0, which is wrong whenever ph
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Sequence
 
 from tftpu import geometry
@@ -29,6 +30,18 @@ from tftpu.geometry import AxisPlan  # noqa: F401  (the plan's arithmetic is sha
 def same_pads(size: int, kernel: int, stride: int, dilation: int = 1) -> tuple[int, int]:
     """TensorFlow's SAME padding (extra pixel at the end) for one axis."""
     return geometry.same_pads(size, kernel, stride, dilation)
+
+
+def per_axis(block_size, leading: int = 0) -> tuple[int, ...]:
+    """Blocks per spatial axis as given: an int blocks the last two axes (`leading` axes before
+    them 1), a list or tuple of ints one each; () for anything else (a float, None, text), which
+    the caller refuses with its own line."""
+    if isinstance(block_size, numbers.Integral):
+        return (1,) * leading + (int(block_size),) * 2
+    if isinstance(block_size, (list, tuple)) and all(
+            isinstance(b, numbers.Integral) and not isinstance(b, bool) for b in block_size):
+        return tuple(int(b) for b in block_size)
+    return ()
 
 
 def _tf():

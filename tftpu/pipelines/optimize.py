@@ -29,7 +29,7 @@ def default_passes(pass_options: dict | None = None) -> list:
     for name, given in opts.items():
         if name not in passes:
             raise UsageError(f"pass_options names {name!r}: the passes are {', '.join(passes)}")
-        known = [p for p in inspect.signature(passes[name]).parameters]
+        known = list(inspect.signature(passes[name]).parameters)
         if not isinstance(given, dict) or set(given) - set(known):
             raise UsageError(f"pass_options[{name!r}] {given!r}: expected a dict of its options ({', '.join(known)})")
     return [SpaceToDepthPass(**opts.get("space_to_depth", {}))]

@@ -190,7 +190,7 @@ def run(tflite_path_or_bytes, device_specs: Sequence = ("GPU", "CPU"), *, max_st
         raise errors.UsageError(f"max_states {max_states!r}: expected a count >= 1")
     if isinstance(device_specs, (str, bytes)) or not isinstance(device_specs, Sequence) or not device_specs:
         raise errors.UsageError(f"device_specs {device_specs!r}: expected a non-empty list of device names, e.g. "
-                         "('GPU', 'CPU')")
+                                "('GPU', 'CPU')")
     if not isinstance(tflite_path_or_bytes, (str, bytes, bytearray, memoryview, os.PathLike)):
         raise errors.UsageError(f"tac.run takes a .tflite path or its bytes, not {type(tflite_path_or_bytes).__name__}")
     enabled = gc.isenabled()
