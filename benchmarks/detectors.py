@@ -6,6 +6,7 @@
     python benchmarks/detectors.py --model det.onnx --size 640 --range bgr_imagenet --held-out text.png
     python benchmarks/detectors.py --models layout --sides pure,ort         # no mixed-precision search
     python benchmarks/detectors.py --models layout --sides tftpu --held-outs page.png,text.png,camera.png
+    python benchmarks/detectors.py --models text --sides tftpu --trace traces/   # where the compile's time goes
 
 Models: the detectors `tftpu.datasets` serves (issue 22's four: `layout_cdla.onnx`,
 `PP-OCRv6_det_small.onnx`, `palm_detection_lite.tflite`, `face_detection_full_range_sparse.tflite`;
@@ -66,6 +67,7 @@ above both peers'. Nothing here is asserted.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -401,6 +403,7 @@ def litert_float(path: Path, x: np.ndarray, out_names: list[str]) -> dict:
 def run_model(label, path, size, layout, prep, held_name, shapes, args) -> dict:
     from tftpu import datasets, frontend
     from tftpu.frontend.check import onnx_tensors
+    from tftpu.utils import spans
 
     path = Path(path)
     kind = "tflite" if path.suffix == ".tflite" else "onnx"
@@ -425,8 +428,12 @@ def run_model(label, path, size, layout, prep, held_name, shapes, args) -> dict:
     sides = args.sides.split(",")
     rows, top_model = ([], None)
     if "tftpu" in sides or "pure" in sides:
-        rows, top_model = tftpu_sides(path, shapes, calib, held, args.chip, with_default="tftpu" in sides,
-                                       method=args.calibration_method)
+        with contextlib.ExitStack() as stack:
+            rec = stack.enter_context(spans.recording()) if args.trace else None
+            rows, top_model = tftpu_sides(path, shapes, calib, held, args.chip, with_default="tftpu" in sides,
+                                           method=args.calibration_method)
+        if rec is not None:
+            print_spans(rec, Path(args.trace) / f"{label}-{Path(held_name).stem}.json")
     if top_model is None:
         top_model = frontend.load(proto, shapes if kind == "onnx" else None, name=path.stem)
     t0 = time.perf_counter()
@@ -524,6 +531,8 @@ def main() -> None:
                     "on the others, then judged on it): one photo's figures move by a dB or two with any change "
                     "upstream, their mean and worst over several do less")
     ap.add_argument("--json", help="write the figures here")
+    ap.add_argument("--trace", help="a folder: the tftpu rows' spans (compile and the pure-INT8 build: "
+                                    "threads, corrections, judgements) as Chrome trace-event JSON (Perfetto opens it), their sums printed")
     args = ap.parse_args()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import warnings
@@ -578,6 +587,19 @@ def main() -> None:
         print_folds(results)
     if args.json:
         print(f"\nwrote {args.json}")
+
+
+def print_spans(rec, path: Path) -> None:
+    """The recorded spans written to `path` (Chrome trace events), and their sums per name."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rec.write(path)
+    ends = [e[3] for e in rec.events]
+    wall = (max(ends) - min(e[2] for e in rec.events)) / 1e9 if ends else 0.0
+    sums = sorted(rec.totals().items(), key=lambda kv: -kv[1])
+    print(f"  spans over {wall:.1f} s (summed over threads: a span inside another counts in both), wrote {path}")
+    for name, secs in sums:
+        count = sum(1 for e in rec.events if e[0] == name)
+        print(f"    {name:<24} {secs:7.1f} s  x{count}")
 
 
 def print_folds(results: list[dict]) -> None:

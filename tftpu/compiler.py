@@ -25,6 +25,7 @@ import numpy as np
 
 from tftpu import errors
 from tftpu.utils.choices import AUTO, check_choices
+from tftpu.utils.spans import span
 from tftpu.pipelines.calibration_choice import CALIBRATION_DEFAULT, methods_of, target_of, try_tables
 from tftpu.pipelines.equalization import check_cross_layer
 from tftpu.quant.refit import MAX_SAMPLES as REFIT_SAMPLES
@@ -319,7 +320,8 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None,
     check_choices(AUTO, asymmetric=asymmetric, equalize=equalize)
     methods = methods_of(calibration_method)
     t_all = time.perf_counter()
-    top_model, proto, stage = _import(model, input_shapes)
+    with span("import"):
+        top_model, proto, stage = _import(model, input_shapes)
     stages = [stage]
     extra: dict = {}
     synthetic = calibration_data is None and test_input is None
@@ -343,8 +345,9 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None,
     if mode == "INT8":
         from tftpu import quant
         t0 = time.perf_counter()
-        tables = quant.calibrate_each(top_model, samples if stream is None else stream, methods,
-                                      asymmetric=bool(asymmetric))
+        with span("calibrate", methods=",".join(methods)):
+            tables = quant.calibrate_each(top_model, samples if stream is None else stream, methods,
+                                          asymmetric=bool(asymmetric))
         table = tables[methods[0]]
         what = (f"{', '.join(methods)} over {table.samples} {'synthetic ' if synthetic else ''}samples, "
                 f"{len(table.entries)} tensors")
@@ -374,12 +377,13 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None,
                     wide_links=wide_links)
         if like is not None:                               # (compile equalizes before deploy)
             args.update({k: v for k, v in choices_of(like[0][-1]).items() if k != "equalize"})
-        done = deploy(
-            model, quantize=mode, chip=chip, calibration_table=table, asymmetric=asymmetric,
-            test_input=check, tolerance=tolerance, samples=others[:JUDGE_SAMPLES], fit_samples=others[:REFIT_SAMPLES],
-            space_to_depth=space_to_depth, mixed_precision_budget=mixed_precision_budget,
-            mixed_precision_latency=mixed_precision_latency, float_tail=float_tail, input_grid=input_grid,
-            reader_ranges=reader_ranges, checks=False, **args)
+        with span("program", table=method or "", choices="carried" if like is not None else "own"):
+            done = deploy(
+                model, quantize=mode, chip=chip, calibration_table=table, asymmetric=asymmetric,
+                test_input=check, tolerance=tolerance, samples=others[:JUDGE_SAMPLES],
+                fit_samples=others[:REFIT_SAMPLES], space_to_depth=space_to_depth,
+                mixed_precision_budget=mixed_precision_budget, mixed_precision_latency=mixed_precision_latency,
+                float_tail=float_tail, input_grid=input_grid, reader_ranges=reader_ranges, checks=False, **args)
         if like is not None:
             done = carried(done, like[0][-1], like[1])
         return model, table, [(k, st) for k, st in steps if st is not None], done

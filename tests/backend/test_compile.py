@@ -342,3 +342,23 @@ def test_layer_groups_are_tpu_group_regions_in_the_text(case, tmp_path):
     got = Simulator(prog).run(samples[2])
     want = TpuInterpreter(again).run(samples[2])
     assert all(np.array_equal(got[k], want[k]) for k in want)
+
+
+def test_a_compile_records_where_its_time_goes(case):
+    """Under `tftpu.utils.spans.recording()`, a compile's import, calibration, each table's program
+    and the judgements inside them are spans; the program is the same as without a recording."""
+    from tftpu.utils import spans
+
+    model, _, samples = case
+    flags = dict(space_to_depth=False, calibration_method="mse, minmax", mixed_precision="0.99,99")
+    with spans.recording() as rec:
+        compiled = tftpu.compile(model, chip="npu1", calibration_data=samples, **flags)
+    names = [e[0] for e in rec.events]
+    assert {"import", "calibrate", "program", "judge", "lower"} <= set(names)
+    programs = [e for e in rec.events if e[0] == "program"]
+    assert programs[0][4] == {"table": "mse", "choices": "own"}
+    assert {e[4]["table"] for e in programs} == set(compiled.report["calibration"]["judged_db"])
+    calibrate = next(e for e in rec.events if e[0] == "calibrate")
+    assert calibrate[3] <= programs[0][2]                   # calibration ends before the first program starts
+    plain = tftpu.compile(model, chip="npu1", calibration_data=samples, **flags)
+    assert plain.tpu_model.text() == compiled.tpu_model.text()

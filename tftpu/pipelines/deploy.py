@@ -35,6 +35,7 @@ from tftpu.quant.table import CalibrationTable
 from tftpu.utils.choices import AUTO, check_choices
 from tftpu.transforms.lowering.decode_tail import decode_tail
 from tftpu.transforms.lowering.lower import producer_names
+from tftpu.utils.spans import span
 from tftpu.utils.threads import pool_size
 from tftpu.pipelines.equalization import check_cross_layer, check_equalize, cross_layer_step, equalize_step
 from tftpu.pipelines.conv_links import CONV_LINKS_LATENCY, input_links, program_profile, rank_conv_links
@@ -447,7 +448,8 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     def references() -> References:
         """TOP on `pool` (what verify judges: the test input first), run once for the conv links,
         the search and the judge."""
-        return References(top_model, pool, dumped=RANK_SAMPLES if mixed_precision else 0)
+        with span("TOP references", inputs=len(pool)):
+            return References(top_model, pool, dumped=RANK_SAMPLES if mixed_precision else 0)
 
     @functools.cache
     def the_judge() -> _Judge:
@@ -459,9 +461,10 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     need = parse_target(mixed_precision or AUTO_TARGET)[1]      # (the SQNR target the links are priced for)
     if wide_links == "auto" and mode == "INT8" and table is not None:
         t1 = time.perf_counter()
-        links, inputs_note, eight_us, inputs_us, base_plain = input_links(
-            top_model, the_chip, table, qtable, asymmetric, float_tail, mixed_precision_latency or LATENCY_BUDGET,
-            the_judge() if pool else None, need, searching=bool(mixed_precision))
+        with span("input links"):
+            links, inputs_note, eight_us, inputs_us, base_plain = input_links(
+                top_model, the_chip, table, qtable, asymmetric, float_tail, mixed_precision_latency or LATENCY_BUDGET,
+                the_judge() if pool else None, need, searching=bool(mixed_precision))
         if isinstance(links, InputConvs):        # their price counts against the float ops' budget
             int8_us = eight_us
             if float_latency is not None:
@@ -485,8 +488,9 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
             if isinstance(base_links, InputConvs):      # (against the program with an 8-bit input too)
                 limit *= eight_us / inputs_us
                 whole_limit *= eight_us / inputs_us
-            offer = rank_conv_links(top_model, the_chip, table, qtable, asymmetric, float_tail, pool[0], plain,
-                                    (references().dumps(1) or [None])[0], base_links)
+            with span("conv links"):
+                offer = rank_conv_links(top_model, the_chip, table, qtable, asymmetric, float_tail, pool[0], plain,
+                                        (references().dumps(1) or [None])[0], base_links)
             links, priced, plain_us, links_us = (offer.within(limit) if offer is not None
                                                  else (base_links, None, None, None))
             if float_latency is not None and links_us:
@@ -505,14 +509,15 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
             raise errors.UsageError("--mixed_precision needs --test_input (or samples) to measure with")
         t1 = time.perf_counter()
         def search_by(ranking: str, links=links, latency_budget=float_latency):
-            return search_mixed_precision(top_model, the_chip, table, pool, mixed_precision, asymmetric=asymmetric,
-                                          qtable=qtable, ranking=ranking, weights_from=rounded,
-                                          float_budget=mixed_precision_budget, wide_links=links,
-                                          float_tail=float_tail,
-                                          latency_budget=latency_budget,
-                                          latency=lambda m: program_profile(m, the_chip).latency_us,
-                                          judge_first=inputs is not None, references=references(),
-                                          int8_known=int8_known if links is base_links else (None, None))
+            with span("mixed precision search", ranking=ranking):
+                return search_mixed_precision(top_model, the_chip, table, pool, mixed_precision,
+                                              asymmetric=asymmetric, qtable=qtable, ranking=ranking,
+                                              weights_from=rounded, float_budget=mixed_precision_budget,
+                                              wide_links=links, float_tail=float_tail,
+                                              latency_budget=latency_budget,
+                                              latency=lambda m: program_profile(m, the_chip).latency_us,
+                                              judge_first=inputs is not None, references=references(),
+                                              int8_known=int8_known if links is base_links else (None, None))
         search = search_by(mixed_precision_ranking)
         if wide_links == "auto" and links is not base_links and not search.met:
             # the dense convs' 16-bit inputs took latency the float ops may need (measured: PP-OCRv6
@@ -573,11 +578,13 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
         # correction, the refit's fallback, leaves every float op so (measured: the face
         # detector's float ops corrected by their mean shift alone lost 1 dB on its test photo)
         fixed = float_ops if not how else float_ops - searched
-        done = correct_biases(lowered, table, fit_samples or samples or [inputs], asymmetric=asymmetric,
-                              max_samples=REFIT_SAMPLES if how else MAX_FIT_SAMPLES,
-                              float_ops=set(float_ops), fixed=set(fixed), wide_links=links, refit=bool(how),
-                              rounding="gptq" if how == "gptq" else "nearest",
-                              input_budget=REFIT_INPUTS if how else INPUT_BUDGET)
+        with span("weight refit" if how else "bias correction", rounding="gptq" if how == "gptq" else "nearest",
+                  float_ops=len(float_ops)):
+            done = correct_biases(lowered, table, fit_samples or samples or [inputs], asymmetric=asymmetric,
+                                  max_samples=REFIT_SAMPLES if how else MAX_FIT_SAMPLES,
+                                  float_ops=set(float_ops), fixed=set(fixed), wide_links=links, refit=bool(how),
+                                  rounding="gptq" if how == "gptq" else "nearest",
+                                  input_budget=REFIT_INPUTS if how else INPUT_BUDGET)
         return done, time.perf_counter() - t1
 
     def expect(how: bool | str, q, links) -> None:
@@ -605,9 +612,10 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
                 from tftpu.quant.weight_rounding import restore_weights
                 lowered = restore_weights(rounded, top_model, _float_ops(top_model, q, float_tail))
             t1 = time.perf_counter()
-            tpu_model, lowering = lower(lowered, the_chip, mode, table, qtable=q, asymmetric=asymmetric,
-                                        wide_links=links, float_tail=float_tail)
-            tpu_model.verify()
+            with span("lower"):
+                tpu_model, lowering = lower(lowered, the_chip, mode, table, qtable=q, asymmetric=asymmetric,
+                                            wide_links=links, float_tail=float_tail)
+                tpu_model.verify()
             seconds["lower"] = seconds.get("lower", 0.0) + time.perf_counter() - t1
             reports = [r for r in (notes_of_rounding, corrected) if r is not None]
             if given is not None and corrected is not None:

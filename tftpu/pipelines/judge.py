@@ -8,6 +8,7 @@ import math
 from tftpu.interp.top_interpreter import TopInterpreter
 from tftpu.interp.tpu import TpuInterpreter
 from tftpu.transforms.lowering.search import References, judge_runs, output_pairs, worst_figures
+from tftpu.utils.spans import span
 
 __all__ = ["Judge"]
 
@@ -28,10 +29,11 @@ class Judge:
     def _judged(self, tpu) -> tuple[dict, dict]:
         """(pooled, test input alone) figures per output and part of `tpu` (`judge_runs`), run once."""
         if id(tpu) not in self.seen:
-            run = TpuInterpreter(tpu, exact_rows=False)
-            runs = [output_pairs(self.model, self.parts, ref, run.run(x, dequantize=True, keep=self.needed))
-                    for x, ref in zip(self.held, self.refs)]
-            self.seen[id(tpu)] = (tpu, judge_runs(runs, self.floor), judge_runs(runs[:1], self.floor))
+            with span("judge", inputs=len(self.held)):
+                run = TpuInterpreter(tpu, exact_rows=False)
+                runs = [output_pairs(self.model, self.parts, ref, run.run(x, dequantize=True, keep=self.needed))
+                        for x, ref in zip(self.held, self.refs)]
+                self.seen[id(tpu)] = (tpu, judge_runs(runs, self.floor), judge_runs(runs[:1], self.floor))
         return self.seen[id(tpu)][1:]
 
     def float_run(self, variant) -> tuple[float, float]:
