@@ -354,7 +354,7 @@ def test_a_compile_records_where_its_time_goes(case):
     with spans.recording() as rec:
         compiled = tftpu.compile(model, chip="npu1", calibration_data=samples, **flags)
     names = [e[0] for e in rec.events]
-    assert {"import", "calibrate", "program", "judge", "lower"} <= set(names)
+    assert {"import", "calibrate", "program", "judge", "lower", "verify", "simulate"} <= set(names)
     programs = [e for e in rec.events if e[0] == "program"]
     assert programs[0][4] == {"table": "mse", "choices": "own"}
     assert {e[4]["table"] for e in programs} == set(compiled.report["calibration"]["judged_db"])

@@ -866,11 +866,13 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     if inputs is not None:
         def run_checks(result: DeployResult) -> None:
             t1 = time.perf_counter()
-            result.tensors, result.outputs, result.parts = verify(top_model, tpu_model, pool, tol, reference)
+            with span("verify", inputs=len(pool)):
+                result.tensors, result.outputs, result.parts = verify(top_model, tpu_model, pool, tol, reference)
             result.reference = "--test_reference" if reference is not None else "TOP"
             result.seconds["verify"] = time.perf_counter() - t1
             t1 = time.perf_counter()
-            result.simulator = check_simulator(program, tpu_model, inputs)
+            with span("simulate"):
+                result.simulator = check_simulator(program, tpu_model, inputs)
             result.seconds["simulate"] = time.perf_counter() - t1
 
         result.pending_checks = run_checks
@@ -995,7 +997,7 @@ class _Ahead:
     it): the same sums on any thread."""
 
     def __init__(self, workers: int):
-        self.workers = ThreadPoolExecutor(max_workers=workers) if workers else None
+        self.workers = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tftpu-ahead") if workers else None
         self.futures: dict = {}
         self.limits = None
 
