@@ -67,6 +67,7 @@ above both peers'. Nothing here is asserted.
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import json
 import math
@@ -428,8 +429,7 @@ def run_model(label, path, size, layout, prep, held_name, shapes, args) -> dict:
     sides = args.sides.split(",")
     rows, top_model = ([], None)
     if "tftpu" in sides or "pure" in sides:
-        with contextlib.ExitStack() as stack:
-            rec = stack.enter_context(spans.recording()) if args.trace else None
+        with spans.recording() if args.trace else contextlib.nullcontext() as rec:
             rows, top_model = tftpu_sides(path, shapes, calib, held, args.chip, with_default="tftpu" in sides,
                                            method=args.calibration_method)
         if rec is not None:
@@ -595,11 +595,10 @@ def print_spans(rec, path: Path) -> None:
     rec.write(path)
     ends = [e[3] for e in rec.events]
     wall = (max(ends) - min(e[2] for e in rec.events)) / 1e9 if ends else 0.0
-    sums = sorted(rec.totals().items(), key=lambda kv: -kv[1])
+    counts = collections.Counter(e[0] for e in rec.events)
     print(f"  spans over {wall:.1f} s (summed over threads: a span inside another counts in both), wrote {path}")
-    for name, secs in sums:
-        count = sum(1 for e in rec.events if e[0] == name)
-        print(f"    {name:<24} {secs:7.1f} s  x{count}")
+    for name, secs in sorted(rec.totals().items(), key=lambda kv: -kv[1]):
+        print(f"    {name:<24} {secs:7.1f} s  x{counts[name]}")
 
 
 def print_folds(results: list[dict]) -> None:
