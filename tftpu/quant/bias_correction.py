@@ -316,6 +316,9 @@ def correct_biases(model: TopModel, table, samples: list[dict], asymmetric: bool
                 got_q = kernel(args_q, run_attrs)
                 if correct:
                     pre_f, pre_q = np.asarray(got_f[0]), np.asarray(got_q[0])
+                    ef[outs[0]] = post_relu(pre_f.copy(), attrs)
+                    if bias_q is not None:              # (the refit's bias has the mean in it already)
+                        return None, None, pre_q
                     axis = _channel_axis(op, pre_f.ndim)
                     reduce = tuple(a for a in range(pre_f.ndim) if a != axis)
                     diff = pre_q.astype(np.float64) - pre_f
@@ -324,7 +327,6 @@ def correct_biases(model: TopModel, table, samples: list[dict], asymmetric: bool
                         d, c = (slope * diff).sum(axis=reduce), slope.sum(axis=reduce)
                     else:
                         d, c = diff.sum(axis=reduce), pre_f.size // pre_f.shape[axis]
-                    ef[outs[0]] = post_relu(pre_f.copy(), attrs)
                     return d, np.broadcast_to(c, d.shape).astype(np.float64), pre_q
                 for s, r in zip(outs, got_f):
                     ef[s] = r
@@ -336,15 +338,15 @@ def correct_biases(model: TopModel, table, samples: list[dict], asymmetric: bool
             if correct:
                 sums, counts, pres_q = (list(r) for r in zip(*ran))
                 step = grids[interp.names[outs[0]]].scale
-                # on a grid of 1/1024 output step: last-bit noise of the CPU's float kernels moves no byte
-                delta = np.rint(_shrunk_mean(np.array(sums), np.array(counts)) * (GRID / step)) * (step / GRID)
                 if bias_q is not None:          # the refit's bias has the mean in it already
-                    delta = np.zeros_like(delta)
+                    delta = np.zeros(pres_q[0].shape[_channel_axis(op, pres_q[0].ndim)])
+                else:   # on a grid of 1/1024 output step: last-bit noise of the CPU's float kernels moves no byte
+                    delta = np.rint(_shrunk_mean(np.array(sums), np.array(counts)) * (GRID / step)) * (step / GRID)
                 shape = [1] * pres_q[0].ndim
                 shape[_channel_axis(op, pres_q[0].ndim)] = -1
                 dd = delta.reshape(shape).astype(pres_q[0].dtype)
                 for eq, pre_q in zip(envs_q, pres_q):
-                    out_q = post_relu(pre_q - dd, attrs)
+                    out_q = post_relu(pre_q - dd if bias_q is None else pre_q, attrs)
                     eq[outs[0]] = out_q if in_float else quant(interp.names[outs[0]], out_q)
                 if np.any(delta):
                     corrections[op.loc] = delta
