@@ -231,9 +231,11 @@ def tftpu_sides(path, shapes, calib: list[dict], held: dict, chip: str, with_def
     calls = []
     real_deploy = deploy_module.deploy
 
-    def deploy(*a, **k):                 # record compile's deploy call, to make it again pure INT8
-        calls.append((a, k))
-        return real_deploy(*a, **k)
+    def deploy(*a, **k):                 # record compile's deploy calls that built a program, to make it again pure INT8
+        done = real_deploy(*a, **k)
+        if not k.get("_probe"):
+            calls.append((a, k))
+        return done
 
     rows = []
     deploy_module.deploy = deploy
@@ -270,7 +272,7 @@ def tftpu_sides(path, shapes, calib: list[dict], held: dict, chip: str, with_def
     a, k = calls[tried.index(kept) if kept in tried else 0]     # compile's deploy call with the table kept
     t0 = time.perf_counter()
     # (a table built with the first table's choices got its float ops as a quantize table: not pure)
-    pure = real_deploy(*a, **{**k, "mixed_precision": "none", "quantize_table": None})
+    pure = real_deploy(*a, **{**k, "mixed_precision": "none", "quantize_table": None, "_give_up": None})
     pure_row = row(ROWS[1] + suffix, pure, top_model, t_cal,
                    {"calibrate (shared with default)": t_cal, "deploy": time.perf_counter() - t0})
     # against the program all in INT8 with 8-bit conv inputs, where the dense convs' 16-bit inputs were priced

@@ -300,7 +300,7 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None,
     sigmoid, tanh, SiLU, GELU), its 8-bit grid spent where the outputs move; False keeps the
     calibrated ranges.
     `log` (a callable taking a line) reports progress; by default the `tftpu.compile` logger."""
-    from tftpu.pipelines.deploy import carried, choices_of, deploy
+    from tftpu.pipelines.deploy import all_int8_reach, carried, choices_of, deploy
 
     if log is not None and not callable(log):
         raise errors.UsageError(f"log={log!r}: expected a callable taking a line")
@@ -359,43 +359,63 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None,
 
     equalized: dict = {}                   # method -> whether its build equalized the depthwise inputs
 
-    def build(method, table, like=None):
-        """(TOP model, table, the equalization steps' (report key, stage), DeployResult) for one
-        calibration table; `like` (another table's build, and its method): with the choices it
-        made, not searched again (`tftpu.pipelines.deploy.choices_of`)."""
+    prepared: dict = {}                    # method -> its own build's (model, table, steps)
+
+    def prepare(method, table, like=None) -> tuple:
+        """(TOP model, table, the equalization steps' (report key, stage)) a build with `table`
+        starts from (an own build's once per table: a table judged all in INT8 is built so after)."""
+        if like is None and method in prepared:
+            return prepared[method]
         model, steps = top_model, []
         if mode == "INT8" and equalize and (like is None or equalized[like[1]]):
             model, table, stage = _equalize(model, table, samples[:1 + JUDGE_SAMPLES], check, chip,
                                             asymmetric, method, equalize if like is None else True)
             steps.append(("equalize", stage))
-        equalized[method] = model is not top_model
         if mode == "INT8" and cross_layer and others:      # (the samples and check deploy judges on)
             model, table, stage = _cross_layer(model, table, others[:JUDGE_SAMPLES], check, asymmetric, method)
             steps.append(("cross_layer", stage))
+        if like is None:
+            prepared[method] = model, table, steps
+        return model, table, steps
+
+    def deploy_args(table, like=None) -> dict:
         args = dict(quantize_table=quantize_table, mixed_precision=mixed_precision, bias_correction=bias_correction,
                     weight_rounding=weight_rounding, weight_refit=weight_refit, refit_rounding=refit_rounding,
                     wide_links=wide_links)
         if like is not None:                               # (compile equalizes before deploy)
             args.update({k: v for k, v in choices_of(like[0][-1]).items() if k != "equalize"})
+        return dict(quantize=mode, chip=chip, calibration_table=table, asymmetric=asymmetric,
+                    test_input=check, tolerance=tolerance, samples=others[:JUDGE_SAMPLES],
+                    fit_samples=others[:REFIT_SAMPLES], space_to_depth=space_to_depth,
+                    mixed_precision_budget=mixed_precision_budget, mixed_precision_latency=mixed_precision_latency,
+                    float_tail=float_tail, input_grid=input_grid, reader_ranges=reader_ranges, checks=False, **args)
+
+    def build(method, table, like=None, give_up=None):
+        """(TOP model, table, the equalization steps' (report key, stage), DeployResult) for one
+        calibration table; `like` (another table's build, and its method): with the choices it
+        made, not searched again (`tftpu.pipelines.deploy.choices_of`); `give_up`: deploy's."""
+        model, table, steps = prepare(method, table, like)
+        equalized[method] = model is not top_model
         with span("program", table=method or "", choices="carried" if like is not None else "own"):
-            done = deploy(
-                model, quantize=mode, chip=chip, calibration_table=table, asymmetric=asymmetric,
-                test_input=check, tolerance=tolerance, samples=others[:JUDGE_SAMPLES],
-                fit_samples=others[:REFIT_SAMPLES], space_to_depth=space_to_depth,
-                mixed_precision_budget=mixed_precision_budget, mixed_precision_latency=mixed_precision_latency,
-                float_tail=float_tail, input_grid=input_grid, reader_ranges=reader_ranges, checks=False, **args)
+            done = deploy(model, **deploy_args(table, like), _give_up=give_up)
         if like is not None:
             done = carried(done, like[0][-1], like[1])
         return model, table, [(k, st) for k, st in steps if st is not None], done
 
+    def probe(method, table):
+        """The figures of the all-INT8 program a build with `table` starts from."""
+        model, table, _ = prepare(method, table)
+        with span("all INT8", table=method or ""):
+            return all_int8_reach(model, **deploy_args(table))
+
     if mode == "INT8" and len(methods) > 1:
         tried = try_tables(tables, build, target_of(mixed_precision), say,
-                           like=lambda method, table, first, was: build(method, table, (first, was)))
+                           like=lambda method, table, first, was: build(method, table, (first, was)),
+                           probe=probe)
         top_model, table, steps, deployed = tried.built
         extra["calibration"] = tried.as_dict()
-        if len(tried.figures) > 1:           # (a stage only where the first table missed the target)
-            others = sum(v for m, v in tried.seconds.items() if m != tried.method)
-            stages.insert(shown, Stage("calibration choice", others, tried.line))
+        if len(tried.figures) > 1 or tried.gave_up is not None:   # (only where the first table missed the target)
+            stages.insert(shown, Stage("calibration choice", tried.others_seconds, tried.line))
             say(f"[{shown + 1}] {stages[shown]}")
             shown += 1
     else:

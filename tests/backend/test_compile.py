@@ -148,6 +148,72 @@ def test_a_later_table_takes_the_first_builds_choices_and_searches_again_only_ne
     assert built == ["a", "b~"] and tried.method == "b"
 
 
+def test_a_first_build_whose_search_misses_gives_way_to_a_table_all_int8_meets():
+    """With `probe`, the first build may give up (GaveUp) once its search misses: the later
+    tables' all-INT8 programs are judged in order, the first that meets the target is built first
+    and kept where it meets; where none meets, the first build goes on as it was."""
+    from types import SimpleNamespace as ns
+
+    from tftpu.pipelines.calibration_choice import GaveUp, try_tables
+
+    def run(final, int8, search_misses=True):
+        built, probed = [], []
+
+        def build(m, t, give_up=None):
+            built.append(m)
+            if give_up is not None and search_misses and give_up():
+                raise GaveUp(18.5)
+            return (m, ns(search=ns(lowered=final[m])))
+
+        def probe(m, t):
+            probed.append(m)
+            return int8[m]
+        lines = []
+        return try_tables({"a": 1, "b": 2, "c": 3}, build, 20.0, lines.append, probe=probe), built, probed, lines
+
+    final = {"a": (19.0, 19.0), "b": (19.5, 19.5), "c": (23.0, 22.0)}
+    tried, built, probed, lines = run(final, {"b": (19.0, 21.0), "c": (21.0, 20.5)})
+    assert probed == ["b", "c"] and built == ["a", "c"] and tried.method == "c" and tried.built[0] == "c"
+    assert tried.gave_up[0] == "a" and tried.gave_up[1] == 18.5 and tried.gave_up[2] >= 0
+    assert tried.all_int8 == {"b": (19.0, 21.0), "c": (21.0, 20.5)} and list(tried.figures) == ["c"]
+    assert "a's build given up, c's built first" in tried.line and "built with c first" in lines[0]
+    assert tried.as_dict()["gave_up"]["method"] == "a" and tried.others_seconds >= tried.gave_up[2]
+    # none meets all in INT8: the first build goes on (each table probed once), then the next tables
+    tried, built, probed, _ = run(final, {"b": (19.0, 21.0), "c": (18.0, 25.0)})
+    assert probed == ["b", "c"] and built == ["a", "b", "c"] and tried.gave_up is None and tried.method == "c"
+    # a search that meets asks nothing
+    tried, built, probed, _ = run({**final, "a": (21.0, 21.0)}, {}, search_misses=False)
+    assert probed == [] and built == ["a"] and tried.method == "a" and tried.all_int8 == {}
+    # the table given way to misses in the end: the given-up one is built after it, the best kept
+    tried, built, probed, _ = run({"a": (19.0, 19.0), "b": (18.0, 18.0), "c": (18.0, 18.0)}, {"b": (20.0, 20.0)})
+    assert built == ["a", "b", "a", "c"] and tried.method == "a" and list(tried.figures) == ["b", "a", "c"]
+
+
+def test_a_deploy_judges_its_all_int8_start_and_gives_up_when_asked(case):
+    """`all_int8_reach` judges the all-INT8 program a build starts its search from (the same
+    figures as that program built with mixed_precision="none" and no correction); a build whose
+    search misses the target raises GaveUp where its `_give_up` says so, and goes on where not."""
+    from tftpu.pipelines.calibration_choice import GaveUp
+    from tftpu.pipelines.deploy import all_int8_reach, deploy
+
+    model, _, samples = case
+    table = quant.calibrate(model, samples, "mse", asymmetric=True)
+    kw = dict(quantize="INT8", chip="npu1", calibration_table=table, asymmetric="auto", test_input=samples[0],
+              samples=samples[1:9], bias_correction=False, weight_rounding=False, weight_refit=False, wide_links=False)
+    reach = all_int8_reach(model, mixed_precision="0.99,99", **kw)
+    pure = deploy(model, mixed_precision="none", **kw)
+    assert len(reach) == 2 and tuple(reach) == tuple(pure.judged)
+    asked = []
+    with pytest.raises(GaveUp) as stop:
+        deploy(model, mixed_precision="0.99,99", _give_up=lambda: asked.append(1) or True, **kw)
+    assert asked == [1] and stop.value.args[0] < 99
+    done = deploy(model, mixed_precision="0.99,99", _give_up=lambda: asked.append(2) or False, **kw)
+    assert asked == [1, 2] and done.search is not None and not done.search.met
+    met = deploy(model, mixed_precision=f"0.5,{min(reach) - 1:.2f}", _give_up=lambda: asked.append(3) or True, **kw)
+    assert asked == [1, 2] and met.search.met                 # (a search that meets asks nothing)
+    assert all_int8_reach(model, quantize="F16", chip="npu1", test_input=samples[0]) is None
+
+
 def test_calibration_methods_are_judged_by_the_program_they_make(case):
     """Given mse,minmax with a target neither reaches, compile builds the program with each table
     and keeps the one whose worst output comes nearer float (what deploy itself reports for that

@@ -10,9 +10,12 @@ writes) builds the whole program (equalization, search, refit, conv links) with 
 table and, where it misses the target on the test input and samples, the next table's program with
 the same choices (float ops, links, correction: one refit and one judgement instead of a search),
 searching again with it only where that comes near the best without reaching the target; the best
-is kept. A model that meets the target with the first table costs nothing more. (Judging each
-table's plain all-INT8 program instead, cheaper, did not predict on the detectors measured which
-table the final program does better with.)"""
+is kept. A model that meets the target with the first table costs nothing more. Where the first
+table's search misses the target, the later tables' all-INT8 programs are judged before that
+build goes on (a build's first steps each), and the first that reaches the target is built
+first instead: all in INT8, it needs no float ops, trials or second build. (Judging each
+table's plain all-INT8 program to pick the better table, where none meets, did not predict on
+the detectors measured which table the final program does better with.)"""
 
 from __future__ import annotations
 
@@ -22,7 +25,7 @@ import time
 
 from tftpu import errors
 
-__all__ = ["CALIBRATION_DEFAULT", "FULL_MARGIN", "methods_of", "target_of", "Tried", "try_tables"]
+__all__ = ["CALIBRATION_DEFAULT", "FULL_MARGIN", "GaveUp", "methods_of", "target_of", "Tried", "try_tables"]
 
 CALIBRATION_DEFAULT = "mse,tail_mse"
 # a later table's program built with the first's choices is built in full (searched again) only
@@ -53,6 +56,11 @@ def target_of(mixed_precision) -> float:
     return parse_target(spec)[1]
 
 
+class GaveUp(Exception):
+    """A build stopped after its search missed the target, as another table's program all in
+    INT8 reaches it (`try_tables`' `probe`); args: the SQNR (dB) the search reached."""
+
+
 @dataclasses.dataclass
 class Tried:
     """The method kept, what its build returned, each built method's (pooled, test input) SQNR."""
@@ -63,16 +71,37 @@ class Tried:
     target: float
     seconds: dict
     carried: dict = dataclasses.field(default_factory=dict)   # method -> figures with the first's choices
+    all_int8: dict = dataclasses.field(default_factory=dict)  # method -> its all-INT8 program's figures
+    gave_up: tuple | None = None        # (method, the SQNR its search reached, seconds) of a build given up
 
     def as_dict(self) -> dict:
-        return {"method": self.method, "target_db": self.target,
-                "judged_db": {m: [round(v, 3) for v in f] for m, f in self.figures.items()},
-                "with_first_choices_db": {m: [round(v, 3) for v in f] for m, f in self.carried.items()},
-                "seconds": {m: round(v, 3) for m, v in self.seconds.items()}}
+        out = {"method": self.method, "target_db": self.target,
+               "judged_db": {m: [round(v, 3) for v in f] for m, f in self.figures.items()},
+               "with_first_choices_db": {m: [round(v, 3) for v in f] for m, f in self.carried.items()},
+               "seconds": {m: round(v, 3) for m, v in self.seconds.items()}}
+        if self.all_int8:
+            out["all_int8_db"] = {m: [round(v, 3) for v in f] for m, f in self.all_int8.items()}
+        if self.gave_up is not None:
+            out["gave_up"] = {"method": self.gave_up[0], "search_db": round(self.gave_up[1], 3),
+                              "seconds": round(self.gave_up[2], 3)}
+        return out
+
+    @property
+    def others_seconds(self) -> float:
+        """What the choice cost beside the kept program's build: the others' builds (a build
+        given up, and the all-INT8 judgements, included)."""
+        return sum(v for m, v in self.seconds.items() if m != self.method) + \
+            (self.gave_up[2] if self.gave_up is not None else 0.0)
 
     @property
     def line(self) -> str:
         first = next(iter(self.figures))
+        given_up = ""
+        if self.gave_up is not None:
+            m, searched, _ = self.gave_up
+            given_up = (f"{m}'s search reached {searched:.1f} dB, all INT8 with "
+                        + ", ".join(f"{k} {min(f):.1f} dB" for k, f in self.all_int8.items())
+                        + f": {m}'s build given up, {first}'s built first; ")
 
         def built(m, f):
             if m not in self.carried:
@@ -82,7 +111,7 @@ class Tried:
             return f"{m} {min(f):.1f} dB (searched again; with {first}'s choices {min(self.carried[m]):.1f} dB)"
 
         tried = "; ".join(built(m, f) for m, f in self.figures.items())
-        return f"programs built with {tried} (worst part, test input and samples); {self.method} kept"
+        return f"{given_up}programs built with {tried} (worst part, test input and samples); {self.method} kept"
 
 
 def _reached(deployed) -> tuple[float, float]:
@@ -97,7 +126,7 @@ def _reached(deployed) -> tuple[float, float]:
     return worst, worst
 
 
-def try_tables(tables: dict, build, target: float, say=lambda line: None, like=None) -> Tried:
+def try_tables(tables: dict, build, target: float, say=lambda line: None, like=None, probe=None) -> Tried:
     """Build the program with each of `tables` (method -> table, in order) through `build(method,
     table) -> (..., DeployResult)`, stopping at the first whose worst output part reaches `target`
     dB pooled and on the test input alone; the best so far (the first on a tie) kept.
@@ -105,13 +134,51 @@ def try_tables(tables: dict, build, target: float, say=lambda line: None, like=N
     `like(method, table, first, first_method)`: the program with a later table built with the
     choices the first build made (its float ops, links and correction; `deploy.choices_of`); where
     given, a later table is built so first, and in full only where that misses the target and
-    comes within `FULL_MARGIN` dB under the best so far (a build in full searches again)."""
+    comes within `FULL_MARGIN` dB under the best so far (a build in full searches again).
+
+    `probe(method, table) -> (pooled, test input alone) | None`: the all-INT8 program a build with
+    that table starts its search from (`deploy.all_int8_reach`). Where given, the first build is
+    asked to give up (`build(method, table, give_up=...)`, raising `GaveUp`) once its search
+    misses the target and a later table's all-INT8 program reaches it; that table is then built
+    first, with the others after it as above (a program all in INT8 that meets the target needs
+    no float ops, trials or second build: PP-OCRv6's text detector on a photo `mse` misses)."""
     figures, seconds, best, kept = {}, {}, None, None
     carried: dict = {}                      # method -> figures of its build with the first's choices
     methods = list(tables)
+    all_int8: dict = {}
+    gave_up = None
+    first = None                            # the first build
+
+    def give_up() -> bool:
+        """Whether a later table's all-INT8 program meets the target (then built first)."""
+        for m in methods[1:]:
+            reach = probe(m, tables[m])
+            if reach is None:
+                return False
+            all_int8[m] = tuple(reach)
+            if min(reach) >= target:
+                methods.remove(m)
+                methods.insert(0, m)
+                return True
+        return False
+
+    opening = opened = None                 # the first build, asked to give up where it may, and its seconds
+    if probe is not None and len(methods) > 1:
+        t0 = time.perf_counter()
+        try:
+            opening = build(methods[0], tables[methods[0]], give_up=give_up)
+        except GaveUp as stop:
+            gave_up = (methods[1], float(stop.args[0]), time.perf_counter() - t0)
+            say(f"    (calibration {gave_up[0]}: its search reaches {gave_up[1]:.1f} dB, below the "
+                f"{target:g} dB target, where all INT8 with {methods[0]} reaches {min(all_int8[methods[0]]):.1f} dB: "
+                f"built with {methods[0]} first)")
+            opening = None
+        opened = time.perf_counter() - t0
     for i, method in enumerate(methods):
         t0 = time.perf_counter()
-        if i == 0 or like is None:
+        if i == 0 and opening is not None:
+            built, t0 = opening, t0 - opened
+        elif i == 0 or like is None:
             built = build(method, tables[method])
         else:
             built = like(method, tables[method], first, methods[0])
@@ -135,4 +202,4 @@ def try_tables(tables: dict, build, target: float, say=lambda line: None, like=N
             say(f"    (calibration {method}: the program reaches {figures[method][0]:.1f} dB pooled, "
                 f"{figures[method][1]:.1f} dB on the test input, below the {target:g} dB target: "
                 f"built again with {methods[i + 1]})")
-    return Tried(best, kept, figures, target, seconds, carried)
+    return Tried(best, kept, figures, target, seconds, carried, all_int8, gave_up)

@@ -210,7 +210,7 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
            wide_links: bool | str = "auto", float_tail: bool = True, weight_refit: bool = False,
            refit_rounding: str = "auto", conv_links: bool = True,
            equalize: bool | str = False, input_grid: bool = False, cross_layer: bool = False,
-           reader_ranges: bool = True, checks: bool = True) -> DeployResult:
+           reader_ranges: bool = True, checks: bool = True, _probe: bool = False, _give_up=None) -> DeployResult:
     """Lower the TOP model `mlir` (a path or TopModel) for `chip` in `quantize` mode.
 
     `asymmetric` (INT8): True gives every activation a zero point, False none, "auto" those whose
@@ -449,7 +449,7 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
         """TOP on `pool` (what verify judges: the test input first), run once for the conv links,
         the search and the judge."""
         with span("TOP references", inputs=len(pool)):
-            return References(top_model, pool, dumped=RANK_SAMPLES if mixed_precision else 0)
+            return References(top_model, pool, dumped=RANK_SAMPLES if mixed_precision and not _probe else 0)
 
     @functools.cache
     def the_judge() -> _Judge:
@@ -471,6 +471,12 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
                 float_latency = max(1.0, float_latency * eight_us / inputs_us)
         seconds["input links"] = time.perf_counter() - t1
     base_links = links                           # the default links, the model input's where they are taken
+    if _probe:                                   # (`all_int8_reach`)
+        if not (mode == "INT8" and table is not None and pool):
+            return None
+        plain = base_plain or lower(top_model, the_chip, mode, table, qtable=qtable, asymmetric=asymmetric,
+                                    wide_links=links, float_tail=float_tail)
+        return the_judge()(plain[0])
     base_latency = float_latency                 # what the float ops may cost on top of them
 
     if wide_links == "auto" and conv_links and mode == "INT8" and table is not None and pool:
@@ -519,6 +525,9 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
                                               judge_first=inputs is not None, references=references(),
                                               int8_known=int8_known if links is base_links else (None, None))
         search = search_by(mixed_precision_ranking)
+        if _give_up is not None and not search.met and _give_up():
+            from tftpu.pipelines.calibration_choice import GaveUp
+            raise GaveUp(search.reached[1])     # (another table's all-INT8 program meets the target)
         if wide_links == "auto" and links is not base_links and not search.met:
             # the dense convs' 16-bit inputs took latency the float ops may need (measured: PP-OCRv6
             # met the target without them, not with them): the search once more with 8-bit conv
@@ -947,6 +956,14 @@ def _write(result: DeployResult, *, tpu_mlir=None, model=None, trace=None, repor
         write_report(report, result)
 
 
+def all_int8_reach(mlir, **kwargs) -> tuple[float, float] | None:
+    """(pooled, test input alone) worst SQNR of the program `deploy(mlir, **kwargs)` starts its
+    search from: all INT8, uncorrected, with the model input's links it takes; None where it
+    judges nothing (not INT8, no table, no test input or samples). A build's first steps only:
+    what a calibration choice asks of another table where the first one's search misses."""
+    return deploy(mlir, **{**kwargs, "checks": False, "_probe": True, "_give_up": None})
+
+
 def _deploy_each(call: dict, top_model, table) -> DeployResult:
     """`deploy` with each of `table`'s tables in turn (`try_tables`), what it was asked to write
     written for the one kept."""
@@ -957,15 +974,17 @@ def _deploy_each(call: dict, top_model, table) -> DeployResult:
     if any(p is not None for p in writes.values()):
         check_writable(*(p for p in writes.values() if p is not None))
     once = {**call, "mlir": top_model, **dict.fromkeys(writes), "checks": False}      # (the one kept is checked)
-    tried = try_tables(table.tables(), lambda m, t: (deploy(**{**once, "calibration_table": t}),),
+    tried = try_tables(table.tables(),
+                       lambda m, t, give_up=None: (deploy(**{**once, "calibration_table": t, "_give_up": give_up}),),
                        target_of(call["mixed_precision"]), _LOG.info,
                        like=lambda m, t, first, was: (carried(deploy(**{**once, "calibration_table": t,
-                                                                       **choices_of(first[-1])}), first[-1], was),))
+                                                                       **choices_of(first[-1])}), first[-1], was),),
+                       probe=lambda m, t: all_int8_reach(**{**once, "calibration_table": t}))
     result = tried.built[-1]
     if call["checks"] or any(p is not None for p in writes.values()):
         result.run_checks()
     result.calibration = tried
-    result.seconds["calibration choice"] = sum(v for m, v in tried.seconds.items() if m != tried.method)
+    result.seconds["calibration choice"] = tried.others_seconds
     _write(result, **writes)
     return result
 
