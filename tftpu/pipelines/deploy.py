@@ -361,7 +361,7 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
     _check_wide_weights(top_model, wide_links)
     table = read_table(calibration_table) if isinstance(calibration_table, (str, Path)) else calibration_table
     if mode == "INT8" and table is not None and table.alternates:
-        if test_input is not None:
+        if test_input is not None and not _probe:
             return _deploy_each(call, top_model, table)
         table = table.tables()[table.method]
     if quantize_table is not None and not isinstance(quantize_table, (str, Path, dict)):
