@@ -301,7 +301,7 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None,
     sigmoid, tanh, SiLU, GELU), its 8-bit grid spent where the outputs move; False keeps the
     calibrated ranges.
     `log` (a callable taking a line) reports progress; by default the `tftpu.compile` logger."""
-    from tftpu.pipelines.deploy import all_int8_reach, carried, choices_of, deploy
+    from tftpu.pipelines.deploy import all_int8_reach, carried, choices_of, deploy, rounded_args
 
     if log is not None and not callable(log):
         raise errors.UsageError(f"log={log!r}: expected a callable taking a line")
@@ -391,23 +391,26 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None,
                     mixed_precision_budget=mixed_precision_budget, mixed_precision_latency=mixed_precision_latency,
                     float_tail=float_tail, input_grid=input_grid, reader_ranges=reader_ranges, checks=False, **args)
 
-    def build(method, table, like=None, give_up=None):
+    def build(method, table, like=None, give_up=None, rounded=None):
         """(TOP model, table, the equalization steps' (report key, stage), DeployResult) for one
         calibration table; `like` (another table's build, and its method): with the choices it
-        made, not searched again (`tftpu.pipelines.deploy.choices_of`); `give_up`: deploy's."""
+        made, not searched again (`tftpu.pipelines.deploy.choices_of`); `give_up`: deploy's;
+        `rounded`: the GPTQ rounding its all-INT8 program met the target with (`probe`'s)."""
         model, table, steps = prepare(method, table, like)
         equalized[method] = model is not top_model
         with span("program", table=method or "", choices="carried" if like is not None else "own"):
-            done = deploy(model, **deploy_args(table, like), _give_up=give_up)
+            done = deploy(model, **{**deploy_args(table, like), **(rounded_args(rounded) if rounded is not None else {})},
+                          _give_up=give_up)
         if like is not None:
             done = carried(done, like[0][-1], like[1])
         return model, table, [(k, st) for k, st in steps if st is not None], done
 
     def probe(method, table):
-        """The figures of the all-INT8 program a build with `table` starts from."""
+        """What the all-INT8 program a build with `table` starts from reaches (`Reach`), and near
+        the target, with 16-bit dense conv inputs and GPTQ-rounded weights."""
         model, table, _ = prepare(method, table)
         with span("all INT8", table=method or ""):
-            return all_int8_reach(model, **deploy_args(table))
+            return all_int8_reach(model, rounded=True, **deploy_args(table))
 
     if mode == "INT8" and len(methods) > 1:
         tried = try_tables(tables, build, target_of(mixed_precision), say,

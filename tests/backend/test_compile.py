@@ -154,20 +154,20 @@ def test_a_first_build_whose_search_misses_gives_way_to_a_table_all_int8_meets()
     and kept where it meets; where none meets, the first build goes on as it was."""
     from types import SimpleNamespace as ns
 
-    from tftpu.pipelines.calibration_choice import GaveUp, try_tables
+    from tftpu.pipelines.calibration_choice import GaveUp, Reach, try_tables
 
-    def run(final, int8, search_misses=True):
+    def run(final, int8, search_misses=True, rounded=None):
         built, probed = [], []
 
-        def build(m, t, give_up=None):
-            built.append(m)
+        def build(m, t, give_up=None, rounded=None):
+            built.append(m if rounded is None else f"{m} {rounded}")
             if give_up is not None and search_misses and give_up():
                 raise GaveUp(18.5)
             return (m, ns(search=ns(lowered=final[m])))
 
         def probe(m, t):
             probed.append(m)
-            return int8[m]
+            return Reach(int8[m], *(rounded or {}).get(m, ()))
         lines = []
         return try_tables({"a": 1, "b": 2, "c": 3}, build, 20.0, lines.append, probe=probe), built, probed, lines
 
@@ -187,6 +187,17 @@ def test_a_first_build_whose_search_misses_gives_way_to_a_table_all_int8_meets()
     # the table given way to misses in the end: the given-up one is built after it, the best kept
     tried, built, probed, _ = run({"a": (19.0, 19.0), "b": (18.0, 18.0), "c": (18.0, 18.0)}, {"b": (20.0, 20.0)})
     assert built == ["a", "b", "a", "c"] and tried.method == "a" and list(tried.figures) == ["b", "a", "c"]
+    # a table whose all INT8 meets the target only with its rounding: built first with that rounding
+    tried, built, probed, lines = run(final, {"b": (19.0, 21.0), "c": (19.5, 19.0)},
+                                      rounded={"b": ((19.5, 19.9), "wb"), "c": ((20.5, 20.1), "wc")})
+    assert probed == ["b", "c"] and built == ["a", "c wc"] and tried.method == "c"
+    assert tried.rounded == {"b": (19.5, 19.9), "c": (20.5, 20.1)} and tried.all_int8["c"] == (19.5, 19.0)
+    assert "c 19.0 dB (20.1 dB with 16-bit dense conv inputs and GPTQ-rounded weights)" in tried.line
+    assert "20.1 dB with 16-bit dense conv inputs" in lines[0]
+    assert tried.as_dict()["all_int8_rounded_db"]["c"] == [20.5, 20.1]
+    # where the plain program meets, it is built as it is (no rounding given)
+    tried, built, *_ = run(final, {"b": (19.0, 21.0), "c": (20.5, 20.5)}, rounded={"c": ((22.0, 22.0), "wc")})
+    assert built == ["a", "c"] and tried.method == "c"
 
 
 def test_a_deploy_judges_its_all_int8_start_and_gives_up_when_asked(case):
@@ -202,16 +213,49 @@ def test_a_deploy_judges_its_all_int8_start_and_gives_up_when_asked(case):
               samples=samples[1:9], bias_correction=False, weight_rounding=False, weight_refit=False, wide_links=False)
     reach = all_int8_reach(model, mixed_precision="0.99,99", **kw)
     pure = deploy(model, mixed_precision="none", **kw)
-    assert len(reach) == 2 and tuple(reach) == tuple(pure.judged)
+    assert len(reach.plain) == 2 and reach.plain == tuple(pure.judged) and reach.rounded is None
     asked = []
     with pytest.raises(GaveUp) as stop:
         deploy(model, mixed_precision="0.99,99", _give_up=lambda: asked.append(1) or True, **kw)
     assert asked == [1] and stop.value.args[0] < 99
     done = deploy(model, mixed_precision="0.99,99", _give_up=lambda: asked.append(2) or False, **kw)
     assert asked == [1, 2] and done.search is not None and not done.search.met
-    met = deploy(model, mixed_precision=f"0.5,{min(reach) - 1:.2f}", _give_up=lambda: asked.append(3) or True, **kw)
+    met = deploy(model, mixed_precision=f"0.5,{min(reach.plain) - 1:.2f}", _give_up=lambda: asked.append(3) or True, **kw)
     assert asked == [1, 2] and met.search.met                 # (a search that meets asks nothing)
     assert all_int8_reach(model, quantize="F16", chip="npu1", test_input=samples[0]) is None
+
+
+def test_a_rounded_probe_judges_gptq_weights_near_the_target_and_its_build_takes_them(case, monkeypatch):
+    """`all_int8_reach(..., rounded=True)` judges the all-INT8 program once more with the dense
+    convs' 16-bit inputs and GPTQ-rounded weights only where the plain one misses the target by at
+    most ROUNDED_PROBE_MARGIN dB (and the build may change its weights); a build given that
+    rounding (`rounded_args`) takes it as it is, its search starting from that very program."""
+    from tftpu.pipelines import deploy as deploy_module
+    from tftpu.pipelines.deploy import ROUNDED_PROBE_MARGIN, all_int8_reach, deploy, rounded_args
+    from tftpu.quant import weight_rounding
+
+    model, _, samples = case
+    table = quant.calibrate(model, samples, "mse", asymmetric=True)
+    kw = dict(quantize="INT8", chip="npu1", calibration_table=table, asymmetric="auto", test_input=samples[0],
+              samples=samples[1:9], bias_correction=False, weight_rounding=True, weight_refit=False)
+    plain = all_int8_reach(model, mixed_precision="0.99,99", rounded=True, **kw)
+    assert plain.rounded is None and plain.weights is None                         # far under the target
+    near = min(plain.plain) + ROUNDED_PROBE_MARGIN / 2
+    reach = all_int8_reach(model, mixed_precision=f"0.5,{near:.3f}", rounded=True, **kw)
+    assert reach.plain == plain.plain and reach.rounded is not None and len(reach.rounded) == 2
+    rounded, report = reach.weights
+    assert report.ops and rounded is not model
+    # met by the plain program, asked without rounding, or the build keeps its weights: none
+    assert all_int8_reach(model, mixed_precision=f"0.5,{min(plain.plain) - 1:.3f}", rounded=True, **kw).rounded is None
+    assert all_int8_reach(model, mixed_precision=f"0.5,{near:.3f}", **kw).rounded is None
+    assert all_int8_reach(model, mixed_precision=f"0.5,{near:.3f}", rounded=True,
+                          **{**kw, "weight_rounding": False}).rounded is None
+    # the build given that rounding computes none of its own and starts from the probe's program
+    monkeypatch.setattr(weight_rounding, "reconstruct_rounding", lambda *a, **k: pytest.fail("rounded again"))
+    target = min(reach.rounded) - 0.01
+    done = deploy(model, mixed_precision=f"0.5,{target:.3f}", **{**kw, **rounded_args(reach.weights)})
+    assert done.search.met and not done.search.kept and done.weight_rounding is not None
+    assert min(done.judged) >= target and deploy_module.ROUNDED_PROBE_MARGIN == ROUNDED_PROBE_MARGIN
 
 
 def test_calibration_methods_are_judged_by_the_program_they_make(case):

@@ -12,8 +12,9 @@ the same choices (float ops, links, correction: one refit and one judgement inst
 searching again with it only where that comes near the best without reaching the target; the best
 is kept. A model that meets the target with the first table costs nothing more. Where the first
 table's search misses the target, the later tables' all-INT8 programs are judged before that
-build goes on (a build's first steps each), and the first that reaches the target is built
-first instead: all in INT8, it needs no float ops, trials or second build. (Judging each
+build goes on (a build's first steps each; one that comes near the target judged once more
+with the dense convs' 16-bit inputs and GPTQ-rounded weights), and the first that reaches the
+target is built first instead: all in INT8, it needs no float ops, trials or second build. (Judging each
 table's plain all-INT8 program to pick the better table, where none meets, did not predict on
 the detectors measured which table the final program does better with.)"""
 
@@ -25,7 +26,7 @@ import time
 
 from tftpu import errors
 
-__all__ = ["CALIBRATION_DEFAULT", "FULL_MARGIN", "GaveUp", "methods_of", "target_of", "Tried", "try_tables"]
+__all__ = ["CALIBRATION_DEFAULT", "FULL_MARGIN", "GaveUp", "methods_of", "Reach", "target_of", "Tried", "try_tables"]
 
 CALIBRATION_DEFAULT = "mse,tail_mse"
 # a later table's program built with the first's choices is built in full (searched again) only
@@ -61,6 +62,21 @@ class GaveUp(Exception):
     INT8 reaches it (`try_tables`' `probe`); args: the SQNR (dB) the search reached."""
 
 
+@dataclasses.dataclass(frozen=True)
+class Reach:
+    """What a table's all-INT8 program reaches, (pooled, test input alone) worst SQNR: as a build
+    starts its search from it (`plain`: uncorrected, the model input's links) and, where asked and
+    that comes near the target, with the dense convs' 16-bit inputs and GPTQ-rounded weights
+    (`rounded`; `weights`: that rounding, which a build then takes: `deploy.rounded_args`)."""
+
+    plain: tuple
+    rounded: tuple | None = None
+    weights: object = None
+
+    def meets(self, target: float) -> bool:
+        return min(self.plain) >= target or self.rounded is not None and min(self.rounded) >= target
+
+
 @dataclasses.dataclass
 class Tried:
     """The method kept, what its build returned, each built method's (pooled, test input) SQNR."""
@@ -72,6 +88,7 @@ class Tried:
     seconds: dict
     carried: dict = dataclasses.field(default_factory=dict)   # method -> figures with the first's choices
     all_int8: dict = dataclasses.field(default_factory=dict)  # method -> its all-INT8 program's figures
+    rounded: dict = dataclasses.field(default_factory=dict)   # method -> ... with 16-bit conv inputs, GPTQ's weights
     gave_up: tuple | None = None        # (method, the SQNR its search reached, seconds) of a build given up
 
     def as_dict(self) -> dict:
@@ -81,6 +98,8 @@ class Tried:
                "seconds": {m: round(v, 3) for m, v in self.seconds.items()}}
         if self.all_int8:
             out["all_int8_db"] = {m: [round(v, 3) for v in f] for m, f in self.all_int8.items()}
+        if self.rounded:
+            out["all_int8_rounded_db"] = {m: [round(v, 3) for v in f] for m, f in self.rounded.items()}
         if self.gave_up is not None:
             out["gave_up"] = {"method": self.gave_up[0], "search_db": round(self.gave_up[1], 3),
                               "seconds": round(self.gave_up[2], 3)}
@@ -100,7 +119,10 @@ class Tried:
         if self.gave_up is not None:
             m, searched, _ = self.gave_up
             given_up = (f"{m}'s search reached {searched:.1f} dB, all INT8 with "
-                        + ", ".join(f"{k} {min(f):.1f} dB" for k, f in self.all_int8.items())
+                        + ", ".join(f"{k} {min(f):.1f} dB" + (f" ({min(self.rounded[k]):.1f} dB with 16-bit dense conv "
+                                                              "inputs and GPTQ-rounded weights)"
+                                                              if k in self.rounded else "")
+                                    for k, f in self.all_int8.items())
                         + f": {m}'s build given up, {first}'s built first; ")
 
         def built(m, f):
@@ -136,16 +158,20 @@ def try_tables(tables: dict, build, target: float, say=lambda line: None, like=N
     given, a later table is built so first, and in full only where that misses the target and
     comes within `FULL_MARGIN` dB under the best so far (a build in full searches again).
 
-    `probe(method, table) -> (pooled, test input alone) | None`: the all-INT8 program a build with
-    that table starts its search from (`deploy.all_int8_reach`). Where given, the first build is
-    asked to give up (`build(method, table, give_up=...)`, raising `GaveUp`) once its search
-    misses the target and a later table's all-INT8 program reaches it; that table is then built
-    first, with the others after it as above (a program all in INT8 that meets the target needs
-    no float ops, trials or second build: PP-OCRv6's text detector on a photo `mse` misses)."""
+    `probe(method, table) -> Reach | None`: the all-INT8 program a build with that table starts its
+    search from (`deploy.all_int8_reach`). Where given, the first build is asked to give up
+    (`build(method, table, give_up=...)`, raising `GaveUp`) once its search misses the target and
+    a later table's all-INT8 program reaches it; that table is then built first, with the others
+    after it as above (a program all in INT8 that meets the target needs no float ops, trials or
+    second build: PP-OCRv6's text detector on a photo `mse` misses). Where only its rounded
+    program (`Reach.rounded`) reaches it, it is built first with that rounding
+    (`build(method, table, rounded=Reach.weights)`)."""
     figures, seconds, best, kept = {}, {}, None, None
     carried: dict = {}                      # method -> figures of its build with the first's choices
     methods = list(tables)
     all_int8: dict = {}
+    rounded: dict = {}                      # method -> its rounded all-INT8 program's figures
+    given: dict = {}                        # method -> the rounding its all-INT8 program met the target with
     gave_up = None
     first = None                            # the first build
 
@@ -155,8 +181,12 @@ def try_tables(tables: dict, build, target: float, say=lambda line: None, like=N
             reach = probe(m, tables[m])
             if reach is None:
                 return False
-            all_int8[m] = tuple(reach)
-            if min(reach) >= target:
+            all_int8[m] = tuple(reach.plain)
+            if reach.rounded is not None:
+                rounded[m] = tuple(reach.rounded)
+            if reach.meets(target):
+                if min(reach.plain) < target:
+                    given[m] = reach.weights
                 methods.remove(m)
                 methods.insert(0, m)
                 return True
@@ -170,8 +200,10 @@ def try_tables(tables: dict, build, target: float, say=lambda line: None, like=N
         except GaveUp as stop:
             gave_up = (methods[1], float(stop.args[0]), time.perf_counter() - t0)
             say(f"    (calibration {gave_up[0]}: its search reaches {gave_up[1]:.1f} dB, below the "
-                f"{target:g} dB target, where all INT8 with {methods[0]} reaches {min(all_int8[methods[0]]):.1f} dB: "
-                f"built with {methods[0]} first)")
+                f"{target:g} dB target, where all INT8 with {methods[0]} reaches "
+                + (f"{min(rounded[methods[0]]):.1f} dB with 16-bit dense conv inputs and GPTQ-rounded weights"
+                   if methods[0] in given else f"{min(all_int8[methods[0]]):.1f} dB")
+                + f": built with {methods[0]} first)")
             opening = None
         opened = time.perf_counter() - t0
     for i, method in enumerate(methods):
@@ -179,7 +211,7 @@ def try_tables(tables: dict, build, target: float, say=lambda line: None, like=N
         if i == 0 and opening is not None:
             built, t0 = opening, t0 - opened
         elif i == 0 or like is None:
-            built = build(method, tables[method])
+            built = build(method, tables[method], **({"rounded": given[method]} if method in given else {}))
         else:
             built = like(method, tables[method], first, methods[0])
             carried[method] = _reached(built[-1])
@@ -202,4 +234,4 @@ def try_tables(tables: dict, build, target: float, say=lambda line: None, like=N
             say(f"    (calibration {method}: the program reaches {figures[method][0]:.1f} dB pooled, "
                 f"{figures[method][1]:.1f} dB on the test input, below the {target:g} dB target: "
                 f"built again with {methods[i + 1]})")
-    return Tried(best, kept, figures, target, seconds, carried, all_int8, gave_up)
+    return Tried(best, kept, figures, target, seconds, carried, all_int8, rounded, gave_up)
