@@ -258,6 +258,41 @@ def test_a_rounded_probe_judges_gptq_weights_near_the_target_and_its_build_takes
     assert min(done.judged) >= target and deploy_module.ROUNDED_PROBE_MARGIN == ROUNDED_PROBE_MARGIN
 
 
+def test_deploy_with_alternates_builds_the_table_whose_rounded_all_int8_meets_with_that_rounding(case, monkeypatch):
+    """tftpu-deploy's path (a table with alternates): where a later table's all-INT8 program
+    meets the target only with GPTQ's rounding, the first build gives up and the later table is
+    built first with that very rounding (no refit, no rounding of its own)."""
+    from tftpu.pipelines import deploy as deploy_module
+    from tftpu.pipelines.calibration_choice import Reach
+
+    model, _, samples = case
+    kw = dict(quantize="INT8", chip="npu1", asymmetric="auto", test_input=samples[0], samples=samples[1:9],
+              weight_refit=True, bias_correction=True, mixed_precision="0.99,99")
+    one = quant.calibrate(model, samples, "mse", asymmetric=True)
+    plain = deploy_module.all_int8_reach(model, calibration_table=one, rounded=True,
+                                         **{**kw, "mixed_precision": "0.5,99"}).plain
+    near = deploy_module.all_int8_reach(model, calibration_table=one, rounded=True,
+                                        **{**kw, "mixed_precision": f"0.5,{min(plain) + 1:.3f}"}).weights
+    assert near is not None                      # (a real rounding, which the build is then given)
+    probed, calls = [], []
+    monkeypatch.setattr(deploy_module, "all_int8_reach",
+                        lambda *a, **k: probed.append(k["rounded"]) or Reach((10.0, 10.0), (99.5, 99.5), near))
+    real = deploy_module.deploy
+
+    def recording(*a, **k):
+        calls.append(k)
+        return real(*a, **k)
+    monkeypatch.setattr(deploy_module, "deploy", recording)
+    table = quant.calibrate(model, samples, "mse,tail_mse", asymmetric=True)
+    done = real(model, calibration_table=table, **kw)
+    tried = done.calibration
+    assert probed == [True] and tried.gave_up is not None and tried.gave_up[0] == "mse"
+    assert list(tried.figures)[0] == "tail_mse" and tried.rounded == {"tail_mse": (99.5, 99.5)}
+    given = [c for c in calls if c.get("_rounded") is not None]
+    assert len(given) == 1 and given[0]["_rounded"] is near and given[0]["weight_refit"] is False
+    assert given[0]["calibration_table"].method == "tail_mse" and given[0]["weight_rounding"] is True
+
+
 def test_calibration_methods_are_judged_by_the_program_they_make(case):
     """Given mse,minmax with a target neither reaches, compile builds the program with each table
     and keeps the one whose worst output comes nearer float (what deploy itself reports for that
