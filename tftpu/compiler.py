@@ -399,8 +399,8 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None,
         model, table, steps = prepare(method, table, like)
         equalized[method] = model is not top_model
         with span("program", table=method or "", choices="carried" if like is not None else "own"):
-            done = deploy(model, **{**deploy_args(table, like), **(rounded_args(rounded) if rounded is not None else {})},
-                          _give_up=give_up)
+            given = rounded_args(rounded) if rounded is not None else {}
+            done = deploy(model, **{**deploy_args(table, like), **given}, _give_up=give_up)
         if like is not None:
             done = carried(done, like[0][-1], like[1])
         return model, table, [(k, st) for k, st in steps if st is not None], done

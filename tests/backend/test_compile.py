@@ -220,7 +220,8 @@ def test_a_deploy_judges_its_all_int8_start_and_gives_up_when_asked(case):
     assert asked == [1] and stop.value.args[0] < 99
     done = deploy(model, mixed_precision="0.99,99", _give_up=lambda: asked.append(2) or False, **kw)
     assert asked == [1, 2] and done.search is not None and not done.search.met
-    met = deploy(model, mixed_precision=f"0.5,{min(reach.plain) - 1:.2f}", _give_up=lambda: asked.append(3) or True, **kw)
+    met = deploy(model, mixed_precision=f"0.5,{min(reach.plain) - 1:.2f}", _give_up=lambda: asked.append(3) or True,
+                 **kw)
     assert asked == [1, 2] and met.search.met                 # (a search that meets asks nothing)
     assert all_int8_reach(model, quantize="F16", chip="npu1", test_input=samples[0]) is None
 

@@ -441,7 +441,8 @@ def deploy(mlir, *, quantize: str, chip, calibration_table=None, quantize_table=
         if _rounded is not None:                 # (a probe's: the same rounding of the same model)
             rounded, rounding = _rounded[0], dataclasses.replace(_rounded[1])
         else:
-            rounded, rounding = _round_weights(top_model, samples or [inputs], _float_ops(top_model, qtable, float_tail))
+            rounded, rounding = _round_weights(top_model, samples or [inputs],
+                                               _float_ops(top_model, qtable, float_tail))
         seconds["weight rounding"] = rounding.seconds
     priced = int8_us = None                      # dense convs on 16 bits: their price; the 8-bit program's latency
     offer = limit = whole_limit = None           # the dense convs' ranking; their limit, and all INT8's
