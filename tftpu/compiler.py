@@ -235,7 +235,9 @@ def compile(model, *, chip, quantize: str = "INT8", calibration_data=None,
     samples, with the next table and the first's float ops, links and correction, searched again
     with it only where that comes within 3 dB under the best without reaching the target; the
     best kept (`tftpu.pipelines.calibration_choice`). Where the first table's search misses the
-    target and a later table's program all in INT8 reaches it, that table is built first instead.
+    target and a later table's program all in INT8 reaches it (as its search starts, or, within 3 dB
+    of the target as it starts, with the dense convs' 16-bit inputs and GPTQ-rounded weights),
+    that table is built first instead (with that rounding, where only it reaches the target).
     The default "mse,tail_mse" tries `tail_mse` (clipped values' error counted 64 times) where
     `mse` misses: a detector's objects are the rare large values mse clips.
     `test_input` (default: the first calibration sample) is what every stage is checked on.

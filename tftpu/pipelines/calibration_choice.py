@@ -181,9 +181,9 @@ def try_tables(tables: dict, build, target: float, say=lambda line: None, like=N
             reach = probe(m, tables[m])
             if reach is None:
                 return False
-            all_int8[m] = tuple(reach.plain)
+            all_int8[m] = reach.plain
             if reach.rounded is not None:
-                rounded[m] = tuple(reach.rounded)
+                rounded[m] = reach.rounded
             if reach.meets(target):
                 if min(reach.plain) < target:
                     given[m] = reach.weights
